@@ -1,0 +1,32 @@
+#pragma once
+// The arguments of one optimizer step (adam_step_, sgd_step_), validated once for both devices.
+#include <ATen/core/Tensor.h>
+#include <ATen/core/List.h>
+
+#include <optional>
+#include <vector>
+
+namespace fused_amp::core {
+
+struct StepTensors {
+  std::vector<at::Tensor> params, grads, masters, states_a, states_b, aux, steps;
+  // masters[i] is undefined where params[i] is updated in place; states_* and aux follow the op:
+  // Adam: exp_avgs, exp_avg_sqs, max_exp_avg_sqs (amsgrad); SGD: momentum_buffers in aux.
+  std::optional<at::Tensor> lr_tensor, inv_scale, found_inf;
+  double lr = 0.0;
+};
+
+// Checks every list against params (length, device, shape, strides, dtype) and the scalars
+// (lr_tensor, inv_scale, found_inf); raises before anything is touched. `need_*` says which
+// lists the update reads: a list that is not needed must be empty.
+StepTensors validate_step(const char* op, at::TensorList params, at::TensorList grads,
+                          const c10::List<std::optional<at::Tensor>>& master_params,
+                          at::TensorList states_a, const char* states_a_name,
+                          at::TensorList states_b, const char* states_b_name,
+                          at::TensorList aux, const char* aux_name, bool need_aux,
+                          at::TensorList steps, bool need_steps, double lr,
+                          const std::optional<at::Tensor>& lr_tensor,
+                          const std::optional<at::Tensor>& inv_scale,
+                          const std::optional<at::Tensor>& found_inf);
+
+}  // namespace fused_amp::core

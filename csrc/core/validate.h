@@ -1,0 +1,44 @@
+#pragma once
+// Argument checks shared by the CPU and CUDA entry points. Each raises a Python ValueError or
+// TypeError naming the op and the argument, and runs before any tensor is written.
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+
+namespace fused_amp::core {
+
+// Every tensor of `list` is dense, on `device`, and of a floating dtype accepted by `allowed`.
+void check_list(const char* op, const char* name, at::TensorList list, const at::Device& device,
+                bool (*allowed)(at::ScalarType), const char* allowed_text);
+
+// A one-element fp32 tensor on `device` (found_inf, inv_scale, scale, ...).
+void check_scalar(const char* op, const char* name, const at::Tensor& t, const at::Device& device,
+                  at::ScalarType dtype = at::kFloat);
+
+// `list` has as many tensors as the params (or none, when `may_be_empty`).
+void check_length(const char* op, const char* name, size_t got, size_t want, bool may_be_empty);
+
+// `t` (element i of `name`) matches params[i] in device, shape and strides, and has `dtype`.
+void check_partner(const char* op, const char* name, size_t i, const at::Tensor& t,
+                   const at::Tensor& param, at::ScalarType dtype);
+
+bool is_reduced_or_float(at::ScalarType t);      // fp32, fp16, bf16
+bool is_floating_with_double(at::ScalarType t);  // fp64 too
+
+// The device of the first tensor of a list (lists checked separately may be empty).
+at::Device list_device(const char* op, const char* name, at::TensorList list);
+
+}  // namespace fused_amp::core
+
+namespace fused_amp::core {
+
+// unscale_ / non_finite_check_: tensors on found_inf's device, fp32/fp16/bf16/fp64, dense.
+void validate_unscale(const char* op, at::TensorList tensors, const at::Tensor& found_inf,
+                      const at::Tensor* inv_scale);
+
+// update_scale_: fp32 scale, int32 trackers, fp32 found_inf, all one-element on one device.
+void validate_update_scale(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                           const at::Tensor& found_inf, int64_t growth_interval,
+                           int64_t hysteresis, const std::optional<at::Tensor>& hysteresis_tracker,
+                           std::optional<double> min_scale, std::optional<double> max_scale);
+
+}  // namespace fused_amp::core

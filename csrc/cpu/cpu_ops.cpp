@@ -1,0 +1,198 @@
+// CPU implementations: validate, lay all tensors end to end as one flat range, split that range
+// evenly over torch's threads, and run the instruction-set-specific loops (cpu/loops.h).
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+
+#include "core/flat_range.h"
+#include "core/step_args.h"
+#include "core/validate.h"
+#include "cpu/loops.h"
+#include "ops/update_scale.h"
+#include "ops_impl.h"
+
+namespace fused_amp::cpu {
+
+namespace {
+
+// Below this many elements a range is not worth a thread of its own.
+constexpr int64_t kGrain = 1 << 15;
+
+std::vector<int64_t> numels_of(at::TensorList tensors) {
+  std::vector<int64_t> n;
+  n.reserve(tensors.size());
+  for (const auto& t : tensors) n.push_back(t.numel());
+  return n;
+}
+
+template <class F>
+void parallel_over(const std::vector<int64_t>& offsets, F&& f) {
+  at::parallel_for(0, offsets.back(), kGrain, [&](int64_t begin, int64_t end) {
+    core::for_each_part(offsets, begin, end, f);
+  });
+}
+
+// Runs the unscale loop (or the check only) over every tensor; true when some element is not finite.
+bool unscale_all(at::TensorList tensors, float inv_scale, bool write) {
+  const Loops& k = loops();
+  std::atomic<bool> nonfinite{false};
+  parallel_over(core::flat_offsets(numels_of(tensors)), [&](size_t t, int64_t b, int64_t e) {
+    const at::Tensor& x = tensors[t];
+    bool found = false;
+    switch (x.scalar_type()) {
+      case at::kFloat: found = k.unscale_float(x.data_ptr<float>() + b, e - b, inv_scale, write); break;
+      case at::kDouble: found = k.unscale_double(x.data_ptr<double>() + b, e - b, inv_scale, write); break;
+      case at::kHalf: found = k.unscale_half(x.data_ptr<c10::Half>() + b, e - b, inv_scale, write); break;
+      case at::kBFloat16:
+        found = k.unscale_bfloat16(x.data_ptr<c10::BFloat16>() + b, e - b, inv_scale, write);
+        break;
+      default: TORCH_INTERNAL_ASSERT(false, "dtype passed validation but has no loop");
+    }
+    if (found) nonfinite.store(true, std::memory_order_relaxed);
+  });
+  return nonfinite.load();
+}
+
+// found_inf != 0 means an earlier check saw inf/NaN: the step must change nothing.
+bool skip_step(const core::StepTensors& s) {
+  return s.found_inf && s.found_inf->item<float>() != 0.f;
+}
+
+double step_lr(const core::StepTensors& s) {
+  return s.lr_tensor ? s.lr_tensor->item<double>() : s.lr;
+}
+
+float step_inv_scale(const core::StepTensors& s) {
+  return s.inv_scale ? s.inv_scale->item<float>() : 1.f;
+}
+
+template <typename T>
+UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t e) {
+  auto at_b = [&](const std::vector<at::Tensor>& list) -> float* {
+    return list.empty() || !list[t].defined() ? nullptr : list[t].data_ptr<float>() + b;
+  };
+  return UpdateRange<T>{s.params[t].data_ptr<T>() + b, s.grads[t].data_ptr<T>() + b,
+                        at_b(s.masters), at_b(s.states_a), at_b(s.states_b), at_b(s.aux), e - b};
+}
+
+// Runs `update(range, coeffs[t])` over every param, in the param's dtype.
+template <class Coeffs, class Update>
+void update_all(const core::StepTensors& s, const std::vector<Coeffs>& coeffs, Update&& update) {
+  parallel_over(core::flat_offsets(numels_of(s.params)), [&](size_t t, int64_t b, int64_t e) {
+    switch (s.params[t].scalar_type()) {
+      case at::kFloat: update(range_of<float>(s, t, b, e), coeffs[t]); break;
+      case at::kHalf: update(range_of<c10::Half>(s, t, b, e), coeffs[t]); break;
+      case at::kBFloat16: update(range_of<c10::BFloat16>(s, t, b, e), coeffs[t]); break;
+      default: TORCH_INTERNAL_ASSERT(false, "dtype passed validation but has no loop");
+    }
+  });
+}
+
+void increment_steps(const core::StepTensors& s) {
+  for (const auto& step : s.steps) *step.data_ptr<float>() += 1.f;
+}
+
+}  // namespace
+
+void unscale_(at::TensorList tensors, at::Tensor& found_inf, const at::Tensor& inv_scale) {
+  core::validate_unscale("unscale_", tensors, found_inf, &inv_scale);
+  const float inv = inv_scale.item<float>();
+  // x * 1 == x: with inv_scale 1 only the check is needed (torch skips the multiply too).
+  if (unscale_all(tensors, inv, inv != 1.f)) found_inf.fill_(1.f);
+}
+
+void non_finite_check_(at::TensorList tensors, at::Tensor& found_inf) {
+  core::validate_unscale("non_finite_check_", tensors, found_inf, nullptr);
+  if (unscale_all(tensors, 1.f, false)) found_inf.fill_(1.f);
+}
+
+void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
+                   double growth_factor, double backoff_factor, int64_t growth_interval,
+                   int64_t hysteresis, const std::optional<at::Tensor>& hysteresis_tracker,
+                   std::optional<double> min_scale, std::optional<double> max_scale) {
+  core::validate_update_scale(scale, growth_tracker, found_inf, growth_interval, hysteresis,
+                              hysteresis_tracker, min_scale, max_scale);
+  const ops::ScaleUpdateArgs args{growth_factor,
+                                  backoff_factor,
+                                  static_cast<int>(growth_interval),
+                                  static_cast<int>(hysteresis),
+                                  min_scale.has_value(),
+                                  max_scale.has_value(),
+                                  static_cast<float>(min_scale.value_or(0.0)),
+                                  static_cast<float>(max_scale.value_or(0.0))};
+  int overflows = 0;
+  int* overflows_ptr = &overflows;
+  if (hysteresis_tracker && hysteresis_tracker->defined()) {
+    overflows_ptr = hysteresis_tracker->data_ptr<int>();
+  }
+  ops::update_scale(*scale.data_ptr<float>(), *growth_tracker.data_ptr<int>(), *overflows_ptr,
+                    *found_inf.data_ptr<float>() != 0.f, args);
+}
+
+void adam_step_(at::TensorList params, at::TensorList grads,
+                const c10::List<std::optional<at::Tensor>>& master_params, at::TensorList exp_avgs,
+                at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
+                double lr, const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,
+                double eps, double weight_decay, bool amsgrad, bool maximize,
+                bool decoupled_weight_decay, const std::optional<at::Tensor>& inv_scale,
+                const std::optional<at::Tensor>& found_inf) {
+  const core::StepTensors s = core::validate_step(
+      "adam_step_", params, grads, master_params, exp_avgs, "exp_avgs", exp_avg_sqs, "exp_avg_sqs",
+      max_exp_avg_sqs, "max_exp_avg_sqs", amsgrad, steps, true, lr, lr_tensor, inv_scale, found_inf);
+  if (params.empty() || skip_step(s)) return;
+  const ops::AdamHyper h{beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad, maximize};
+  const double step_lr_value = step_lr(s);
+  const float inv = step_inv_scale(s);
+  std::vector<ops::AdamCoeffs> coeffs;
+  coeffs.reserve(params.size());
+  for (size_t t = 0; t < params.size(); ++t) {
+    const float step = *s.steps[t].data_ptr<float>() + 1.f;
+    // Params of a group almost always share their step: reuse the last coefficients.
+    if (t > 0 && step == *s.steps[t - 1].data_ptr<float>() + 1.f) {
+      coeffs.push_back(coeffs.back());
+    } else {
+      coeffs.push_back(ops::adam_coeffs(h, step_lr_value, step, inv));
+    }
+  }
+  const Loops& k = loops();
+  update_all(s, coeffs, [&](const auto& r, const ops::AdamCoeffs& c) {
+    using T = std::remove_pointer_t<decltype(r.param)>;
+    if constexpr (std::is_same_v<T, float>) k.adam_float(r, c);
+    else if constexpr (std::is_same_v<T, c10::Half>) k.adam_half(r, c);
+    else k.adam_bfloat16(r, c);
+  });
+  increment_steps(s);
+}
+
+void sgd_step_(at::TensorList params, at::TensorList grads,
+               const c10::List<std::optional<at::Tensor>>& master_params,
+               at::TensorList momentum_buffers, at::TensorList steps, double lr,
+               const std::optional<at::Tensor>& lr_tensor, double momentum, double dampening,
+               double weight_decay, bool nesterov, bool maximize,
+               const std::optional<at::Tensor>& inv_scale, const std::optional<at::Tensor>& found_inf) {
+  const bool has_momentum = momentum != 0.0;
+  const core::StepTensors s = core::validate_step(
+      "sgd_step_", params, grads, master_params, {}, nullptr, {}, nullptr, momentum_buffers,
+      "momentum_buffers", has_momentum, steps, has_momentum, lr, lr_tensor, inv_scale, found_inf);
+  if (params.empty() || skip_step(s)) return;
+  const ops::SgdHyper h{momentum, dampening, weight_decay, nesterov, maximize};
+  const double step_lr_value = step_lr(s);
+  const float inv = step_inv_scale(s);
+  std::vector<ops::SgdCoeffs> coeffs;
+  coeffs.reserve(params.size());
+  for (size_t t = 0; t < params.size(); ++t) {
+    const bool first = has_momentum && *s.steps[t].data_ptr<float>() == 0.f;
+    coeffs.push_back(ops::sgd_coeffs(h, step_lr_value, first, inv));
+  }
+  const Loops& k = loops();
+  update_all(s, coeffs, [&](const auto& r, const ops::SgdCoeffs& c) {
+    using T = std::remove_pointer_t<decltype(r.param)>;
+    if constexpr (std::is_same_v<T, float>) k.sgd_float(r, c);
+    else if constexpr (std::is_same_v<T, c10::Half>) k.sgd_half(r, c);
+    else k.sgd_bfloat16(r, c);
+  });
+  increment_steps(s);
+}
+
+}  // namespace fused_amp::cpu

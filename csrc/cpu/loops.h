@@ -1,0 +1,51 @@
+#pragma once
+// Inner loops over one contiguous range of elements, compiled once per CPU instruction set
+// (loops_default.cpp, loops_avx2.cpp, loops_avx512.cpp) and picked at load time. They see raw
+// pointers only: tensors, threads and validation stay in the generic code (cpu_ops.cpp).
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cstdint>
+
+#include "ops/adam.h"
+#include "ops/sgd.h"
+
+namespace fused_amp::cpu {
+
+// Pointers are already offset to the range start. A null `master` means the param itself holds
+// the value (fp32 params, or half params with master_weights=False); `aux` is max_exp_avg_sq
+// for Adam (null without amsgrad) and the momentum buffer for SGD (null without momentum).
+template <typename param_t>
+struct UpdateRange {
+  param_t* param;
+  const param_t* grad;
+  float* master;
+  float* exp_avg;
+  float* exp_avg_sq;
+  float* aux;
+  int64_t n;
+};
+
+struct Loops {
+  const char* isa;
+  // Return true when some element is inf or NaN. With write == false only checks.
+  bool (*unscale_float)(float*, int64_t, float, bool);
+  bool (*unscale_double)(double*, int64_t, double, bool);
+  bool (*unscale_half)(c10::Half*, int64_t, float, bool);
+  bool (*unscale_bfloat16)(c10::BFloat16*, int64_t, float, bool);
+  void (*adam_float)(const UpdateRange<float>&, const ops::AdamCoeffs&);
+  void (*adam_half)(const UpdateRange<c10::Half>&, const ops::AdamCoeffs&);
+  void (*adam_bfloat16)(const UpdateRange<c10::BFloat16>&, const ops::AdamCoeffs&);
+  void (*sgd_float)(const UpdateRange<float>&, const ops::SgdCoeffs&);
+  void (*sgd_half)(const UpdateRange<c10::Half>&, const ops::SgdCoeffs&);
+  void (*sgd_bfloat16)(const UpdateRange<c10::BFloat16>&, const ops::SgdCoeffs&);
+};
+
+namespace DEFAULT { const Loops& loops(); }
+namespace AVX2 { const Loops& loops(); }
+namespace AVX512 { const Loops& loops(); }
+
+// The loops for the instruction set torch's own CPU kernels use (ATEN_CPU_CAPABILITY honoured).
+const Loops& loops();
+
+}  // namespace fused_amp::cpu

@@ -1,0 +1,4 @@
+// The portable build of the CPU loops: no instruction set beyond the compiler's baseline.
+#define CPU_CAPABILITY DEFAULT
+#define CPU_CAPABILITY_DEFAULT
+#include "cpu/loops_impl.h"

@@ -1,0 +1,188 @@
+// Included once per instruction set, after CPU_CAPABILITY (and the matching target pragma) is
+// set: at::vec then compiles Vectorized<float> for that instruction set.
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <tuple>
+
+#include "ops/common.h"
+
+namespace fused_amp::ops {
+// The vector spellings of ops/common.h, declared before the op templates are instantiated.
+using VecF = at::vec::Vectorized<float>;
+using VecD = at::vec::Vectorized<double>;
+static inline VecF sqrt_(const VecF& x) { return x.sqrt(); }
+static inline VecF max_(const VecF& a, const VecF& b) { return at::vec::maximum(a, b); }
+static inline VecF nonfinite_probe(const VecF& x) { return x * VecF(0.f); }
+static inline VecD nonfinite_probe(const VecD& x) { return x * VecD(0.0); }
+template <typename V>
+static inline bool any_nan(const V& x) {
+  typename V::value_type lanes[V::size()];
+  x.store(lanes);
+  for (int i = 0; i < V::size(); ++i) {
+    if (lanes[i] != lanes[i]) return true;
+  }
+  return false;
+}
+}  // namespace fused_amp::ops
+
+// The op templates must come after the vector spellings above to see them.
+#include "cpu/loops.h"
+#include "ops/unscale.h"
+
+namespace fused_amp::cpu::CPU_CAPABILITY {
+namespace {
+
+using at::vec::Vectorized;
+using ops::VecF;
+template <typename T>
+using opmath_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+template <typename T>
+using OpVec = Vectorized<opmath_t<T>>;
+// Elements per loop iteration: two op-math vectors, which is one vector of a 16-bit type.
+template <typename T>
+constexpr int64_t kStep = 2 * OpVec<T>::size();
+
+template <typename T>
+inline void load2(const T* p, OpVec<T>& a, OpVec<T>& b) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    a = OpVec<T>::loadu(p);
+    b = OpVec<T>::loadu(p + OpVec<T>::size());
+  } else {
+    std::tie(a, b) = at::vec::convert_to_float<T>(Vectorized<T>::loadu(p));
+  }
+}
+
+template <typename T>
+inline void store2(T* p, const OpVec<T>& a, const OpVec<T>& b) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    a.store(p);
+    b.store(p + OpVec<T>::size());
+  } else {
+    at::vec::convert_from_float<T>(a, b).store(p);
+  }
+}
+
+template <typename T>
+bool unscale_range(T* x, int64_t n, opmath_t<T> inv_scale, bool write) {
+  using V = OpVec<T>;
+  using S = opmath_t<T>;
+  const V inv(inv_scale);
+  V nonfinite(S(0));
+  int64_t i = 0;
+  for (; i + kStep<T> <= n; i += kStep<T>) {
+    V a, b;
+    load2(x + i, a, b);
+    if (write) {
+      store2(x + i, ops::unscale(a, inv, nonfinite), ops::unscale(b, inv, nonfinite));
+    } else {
+      ops::check_finite(a, nonfinite);
+      ops::check_finite(b, nonfinite);
+    }
+  }
+  S tail_nonfinite = S(0);
+  for (; i < n; ++i) {
+    const S v = static_cast<S>(x[i]);
+    if (write) {
+      x[i] = static_cast<T>(ops::unscale(v, inv_scale, tail_nonfinite));
+    } else {
+      ops::check_finite(v, tail_nonfinite);
+    }
+  }
+  return ops::any_nan(nonfinite) || ops::any_nan(tail_nonfinite);
+}
+
+// The fp32 value of the parameter: the master when there is one, else the param itself.
+template <typename T>
+inline void load_value(const UpdateRange<T>& r, int64_t i, VecF& a, VecF& b) {
+  if (r.master) {
+    load2(r.master + i, a, b);
+  } else {
+    load2(r.param + i, a, b);
+  }
+}
+
+template <typename T>
+inline void store_value(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b) {
+  if (r.master) store2(r.master + i, a, b);
+  store2(r.param + i, a, b);
+}
+
+template <typename T>
+inline float value_at(const UpdateRange<T>& r, int64_t i) {
+  return r.master ? r.master[i] : static_cast<float>(r.param[i]);
+}
+
+template <typename T>
+inline void set_value_at(const UpdateRange<T>& r, int64_t i, float v) {
+  if (r.master) r.master[i] = v;
+  r.param[i] = static_cast<T>(v);
+}
+
+template <typename T>
+void adam_range(const UpdateRange<T>& r, const ops::AdamCoeffs& c) {
+  int64_t i = 0;
+  for (; i + kStep<T> <= r.n; i += kStep<T>) {
+    VecF p0, p1, g0, g1, m0, m1, v0, v1, vmax0(0.f), vmax1(0.f);
+    load_value(r, i, p0, p1);
+    load2(r.grad + i, g0, g1);
+    load2(r.exp_avg + i, m0, m1);
+    load2(r.exp_avg_sq + i, v0, v1);
+    if (c.amsgrad) load2(r.aux + i, vmax0, vmax1);
+    ops::adam_update(p0, g0, m0, v0, vmax0, c);
+    ops::adam_update(p1, g1, m1, v1, vmax1, c);
+    store_value(r, i, p0, p1);
+    store2(r.exp_avg + i, m0, m1);
+    store2(r.exp_avg_sq + i, v0, v1);
+    if (c.amsgrad) store2(r.aux + i, vmax0, vmax1);
+  }
+  for (; i < r.n; ++i) {
+    float p = value_at(r, i), vmax = c.amsgrad ? r.aux[i] : 0.f;
+    ops::adam_update(p, static_cast<float>(r.grad[i]), r.exp_avg[i], r.exp_avg_sq[i], vmax, c);
+    set_value_at(r, i, p);
+    if (c.amsgrad) r.aux[i] = vmax;
+  }
+}
+
+template <typename T>
+void sgd_range(const UpdateRange<T>& r, const ops::SgdCoeffs& c) {
+  const bool has_buf = r.aux != nullptr;
+  int64_t i = 0;
+  for (; i + kStep<T> <= r.n; i += kStep<T>) {
+    VecF p0, p1, g0, g1, b0(0.f), b1(0.f);
+    load_value(r, i, p0, p1);
+    load2(r.grad + i, g0, g1);
+    if (has_buf && !c.first_step) load2(r.aux + i, b0, b1);
+    ops::sgd_update(p0, g0, b0, c);
+    ops::sgd_update(p1, g1, b1, c);
+    store_value(r, i, p0, p1);
+    if (has_buf) store2(r.aux + i, b0, b1);
+  }
+  for (; i < r.n; ++i) {
+    float p = value_at(r, i), buf = (has_buf && !c.first_step) ? r.aux[i] : 0.f;
+    ops::sgd_update(p, static_cast<float>(r.grad[i]), buf, c);
+    set_value_at(r, i, p);
+    if (has_buf) r.aux[i] = buf;
+  }
+}
+
+}  // namespace
+
+const Loops& loops() {
+  static const Loops table{
+      C10_STRINGIZE(CPU_CAPABILITY),
+      unscale_range<float>,
+      unscale_range<double>,
+      unscale_range<c10::Half>,
+      unscale_range<c10::BFloat16>,
+      adam_range<float>,
+      adam_range<c10::Half>,
+      adam_range<c10::BFloat16>,
+      sgd_range<float>,
+      sgd_range<c10::Half>,
+      sgd_range<c10::BFloat16>,
+  };
+  return table;
+}
+
+}  // namespace fused_amp::cpu::CPU_CAPABILITY

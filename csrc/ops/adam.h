@@ -1,0 +1,76 @@
+#pragma once
+#include "ops/common.h"
+
+namespace fused_amp::ops {
+
+// Hyperparameters of one Adam/AdamW step, with the step-dependent terms of one tensor.
+struct AdamCoeffs {
+  float lr;
+  float beta1;
+  float beta2;
+  float one_minus_beta1;
+  float one_minus_beta2;
+  float eps;
+  float weight_decay;
+  float lr_weight_decay;        // AdamW's decay per step
+  float grad_mult;              // inv_scale of the loss scaler, negated for maximize
+  float step_size;              // lr / (1 - beta1^step)
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+  bool decoupled_weight_decay;  // AdamW
+  bool amsgrad;
+};
+
+struct AdamHyper {
+  double beta1, beta2, eps, weight_decay;
+  bool decoupled_weight_decay, amsgrad, maximize;
+};
+
+// The coefficients of one tensor's update: bias corrections in double from the (already
+// incremented) step count, as torch's fused Adam forms them, then rounded to fp32.
+FA_HD AdamCoeffs adam_coeffs(const AdamHyper& h, double lr, double step, float inv_scale) {
+  const double bias_correction1 = 1.0 - pow(h.beta1, step);
+  const double bias_correction2 = 1.0 - pow(h.beta2, step);
+  AdamCoeffs c;
+  c.lr = static_cast<float>(lr);
+  c.beta1 = static_cast<float>(h.beta1);
+  c.beta2 = static_cast<float>(h.beta2);
+  c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+  c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+  c.eps = static_cast<float>(h.eps);
+  c.lr_weight_decay = static_cast<float>(lr * h.weight_decay);
+  c.weight_decay = static_cast<float>(h.weight_decay);
+  c.grad_mult = h.maximize ? -inv_scale : inv_scale;
+  c.step_size = static_cast<float>(lr / bias_correction1);
+  c.bias_correction2_sqrt = static_cast<float>(sqrt(bias_correction2));
+  c.decoupled_weight_decay = h.decoupled_weight_decay;
+  c.amsgrad = h.amsgrad;
+  return c;
+}
+
+// One element of Adam on fp32 values (T = float or a vector of floats):
+//   g = grad * grad_mult;  g += wd * p (Adam)  or  p -= lr * wd * p (AdamW)
+//   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;  vmax = max(vmax, v) (amsgrad)
+//   p -= step_size * m / (sqrt(v or vmax) / sqrt(1 - beta2^t) + eps)
+template <typename T>
+FA_HD void adam_update(T& param, T grad, T& exp_avg, T& exp_avg_sq, T& max_exp_avg_sq,
+                       const AdamCoeffs& c) {
+  grad = grad * T(c.grad_mult);
+  if (c.weight_decay != 0.f) {
+    if (c.decoupled_weight_decay) {
+      param = param - T(c.lr_weight_decay) * param;
+    } else {
+      grad = grad + param * T(c.weight_decay);
+    }
+  }
+  exp_avg = T(c.beta1) * exp_avg + T(c.one_minus_beta1) * grad;
+  exp_avg_sq = T(c.beta2) * exp_avg_sq + T(c.one_minus_beta2) * grad * grad;
+  T second_moment = exp_avg_sq;
+  if (c.amsgrad) {
+    max_exp_avg_sq = max_(max_exp_avg_sq, exp_avg_sq);
+    second_moment = max_exp_avg_sq;
+  }
+  const T denom = sqrt_(second_moment) / T(c.bias_correction2_sqrt) + T(c.eps);
+  param = param - T(c.step_size) * exp_avg / denom;
+}
+
+}  // namespace fused_amp::ops

@@ -1,0 +1,26 @@
+#pragma once
+// Shared by the CPU loops (T = float or at::vec::Vectorized<float>) and the CUDA kernels
+// (T = float). Everything here is the per-element math; launching lives elsewhere. Functions
+// have internal linkage: each CPU instruction-set build keeps its own copy, none is merged.
+#include <cmath>
+
+#if defined(__CUDACC__)
+#define FA_HD static __host__ __device__ __forceinline__
+#else
+#define FA_HD static inline
+#endif
+
+namespace fused_amp::ops {
+
+// Scalar spellings of the few functions the math needs; the CPU build adds the same names for
+// Vectorized<float> (cpu/vec_math.h) before including the op headers.
+FA_HD float sqrt_(float x) { return sqrtf(x); }
+FA_HD float max_(float a, float b) { return a < b ? b : a; }
+// Becomes NaN when x is inf or NaN, stays +-0 otherwise: x * 0 folds "is finite" into an add.
+FA_HD float nonfinite_probe(float x) { return x * 0.f; }
+FA_HD double nonfinite_probe(double x) { return x * 0.0; }
+FA_HD bool any_nan(float x) { return x != x; }
+FA_HD bool is_finite(float x) { return x - x == 0.f; }
+FA_HD bool any_nan(double x) { return x != x; }
+
+}  // namespace fused_amp::ops

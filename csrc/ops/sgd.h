@@ -1,0 +1,51 @@
+#pragma once
+#include "ops/common.h"
+
+namespace fused_amp::ops {
+
+struct SgdCoeffs {
+  float lr;
+  float momentum;
+  float one_minus_dampening;
+  float weight_decay;
+  float grad_mult;  // inv_scale of the loss scaler, negated for maximize
+  bool nesterov;
+  bool first_step;  // the momentum buffer starts as the first gradient, as in torch
+};
+
+struct SgdHyper {
+  double momentum, dampening, weight_decay;
+  bool nesterov, maximize;
+};
+
+FA_HD SgdCoeffs sgd_coeffs(const SgdHyper& h, double lr, bool first_step, float inv_scale) {
+  SgdCoeffs c;
+  c.lr = static_cast<float>(lr);
+  c.momentum = static_cast<float>(h.momentum);
+  c.one_minus_dampening = static_cast<float>(1.0 - h.dampening);
+  c.weight_decay = static_cast<float>(h.weight_decay);
+  c.grad_mult = h.maximize ? -inv_scale : inv_scale;
+  c.nesterov = h.nesterov;
+  c.first_step = first_step;
+  return c;
+}
+
+// One element of SGD on fp32 values (T = float or a vector of floats):
+//   g = grad * grad_mult + wd * p;  buf = g (first step) or momentum buf + (1 - dampening) g
+//   p -= lr * (nesterov ? g + momentum buf : buf)          (momentum == 0: p -= lr g)
+template <typename T>
+FA_HD void sgd_update(T& param, T grad, T& momentum_buffer, const SgdCoeffs& c) {
+  grad = grad * T(c.grad_mult);
+  if (c.weight_decay != 0.f) grad = grad + T(c.weight_decay) * param;
+  if (c.momentum != 0.f) {
+    if (c.first_step) {
+      momentum_buffer = grad;
+    } else {
+      momentum_buffer = T(c.momentum) * momentum_buffer + T(c.one_minus_dampening) * grad;
+    }
+    grad = c.nesterov ? grad + T(c.momentum) * momentum_buffer : momentum_buffer;
+  }
+  param = param - T(c.lr) * grad;
+}
+
+}  // namespace fused_amp::ops

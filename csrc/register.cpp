@@ -1,0 +1,60 @@
+// The op schemas, the CPU implementations' registration, and the Python module fused_amp._C.
+#include <Python.h>
+#include <torch/library.h>
+
+#include "cpu/loops.h"
+#include "ops_impl.h"
+
+TORCH_LIBRARY(fused_amp, m) {
+  m.def("unscale_(Tensor(a!)[] tensors, Tensor(b!) found_inf, Tensor inv_scale) -> ()");
+  m.def("non_finite_check_(Tensor[] tensors, Tensor(a!) found_inf) -> ()");
+  m.def(
+      "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor found_inf, "
+      "float growth_factor, float backoff_factor, int growth_interval, int hysteresis=1, "
+      "Tensor(c!)? hysteresis_tracker=None, float? min_scale=None, float? max_scale=None) -> ()");
+  m.def(
+      "adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)?[] master_params, "
+      "Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, "
+      "Tensor(f!)[] steps, *, float lr, Tensor? lr_tensor=None, float beta1, float beta2, "
+      "float eps, float weight_decay, bool amsgrad, bool maximize, bool decoupled_weight_decay, "
+      "Tensor? inv_scale=None, Tensor? found_inf=None) -> ()");
+  m.def(
+      "sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)?[] master_params, "
+      "Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, *, float lr, Tensor? lr_tensor=None, "
+      "float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
+      "Tensor? inv_scale=None, Tensor? found_inf=None) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(fused_amp, CPU, m) {
+  m.impl("unscale_", &fused_amp::cpu::unscale_);
+  m.impl("non_finite_check_", &fused_amp::cpu::non_finite_check_);
+  m.impl("update_scale_", &fused_amp::cpu::update_scale_);
+  m.impl("adam_step_", &fused_amp::cpu::adam_step_);
+  m.impl("sgd_step_", &fused_amp::cpu::sgd_step_);
+}
+
+namespace {
+
+#ifdef FUSED_AMP_WITH_CUDA
+constexpr bool kWithCuda = true;
+constexpr const char* kCudaArchs = FUSED_AMP_CUDA_ARCHS;
+#else
+constexpr bool kWithCuda = false;
+constexpr const char* kCudaArchs = "";
+#endif
+
+PyObject* build_info(PyObject*, PyObject*) {
+  return Py_BuildValue("{s:s,s:O,s:s,s:s}", "torch_version", FUSED_AMP_TORCH_VERSION, "cuda",
+                       kWithCuda ? Py_True : Py_False, "cuda_archs", kCudaArchs, "cpu_isa",
+                       fused_amp::cpu::loops().isa);
+}
+
+PyMethodDef methods[] = {
+    {"build_info", build_info, METH_NOARGS, "How this extension was built and what it runs."},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit__C() { return PyModule_Create(&module_def); }

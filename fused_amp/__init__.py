@@ -1,0 +1,13 @@
+"""fused_amp: fused multi-tensor kernels for mixed-precision training in PyTorch."""
+import torch  # noqa: F401  (loads libtorch before the extension)
+
+from fused_amp import _C, ops  # noqa: F401
+
+__all__ = ["build_info", "ops"]
+
+
+def build_info():
+    """How the extension was built: ``torch_version`` it was built against, ``cuda`` (CUDA
+    kernels compiled), ``cuda_archs``, and ``cpu_isa``, the instruction set the CPU kernels use
+    on this machine (``DEFAULT``, ``AVX2`` or ``AVX512``, following torch's own choice)."""
+    return dict(_C.build_info())

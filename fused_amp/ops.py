@@ -1,0 +1,91 @@
+"""Functional API over ``torch.ops.fused_amp``; registers fake kernels for ``torch.compile``."""
+from typing import List, Optional, Sequence
+
+import torch
+
+__all__ = ["unscale_", "non_finite_check_", "update_scale_", "adam_step_", "sgd_step_"]
+
+_ops = torch.ops.fused_amp
+
+
+def unscale_(tensors: Sequence[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
+    r"""Multiply every tensor in place by ``inv_scale`` and flag non-finite values.
+
+    For each element ``x = x * inv_scale``, computed in fp32 (fp64 for fp64 tensors) and rounded
+    back to the tensor's dtype. ``found_inf`` (one fp32 element) is set to exactly 1.0 when any
+    input element is inf or NaN; it is never cleared and never counted up. ``tensors`` may mix
+    fp32, fp16, bf16 and fp64 and hold empty tensors; all must be on ``found_inf``'s device.
+    Bitwise equal to ``torch._amp_foreach_non_finite_check_and_unscale_``.
+    """
+    _ops.unscale_(list(tensors), found_inf, inv_scale)
+
+
+def non_finite_check_(tensors: Sequence[torch.Tensor], found_inf: torch.Tensor) -> None:
+    """Set ``found_inf`` to 1.0 if any element of ``tensors`` is inf or NaN; reads only."""
+    _ops.non_finite_check_(list(tensors), found_inf)
+
+
+def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: torch.Tensor,
+                  growth_factor: float, backoff_factor: float, growth_interval: int, *,
+                  hysteresis: int = 1, hysteresis_tracker: Optional[torch.Tensor] = None,
+                  min_scale: Optional[float] = None, max_scale: Optional[float] = None) -> None:
+    r"""Update the loss scale in place on its device, without a host sync.
+
+    With the defaults this is ``torch._amp_update_scale_``: on overflow (``found_inf != 0``)
+    ``scale *= backoff_factor`` and ``growth_tracker = 0``; otherwise ``growth_tracker += 1`` and
+    after ``growth_interval`` clean steps ``scale *= growth_factor`` (only if the result is
+    finite) and the tracker restarts. With ``hysteresis=N`` the scale backs off only from the
+    N-th overflow in a row (``hysteresis_tracker``, an int32 tensor, counts them; a clean step
+    resets it). ``min_scale``/``max_scale`` bound the scale.
+    """
+    _ops.update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+                       growth_interval, hysteresis, hysteresis_tracker, min_scale, max_scale)
+
+
+def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
+               master_params: List[Optional[torch.Tensor]], exp_avgs: List[torch.Tensor],
+               exp_avg_sqs: List[torch.Tensor], max_exp_avg_sqs: List[torch.Tensor],
+               steps: List[torch.Tensor], *, lr: float, lr_tensor: Optional[torch.Tensor] = None,
+               beta1: float, beta2: float, eps: float, weight_decay: float, amsgrad: bool,
+               maximize: bool, decoupled_weight_decay: bool,
+               inv_scale: Optional[torch.Tensor] = None,
+               found_inf: Optional[torch.Tensor] = None) -> None:
+    """One fused Adam/AdamW step over all params; see ``fused_amp.optim.Adam`` for the rule.
+
+    ``master_params[i]`` (fp32) holds the value of a half ``params[i]``, which receives
+    ``master.to(dtype)``; ``None`` (or an empty list) updates the param in place. Grads are
+    multiplied by ``inv_scale`` when given. When ``found_inf`` is nonzero nothing is written and
+    ``steps`` stay as they are; otherwise each step is incremented.
+    """
+    _ops.adam_step_(params, grads, master_params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
+                    lr=lr, lr_tensor=lr_tensor, beta1=beta1, beta2=beta2, eps=eps,
+                    weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
+                    decoupled_weight_decay=decoupled_weight_decay, inv_scale=inv_scale,
+                    found_inf=found_inf)
+
+
+def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
+              master_params: List[Optional[torch.Tensor]], momentum_buffers: List[torch.Tensor],
+              steps: List[torch.Tensor], *, lr: float, lr_tensor: Optional[torch.Tensor] = None,
+              momentum: float, dampening: float, weight_decay: float, nesterov: bool,
+              maximize: bool, inv_scale: Optional[torch.Tensor] = None,
+              found_inf: Optional[torch.Tensor] = None) -> None:
+    """One fused SGD step over all params; see ``fused_amp.optim.SGD`` for the rule.
+
+    With ``momentum != 0``, ``momentum_buffers`` and ``steps`` are required: a param whose step
+    is 0 starts its buffer from its gradient, as torch does. Masters, ``inv_scale`` and
+    ``found_inf`` as in :func:`adam_step_`.
+    """
+    _ops.sgd_step_(params, grads, master_params, momentum_buffers, steps, lr=lr,
+                   lr_tensor=lr_tensor, momentum=momentum, dampening=dampening,
+                   weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
+                   inv_scale=inv_scale, found_inf=found_inf)
+
+
+# Fake kernels: the ops mutate their inputs and return nothing, so tracing needs no shapes.
+def _register_fakes():
+    for name in __all__:
+        torch.library.register_fake(f"fused_amp::{name}")(lambda *args, **kwargs: None)
+
+
+_register_fakes()

@@ -1,0 +1,62 @@
+"""Build fused_amp._C: CPU kernels always, CUDA kernels when torch and a toolkit allow.
+
+Environment variables read here (all documented in README.md):
+  FUSED_AMP_CUDA        unset: CUDA when possible; 0: CPU only; 1: CUDA or fail.
+  TORCH_CUDA_ARCH_LIST  CUDA architectures (default: 8.0;8.6;8.9;9.0;10.0+PTX).
+  CUDA_HOME / CUDA_PATH the CUDA toolkit (default: /usr/local/cuda when it exists).
+  MAX_JOBS              parallel compile jobs (read by torch's ninja builder).
+"""
+import glob
+import os
+import shutil
+
+from setuptools import setup
+
+DEFAULT_ARCHS = "8.0;8.6;8.9;9.0;10.0+PTX"
+
+
+def _cuda_home():
+    # torch guesses the toolkit from `which nvcc`, wrong when nvcc is a wrapper script.
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if not home and os.path.exists("/usr/local/cuda"):
+        home = "/usr/local/cuda"
+    if home:
+        os.environ["CUDA_HOME"] = home
+    return home
+
+
+def _want_cuda(torch, cuda_home):
+    """The one place that decides between a CPU-only and a CUDA build."""
+    mode = os.environ.get("FUSED_AMP_CUDA", "")
+    nvcc = cuda_home and os.path.exists(os.path.join(cuda_home, "bin", "nvcc"))
+    possible = bool(torch.version.cuda) and bool(nvcc or shutil.which("nvcc"))
+    if mode == "0":
+        return False
+    if mode == "1" and not possible:
+        raise RuntimeError(
+            "FUSED_AMP_CUDA=1 but no CUDA build is possible: "
+            f"torch.version.cuda={torch.version.cuda!r}, CUDA toolkit (nvcc) "
+            f"{'not found' if not nvcc else 'found at ' + cuda_home}. "
+            "Install a CUDA build of torch and the CUDA toolkit, or set CUDA_HOME.")
+    return possible
+
+
+cuda_home = _cuda_home()
+import torch  # noqa: E402  (after CUDA_HOME is settled)
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+with_cuda = _want_cuda(torch, cuda_home)
+sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/core/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
+cxx_flags = ["-O3", f'-DFUSED_AMP_TORCH_VERSION="{torch.__version__}"']
+if with_cuda:
+    archs = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCHS)
+    sources += sorted(glob.glob("csrc/cuda/*.cpp") + glob.glob("csrc/cuda/*.cu"))
+    cxx_flags += ["-DFUSED_AMP_WITH_CUDA", f'-DFUSED_AMP_CUDA_ARCHS="{archs}"']
+    ext = CUDAExtension(
+        "fused_amp._C", sources, include_dirs=[os.path.abspath("csrc")],
+        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-DFUSED_AMP_WITH_CUDA"]})
+else:
+    ext = CppExtension("fused_amp._C", sources, include_dirs=[os.path.abspath("csrc")],
+                       extra_compile_args=cxx_flags)
+
+setup(ext_modules=[ext], cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)})
