@@ -1,0 +1,89 @@
+// Loss-scaling kernels: unscale / non-finite check over tensor lists, and the scale update.
+#include "cuda/multi_tensor_apply.cuh"
+#include "ops/unscale.h"
+
+namespace fused_amp::cuda {
+
+namespace {
+
+template <typename T>
+using opmath_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+template <typename T, bool kWrite>
+struct UnscaleFunctor {
+  float* found_inf;
+  const float* inv_scale;
+
+  template <class Meta>
+  FA_DEVICE void operator()(const Meta& meta, int t, int64_t start, int64_t n) const {
+    using R = opmath_t<T>;
+    T* x = static_cast<T*>(meta.ptr[0][t]) + start;
+    const R inv = kWrite ? static_cast<R>(*inv_scale) : R(1);
+    R nonfinite = R(0);
+    for_each_ilp(n, is_aligned(x), [&](const IlpIndex& ix) {
+      R r[kILP];
+      load_ilp(r, x, ix);
+#pragma unroll
+      for (int j = 0; j < kILP; ++j) {
+        if (kWrite) {
+          r[j] = ops::unscale(r[j], inv, nonfinite);
+        } else {
+          ops::check_finite(r[j], nonfinite);
+        }
+      }
+      // x * 1 == x: torch writes nothing back for inv_scale 1 either.
+      if (kWrite && inv != R(1)) store_ilp(x, r, ix);
+    });
+    if (ops::any_nan(nonfinite)) *found_inf = 1.f;  // never a sum: every writer writes 1
+  }
+};
+
+template <typename T>
+void unscale_typed(const std::vector<TensorPtrs>& tensors, float* found_inf,
+                   const float* inv_scale, cudaStream_t stream) {
+  if (inv_scale) {
+    multi_tensor_apply<1>(tensors, UnscaleFunctor<T, true>{found_inf, inv_scale}, stream);
+  } else {
+    multi_tensor_apply<1>(tensors, UnscaleFunctor<T, false>{found_inf, nullptr}, stream);
+  }
+}
+
+FA_GLOBAL void update_scale_kernel(float* scale, int* growth_tracker, int* overflows_in_row,
+                                   const float* found_inf, ops::ScaleUpdateArgs args) {
+  int local_overflows = 0;
+  ops::update_scale(*scale, *growth_tracker, overflows_in_row ? *overflows_in_row : local_overflows,
+                    *found_inf != 0.f, args);
+}
+
+}  // namespace
+
+bool large_kernel_args() {
+#if defined(FUSED_AMP_HOST_SIM)
+  return fused_amp_sim_large_args;
+#else
+  static const bool ok = [] {
+    int driver = 0, runtime = 0;
+    if (cudaDriverGetVersion(&driver) != cudaSuccess) return false;
+    if (cudaRuntimeGetVersion(&runtime) != cudaSuccess) return false;
+    return CUDART_VERSION >= 12010 && driver >= 12010 && runtime >= 12010;
+  }();
+  return ok;
+#endif
+}
+
+void unscale(Dtype dtype, const std::vector<TensorPtrs>& tensors, float* found_inf,
+             const float* inv_scale, cudaStream_t stream) {
+  switch (dtype) {
+    case Dtype::Float: unscale_typed<float>(tensors, found_inf, inv_scale, stream); break;
+    case Dtype::Half: unscale_typed<__half>(tensors, found_inf, inv_scale, stream); break;
+    case Dtype::BFloat16: unscale_typed<__nv_bfloat16>(tensors, found_inf, inv_scale, stream); break;
+    case Dtype::Double: unscale_typed<double>(tensors, found_inf, inv_scale, stream); break;
+  }
+}
+
+void update_scale(float* scale, int* growth_tracker, int* overflows_in_row, const float* found_inf,
+                  const ops::ScaleUpdateArgs& args, cudaStream_t stream) {
+  FA_LAUNCH(update_scale_kernel, 1, 1, stream, scale, growth_tracker, overflows_in_row, found_inf, args);
+}
+
+}  // namespace fused_amp::cuda

@@ -1,0 +1,60 @@
+#pragma once
+// What the kernels need from CUDA. With FUSED_AMP_HOST_SIM the same kernel and launcher source
+// compiles with a host compiler and a launch runs as loops over blocks and threads: the kernels
+// here use no shared memory, no __syncthreads and no warp shuffles, so that is exact. The tests
+// use it to check the launcher's chunking on machines without a GPU (tests/test_cuda_sim.py).
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#ifdef FUSED_AMP_HOST_SIM
+#include <algorithm>
+using cudaStream_t = void*;
+struct FaDim3 { unsigned x = 0, y = 0, z = 0; };
+inline FaDim3 threadIdx, blockIdx, blockDim, gridDim;
+inline bool fused_amp_sim_large_args = false;  // which argument limit the simulated launches use
+#define FA_GLOBAL
+#define FA_DEVICE inline
+#define FA_GRID_CONSTANT
+#define FA_LAUNCH(kernel, grid, block, stream, ...)                          \
+  do {                                                                     \
+    gridDim.x = (grid);                                                    \
+    blockDim.x = (block);                                                  \
+    for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x)             \
+      for (threadIdx.x = 0; threadIdx.x < blockDim.x; ++threadIdx.x)       \
+        kernel(__VA_ARGS__);                                               \
+  } while (0)
+#else
+#include <cuda_runtime_api.h>
+#define FA_GLOBAL __global__
+#define FA_DEVICE __device__ __forceinline__
+#define FA_GRID_CONSTANT __grid_constant__
+#define FA_LAUNCH(kernel, grid, block, stream, ...)                                        \
+  do {                                                                                   \
+    kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__);                               \
+    const cudaError_t fa_err = cudaGetLastError();                                       \
+    if (fa_err != cudaSuccess) {                                                         \
+      throw std::runtime_error(std::string("fused_amp: CUDA launch failed: ") +          \
+                               cudaGetErrorString(fa_err));                              \
+    }                                                                                    \
+  } while (0)
+#endif
+
+namespace fused_amp::cuda {
+
+FA_DEVICE float to_float(float x) { return x; }
+FA_DEVICE double to_float(double x) { return x; }
+FA_DEVICE float to_float(__half x) { return __half2float(x); }
+FA_DEVICE float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Round to nearest even, as torch's .to(dtype) does.
+template <typename T> FA_DEVICE T from_float(float x);
+template <> FA_DEVICE float from_float<float>(float x) { return x; }
+template <> FA_DEVICE __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> FA_DEVICE __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <typename T> FA_DEVICE T from_float(double x) { return static_cast<T>(x); }
+
+}  // namespace fused_amp::cuda

@@ -1,0 +1,189 @@
+// CUDA implementations: validate (the same checks as on the CPU), group tensors by dtype, turn
+// them into raw pointers and launch on the current stream. Nothing here reads device memory,
+// so no op syncs with the host and all of them can be captured in a CUDA graph.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <map>
+
+#include "core/step_args.h"
+#include "core/validate.h"
+#include "cuda/launch.h"
+#include "ops_impl.h"
+
+namespace fused_amp::cuda {
+
+namespace {
+
+Dtype dtype_of(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return Dtype::Float;
+    case at::kHalf: return Dtype::Half;
+    case at::kBFloat16: return Dtype::BFloat16;
+    case at::kDouble: return Dtype::Double;
+    default: TORCH_INTERNAL_ASSERT(false, "dtype passed validation but has no kernel");
+  }
+}
+
+void* ptr_or_null(const std::vector<at::Tensor>& list, size_t i) {
+  return list.empty() || !list[i].defined() ? nullptr : list[i].data_ptr();
+}
+
+TensorPtrs ptrs_of(std::initializer_list<void*> ps, int64_t numel) {
+  TensorPtrs t{};
+  int k = 0;
+  for (void* p : ps) t.p[k++] = p;
+  t.numel = numel;
+  return t;
+}
+
+float* float_ptr(const std::optional<at::Tensor>& t) {
+  return t ? t->data_ptr<float>() : nullptr;
+}
+
+// The lr and scaler tensors an optimizer kernel reads. A CPU lr is read here (no device sync);
+// a float64 device lr is converted on the device.
+struct Scalars {
+  StepScalars s;
+  at::Tensor lr_keep_alive;
+};
+
+Scalars scalars_of(const core::StepTensors& st) {
+  Scalars r{{st.lr, nullptr, float_ptr(st.inv_scale), float_ptr(st.found_inf)}, {}};
+  if (st.lr_tensor) {
+    if (st.lr_tensor->device().is_cpu()) {
+      r.s.lr = st.lr_tensor->item<double>();
+    } else {
+      r.lr_keep_alive = st.lr_tensor->to(at::kFloat);
+      r.s.lr_ptr = r.lr_keep_alive.data_ptr<float>();
+    }
+  }
+  return r;
+}
+
+// Params grouped by (dtype, has master): one launch sequence per group.
+std::map<std::pair<int, bool>, std::vector<size_t>> groups_of(const core::StepTensors& st) {
+  std::map<std::pair<int, bool>, std::vector<size_t>> groups;
+  for (size_t i = 0; i < st.params.size(); ++i) {
+    groups[{static_cast<int>(st.params[i].scalar_type()), st.masters[i].defined()}].push_back(i);
+  }
+  return groups;
+}
+
+void increment_all_steps(const core::StepTensors& st, cudaStream_t stream) {
+  std::vector<TensorPtrs> steps;
+  for (const auto& step : st.steps) steps.push_back(ptrs_of({step.data_ptr()}, 1));
+  increment_steps(steps, float_ptr(st.found_inf), stream);
+}
+
+}  // namespace
+
+void unscale_impl(const char* op, at::TensorList tensors, at::Tensor& found_inf,
+                  const at::Tensor* inv_scale) {
+  core::validate_unscale(op, tensors, found_inf, inv_scale);
+  const c10::cuda::CUDAGuard guard(found_inf.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  std::map<int, std::vector<TensorPtrs>> by_dtype;
+  for (const auto& t : tensors) {
+    by_dtype[static_cast<int>(t.scalar_type())].push_back(ptrs_of({t.data_ptr()}, t.numel()));
+  }
+  for (const auto& [dtype, list] : by_dtype) {
+    unscale(dtype_of(static_cast<at::ScalarType>(dtype)), list, found_inf.data_ptr<float>(),
+            inv_scale ? inv_scale->data_ptr<float>() : nullptr, stream);
+  }
+}
+
+void unscale_(at::TensorList tensors, at::Tensor& found_inf, const at::Tensor& inv_scale) {
+  unscale_impl("unscale_", tensors, found_inf, &inv_scale);
+}
+
+void non_finite_check_(at::TensorList tensors, at::Tensor& found_inf) {
+  unscale_impl("non_finite_check_", tensors, found_inf, nullptr);
+}
+
+void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
+                   double growth_factor, double backoff_factor, int64_t growth_interval,
+                   int64_t hysteresis, const std::optional<at::Tensor>& hysteresis_tracker,
+                   std::optional<double> min_scale, std::optional<double> max_scale) {
+  core::validate_update_scale(scale, growth_tracker, found_inf, growth_interval, hysteresis,
+                              hysteresis_tracker, min_scale, max_scale);
+  const c10::cuda::CUDAGuard guard(scale.device());
+  const ops::ScaleUpdateArgs args{growth_factor,
+                                  backoff_factor,
+                                  static_cast<int>(growth_interval),
+                                  static_cast<int>(hysteresis),
+                                  min_scale.has_value(),
+                                  max_scale.has_value(),
+                                  static_cast<float>(min_scale.value_or(0.0)),
+                                  static_cast<float>(max_scale.value_or(0.0))};
+  int* overflows = hysteresis_tracker && hysteresis_tracker->defined()
+                       ? hysteresis_tracker->data_ptr<int>() : nullptr;
+  update_scale(scale.data_ptr<float>(), growth_tracker.data_ptr<int>(), overflows,
+               found_inf.data_ptr<float>(), args, c10::cuda::getCurrentCUDAStream());
+}
+
+void adam_step_(at::TensorList params, at::TensorList grads,
+                const c10::List<std::optional<at::Tensor>>& master_params, at::TensorList exp_avgs,
+                at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
+                double lr, const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,
+                double eps, double weight_decay, bool amsgrad, bool maximize,
+                bool decoupled_weight_decay, const std::optional<at::Tensor>& inv_scale,
+                const std::optional<at::Tensor>& found_inf) {
+  const core::StepTensors st = core::validate_step(
+      "adam_step_", params, grads, master_params, exp_avgs, "exp_avgs", exp_avg_sqs, "exp_avg_sqs",
+      max_exp_avg_sqs, "max_exp_avg_sqs", amsgrad, steps, true, lr, lr_tensor, inv_scale, found_inf);
+  if (params.empty()) return;
+  const c10::cuda::CUDAGuard guard(params[0].device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const Scalars sc = scalars_of(st);
+  const ops::AdamHyper h{beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad, maximize};
+  for (const auto& [key, indices] : groups_of(st)) {
+    std::vector<TensorPtrs> list;
+    for (size_t i : indices) {
+      list.push_back(ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), ptr_or_null(st.masters, i),
+                              st.states_a[i].data_ptr(), st.states_b[i].data_ptr(),
+                              ptr_or_null(st.aux, i), st.steps[i].data_ptr()},
+                             st.params[i].numel()));
+    }
+    adam(dtype_of(static_cast<at::ScalarType>(key.first)), key.second, list, h, sc.s, stream);
+  }
+  increment_all_steps(st, stream);
+}
+
+void sgd_step_(at::TensorList params, at::TensorList grads,
+               const c10::List<std::optional<at::Tensor>>& master_params,
+               at::TensorList momentum_buffers, at::TensorList steps, double lr,
+               const std::optional<at::Tensor>& lr_tensor, double momentum, double dampening,
+               double weight_decay, bool nesterov, bool maximize,
+               const std::optional<at::Tensor>& inv_scale, const std::optional<at::Tensor>& found_inf) {
+  const bool has_momentum = momentum != 0.0;
+  const core::StepTensors st = core::validate_step(
+      "sgd_step_", params, grads, master_params, {}, nullptr, {}, nullptr, momentum_buffers,
+      "momentum_buffers", has_momentum, steps, has_momentum, lr, lr_tensor, inv_scale, found_inf);
+  if (params.empty()) return;
+  const c10::cuda::CUDAGuard guard(params[0].device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const Scalars sc = scalars_of(st);
+  const ops::SgdHyper h{momentum, dampening, weight_decay, nesterov, maximize};
+  for (const auto& [key, indices] : groups_of(st)) {
+    std::vector<TensorPtrs> list;
+    for (size_t i : indices) {
+      list.push_back(ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), ptr_or_null(st.masters, i),
+                              ptr_or_null(st.aux, i), ptr_or_null(st.steps, i)},
+                             st.params[i].numel()));
+    }
+    sgd(dtype_of(static_cast<at::ScalarType>(key.first)), key.second, list, h, sc.s, stream);
+  }
+  if (has_momentum) increment_all_steps(st, stream);
+}
+
+}  // namespace fused_amp::cuda
+
+TORCH_LIBRARY_IMPL(fused_amp, CUDA, m) {
+  m.impl("unscale_", &fused_amp::cuda::unscale_);
+  m.impl("non_finite_check_", &fused_amp::cuda::non_finite_check_);
+  m.impl("update_scale_", &fused_amp::cuda::update_scale_);
+  m.impl("adam_step_", &fused_amp::cuda::adam_step_);
+  m.impl("sgd_step_", &fused_amp::cuda::sgd_step_);
+}

@@ -1,0 +1,59 @@
+#pragma once
+// The CUDA entry points, free of torch headers: cuda_ops.cpp turns tensors into raw pointers
+// and calls these; amp.cu and optim.cu implement them.
+#include <cstdint>
+#include <vector>
+
+#ifdef FUSED_AMP_HOST_SIM
+#include "cuda/compat.cuh"
+#else
+#include <cuda_runtime_api.h>
+#endif
+
+#include "ops/adam.h"
+#include "ops/sgd.h"
+#include "ops/update_scale.h"
+
+namespace fused_amp::cuda {
+
+constexpr int kMaxLists = 8;
+
+// One tensor as the kernels see it: up to kMaxLists partner pointers and its element count.
+struct TensorPtrs {
+  void* p[kMaxLists];
+  int64_t numel;
+};
+
+enum class Dtype : int { Float, Half, BFloat16, Double };
+
+// unscale_ (inv_scale given) or non_finite_check_ (inv_scale null) over tensors of one dtype.
+void unscale(Dtype dtype, const std::vector<TensorPtrs>& tensors, float* found_inf,
+             const float* inv_scale, cudaStream_t stream);
+
+void update_scale(float* scale, int* growth_tracker, int* overflows_in_row, const float* found_inf,
+                  const ops::ScaleUpdateArgs& args, cudaStream_t stream);
+
+// What every optimizer step reads besides the tensors; null pointers are absent.
+struct StepScalars {
+  double lr;
+  const float* lr_ptr;     // a device lr, overriding lr
+  const float* inv_scale;  // multiply the grads by it
+  const float* found_inf;  // nonzero: write nothing
+};
+
+// Lists per tensor, in this order: Adam: param, grad, master, exp_avg, exp_avg_sq,
+// max_exp_avg_sq, step; SGD: param, grad, master, momentum_buffer, step. All params share
+// `param_dtype`; master (and the optional lists) are null where absent.
+enum AdamList { kParam = 0, kGrad, kMaster, kExpAvg, kExpAvgSq, kMaxExpAvgSq, kAdamStep };
+enum SgdList { kMomentumBuffer = 3, kSgdStep };
+
+void adam(Dtype param_dtype, bool has_master, const std::vector<TensorPtrs>& tensors,
+          const ops::AdamHyper& h, const StepScalars& s, cudaStream_t stream);
+void sgd(Dtype param_dtype, bool has_master, const std::vector<TensorPtrs>& tensors,
+         const ops::SgdHyper& h, const StepScalars& s, cudaStream_t stream);
+
+// steps[i] += 1 unless found_inf is nonzero; runs after the update that read the old steps.
+void increment_steps(const std::vector<TensorPtrs>& steps, const float* found_inf,
+                     cudaStream_t stream);
+
+}  // namespace fused_amp::cuda

@@ -1,0 +1,160 @@
+#pragma once
+// One kernel launch over many tensors: their addresses and sizes, and for each block its tensor
+// and chunk, travel as the kernel argument (as in PyTorch and Apex). Lists with up to kLists
+// pointers per tensor (param, grad, master, states, step...) are walked in lockstep.
+#include <cstdint>
+#include <vector>
+
+#include "cuda/compat.cuh"
+#include "cuda/launch.h"
+
+namespace fused_amp::cuda {
+
+#ifndef FUSED_AMP_SIM_CHUNK_SIZE
+constexpr int64_t kChunkSize = 65536;
+constexpr int kBlockSize = 512;
+#else  // tiny sizes make every boundary of the plan cheap to reach in the host simulation
+constexpr int64_t kChunkSize = FUSED_AMP_SIM_CHUNK_SIZE;
+constexpr int kBlockSize = FUSED_AMP_SIM_BLOCK_SIZE;
+#endif
+constexpr int kILP = 4;
+constexpr int kFunctorBytes = 256;  // room left in the argument for the functor
+
+// Kernel arguments are limited to 4 KB, or 32 KB with CUDA >= 12.1 on the runtime and driver.
+template <int kLists, int kArgBytes>
+struct TensorListMeta {
+#ifndef FUSED_AMP_SIM_CHUNK_SIZE
+  static constexpr int kMaxBlocks = kArgBytes <= 4096 ? 320 : 2240;
+  static constexpr int kMaxTensors =
+      (kArgBytes - kFunctorBytes - kMaxBlocks * 6) / (8 * (kLists + 1));
+#else
+  static constexpr int kMaxBlocks = kArgBytes <= 4096 ? FUSED_AMP_SIM_MAX_BLOCKS : 2 * FUSED_AMP_SIM_MAX_BLOCKS;
+  static constexpr int kMaxTensors = kArgBytes <= 4096 ? FUSED_AMP_SIM_MAX_TENSORS : 2 * FUSED_AMP_SIM_MAX_TENSORS;
+#endif
+  static_assert(kMaxTensors < 65536, "block_to_tensor is 16-bit");
+  void* ptr[kLists][kMaxTensors];
+  int64_t numel[kMaxTensors];
+  int32_t block_to_chunk[kMaxBlocks];
+  uint16_t block_to_tensor[kMaxBlocks];
+};
+
+template <class Meta, class Functor>
+FA_GLOBAL void multi_tensor_kernel(const FA_GRID_CONSTANT Meta meta, const Functor f) {
+  const int t = meta.block_to_tensor[blockIdx.x];
+  const int64_t start = static_cast<int64_t>(meta.block_to_chunk[blockIdx.x]) * kChunkSize;
+  const int64_t left = meta.numel[t] - start;
+  f(meta, t, start, left < kChunkSize ? left : kChunkSize);
+}
+
+// True when the 32 KB argument limit can be used (decided once per process).
+bool large_kernel_args();
+
+template <int kLists, int kArgBytes, class Functor>
+void launch_lists(const std::vector<TensorPtrs>& tensors, const Functor& f, cudaStream_t stream) {
+  using Meta = TensorListMeta<kLists, kArgBytes>;
+  static_assert(sizeof(Meta) + sizeof(Functor) <= kArgBytes, "kernel argument too large");
+  Meta meta;
+  int slot = 0;
+  int blocks = 0;
+  for (const TensorPtrs& t : tensors) {
+    if (t.numel == 0) continue;  // no block may index an empty tensor
+    for (int k = 0; k < kLists; ++k) meta.ptr[k][slot] = t.p[k];
+    meta.numel[slot] = t.numel;
+    const int64_t chunks = (t.numel + kChunkSize - 1) / kChunkSize;
+    for (int64_t c = 0; c < chunks; ++c) {
+      meta.block_to_tensor[blocks] = static_cast<uint16_t>(slot);
+      meta.block_to_chunk[blocks] = static_cast<int32_t>(c);
+      ++blocks;
+      const bool last_chunk = c == chunks - 1;
+      if (blocks == Meta::kMaxBlocks || (last_chunk && slot + 1 == Meta::kMaxTensors)) {
+        FA_LAUNCH((multi_tensor_kernel<Meta, Functor>), blocks, kBlockSize, stream, meta, f);
+        blocks = 0;
+        if (last_chunk) {
+          slot = -1;  // the next tensor starts the next launch at slot 0
+        } else {      // this tensor's remaining chunks continue in slot 0
+          for (int k = 0; k < kLists; ++k) meta.ptr[k][0] = meta.ptr[k][slot];
+          meta.numel[0] = meta.numel[slot];
+          slot = 0;
+        }
+      }
+    }
+    ++slot;
+  }
+  if (blocks > 0) FA_LAUNCH((multi_tensor_kernel<Meta, Functor>), blocks, kBlockSize, stream, meta, f);
+}
+
+template <int kLists, class Functor>
+void multi_tensor_apply(const std::vector<TensorPtrs>& tensors, const Functor& f, cudaStream_t stream) {
+  if (large_kernel_args()) {
+    launch_lists<kLists, 32768>(tensors, f, stream);
+  } else {
+    launch_lists<kLists, 4096>(tensors, f, stream);
+  }
+}
+
+// ---- per-thread access to a chunk: kILP elements per thread and iteration ----
+
+template <typename T>
+struct alignas(sizeof(T) * kILP) Pack {
+  T v[kILP];
+};
+
+// Which kILP elements a thread handles: contiguous (one vector load) or strided by the block.
+struct IlpIndex {
+  int64_t base;
+  int64_t stride;
+  int64_t n;
+  bool packed;
+};
+
+template <typename T>
+FA_DEVICE bool is_aligned(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % sizeof(Pack<T>) == 0;
+}
+
+template <typename R, typename T>
+FA_DEVICE void load_ilp(R (&r)[kILP], const T* p, const IlpIndex& x) {
+  if (x.packed) {
+    const Pack<T> pk = *reinterpret_cast<const Pack<T>*>(p + x.base);
+#pragma unroll
+    for (int j = 0; j < kILP; ++j) r[j] = to_float(pk.v[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kILP; ++j) {
+      const int64_t i = x.base + j * x.stride;
+      r[j] = i < x.n ? static_cast<R>(to_float(p[i])) : R(0);
+    }
+  }
+}
+
+template <typename T, typename R>
+FA_DEVICE void store_ilp(T* p, const R (&r)[kILP], const IlpIndex& x) {
+  if (x.packed) {
+    Pack<T> pk;
+#pragma unroll
+    for (int j = 0; j < kILP; ++j) pk.v[j] = from_float<T>(r[j]);
+    *reinterpret_cast<Pack<T>*>(p + x.base) = pk;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kILP; ++j) {
+      const int64_t i = x.base + j * x.stride;
+      if (i < x.n) p[i] = from_float<T>(r[j]);
+    }
+  }
+}
+
+// Calls f(IlpIndex) until this thread has covered its share of the chunk's n elements.
+template <class F>
+FA_DEVICE void for_each_ilp(int64_t n, bool aligned, F&& f) {
+  if (aligned && n % kILP == 0) {
+    for (int64_t b = static_cast<int64_t>(threadIdx.x) * kILP; b < n; b += blockDim.x * kILP) {
+      f(IlpIndex{b, 1, n, true});
+    }
+  } else {
+    for (int64_t b = threadIdx.x; b < n; b += static_cast<int64_t>(blockDim.x) * kILP) {
+      f(IlpIndex{b, blockDim.x, n, false});
+    }
+  }
+}
+
+}  // namespace fused_amp::cuda
