@@ -35,6 +35,34 @@ TORCH_LIBRARY_IMPL(fused_amp, CPU, m) {
 
 namespace {
 
+// Sparse tensors reach no kernel: name the argument that holds one instead of the dispatcher's
+// "could not run with arguments from the SparseCPU backend".
+void reject_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  const size_t first = stack->size() - args.size();
+  for (size_t a = 0; a < args.size(); ++a) {
+    const c10::IValue& v = (*stack)[first + a];
+    if (v.isTensor() && v.toTensor().is_sparse()) {
+      TORCH_CHECK_VALUE(false, op.schema().name(), ": ", args[a].name(),
+                        " is sparse; only dense (strided) tensors are supported");
+    }
+    if (v.isTensorList()) {
+      const auto list = v.toTensorList();
+      for (size_t i = 0; i < list.size(); ++i) {
+        TORCH_CHECK_VALUE(!list.get(i).is_sparse(), op.schema().name(), ": ", args[a].name(), "[",
+                          i, "] is sparse; only dense (strided) tensors are supported");
+      }
+    }
+  }
+  TORCH_CHECK_VALUE(false, op.schema().name(), ": sparse tensors are not supported");
+}
+
+void register_sparse_rejection(torch::Library& m) {
+  for (const char* op : {"unscale_", "non_finite_check_", "update_scale_", "adam_step_", "sgd_step_"}) {
+    m.impl(op, torch::CppFunction::makeFromBoxedFunction<&reject_sparse>());
+  }
+}
+
 #ifdef FUSED_AMP_WITH_CUDA
 constexpr bool kWithCuda = true;
 constexpr const char* kCudaArchs = FUSED_AMP_CUDA_ARCHS;
@@ -48,6 +76,13 @@ PyObject* build_info(PyObject*, PyObject*) {
                        kWithCuda ? Py_True : Py_False, "cuda_archs", kCudaArchs, "cpu_isa",
                        fused_amp::cpu::loops().isa);
 }
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fused_amp, SparseCPU, m) { register_sparse_rejection(m); }
+TORCH_LIBRARY_IMPL(fused_amp, SparseCUDA, m) { register_sparse_rejection(m); }
+
+namespace {
 
 PyMethodDef methods[] = {
     {"build_info", build_info, METH_NOARGS, "How this extension was built and what it runs."},

@@ -3,6 +3,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from fused_amp import _fake
+
 __all__ = ["unscale_", "non_finite_check_", "update_scale_", "adam_step_", "sgd_step_"]
 
 _ops = torch.ops.fused_amp
@@ -82,10 +84,4 @@ def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
                    inv_scale=inv_scale, found_inf=found_inf)
 
 
-# Fake kernels: the ops mutate their inputs and return nothing, so tracing needs no shapes.
-def _register_fakes():
-    for name in __all__:
-        torch.library.register_fake(f"fused_amp::{name}")(lambda *args, **kwargs: None)
-
-
-_register_fakes()
+_fake.register(__all__)

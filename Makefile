@@ -1,0 +1,32 @@
+# make test  : set everything up in .venv, build the extension, run the test suite
+# make bench : set everything up in .venv, build the extension, run the benchmark suite
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.14.1
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.fused_amp-deps
+
+.PHONY: test bench build deps clean
+
+$(STAMP):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip setuptools wheel
+	$(PY) -m pip install "$(TORCH_SPEC)" -r requirements-dev.txt
+	touch $(STAMP)
+
+deps: $(STAMP)
+
+build: $(STAMP)
+	MAX_JOBS=$${MAX_JOBS:-$$(nproc)} $(PY) -m pip install --no-build-isolation --no-deps -v -e . > build.log 2>&1 \
+		|| (grep -E -A5 "error|Error" build.log | tail -80; echo "build failed: see build.log"; exit 1)
+	@echo "compiled:" $$(grep -oE "csrc/[a-z0-9_/]+\.(cpp|cu) -o" build.log | sed 's/ -o//' | sort -u)
+	$(PY) -c "import fused_amp; print('fused_amp.build_info():', fused_amp.build_info())"
+
+test: build
+	$(PY) -m pytest -q tests
+
+bench: build
+	$(PY) benchmarks/run.py $(BENCH_ARGS)
+
+clean:
+	rm -rf build *.egg-info fused_amp/_C*.so

@@ -1,0 +1,17 @@
+"""Comparison helpers shared by the tests."""
+import torch
+
+_INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64,
+             torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
+def assert_bitwise_equal(actual, expected, msg=""):
+    """Same bits everywhere, except that NaN only has to meet NaN (payloads may differ)."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, msg
+    nan_a, nan_e = torch.isnan(actual), torch.isnan(expected)
+    assert torch.equal(nan_a, nan_e), f"{msg}: NaN positions differ"
+    a = actual.masked_fill(nan_a, 0).view(_INT_VIEW[actual.dtype])
+    e = expected.masked_fill(nan_e, 0).view(_INT_VIEW[expected.dtype])
+    bad = (a != e).nonzero()
+    assert bad.numel() == 0, (f"{msg}: {bad.shape[0]} elements differ, first at {bad[0].tolist()}: "
+                              f"{actual[tuple(bad[0])]} vs {expected[tuple(bad[0])]}")

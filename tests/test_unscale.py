@@ -1,0 +1,167 @@
+"""unscale_ and non_finite_check_ against torch._amp_foreach_non_finite_check_and_unscale_."""
+import pytest
+import torch
+
+import fused_amp
+from fused_amp import ops
+from helpers import assert_bitwise_equal
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+# Around every vector width (8/16/32 lanes), the CPU grain and the CUDA chunk (65536).
+SIZES = [0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 1000,
+         32767, 32768, 32769, 65535, 65536, 65537, 131075]
+INV_SCALES = [1.0, 0.5, 2.0 ** -16, 1.0 / 3.0, 65536.0]
+
+
+def special_values(n, dtype, gen):
+    """Random values of every magnitude the dtype has: subnormals, tiny, normal, huge."""
+    info = torch.finfo(dtype)
+    x = torch.randn(n, generator=gen, dtype=torch.float64)
+    kind = torch.randint(0, 5, (n,), generator=gen)
+    x = torch.where(kind == 1, x * info.tiny / 4, x)      # subnormal
+    x = torch.where(kind == 2, x * info.tiny * 8, x)      # tiny normal
+    x = torch.where(kind == 3, x.sign() * info.max / 2 * x.abs().clamp(max=1.9), x)  # huge
+    return x.to(dtype)
+
+
+def random_list(gen, device="cpu", nonfinite=True):
+    tensors = []
+    for i, n in enumerate(SIZES):
+        dtype = DTYPES[i % len(DTYPES)]
+        t = special_values(n, dtype, gen).to(device)
+        tensors.append(t)
+    if nonfinite:
+        for value in (float("inf"), float("-inf"), float("nan")):
+            t = tensors[int(torch.randint(1, len(tensors), (1,), generator=gen))]
+            if t.numel():
+                t[int(torch.randint(0, t.numel(), (1,), generator=gen))] = value
+    return tensors
+
+
+def run_both(tensors, inv_scale, device="cpu"):
+    ours = [t.clone() for t in tensors]
+    theirs = [t.clone() for t in tensors]
+    found_ours = torch.zeros(1, device=device)
+    found_theirs = torch.zeros(1, device=device)
+    inv = torch.full((1,), inv_scale, device=device)
+    ops.unscale_(ours, found_ours, inv)
+    torch._amp_foreach_non_finite_check_and_unscale_(theirs, found_theirs, inv)
+    return ours, theirs, found_ours, found_theirs
+
+
+@pytest.mark.parametrize("inv_scale", INV_SCALES)
+@pytest.mark.parametrize("nonfinite", [False, True])
+def test_bitwise_equal_to_torch(inv_scale, nonfinite):
+    gen = torch.Generator().manual_seed(int(inv_scale * 1000) + nonfinite)
+    tensors = random_list(gen, nonfinite=nonfinite)
+    ours, theirs, found_ours, found_theirs = run_both(tensors, inv_scale)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert_bitwise_equal(a, b, f"tensor {i} ({a.dtype}, {a.numel()} elements)")
+    assert found_ours.item() == (1.0 if nonfinite else 0.0)
+    assert found_ours.item() == found_theirs.item()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("position", [0, 5, 16, 31, 32767, 65535, 65536, 99999])
+def test_single_nonfinite_anywhere_is_found(dtype, position):
+    for value in (float("inf"), float("-inf"), float("nan")):
+        x = torch.ones(100000, dtype=dtype)
+        x[position] = value
+        found = torch.zeros(1)
+        ops.unscale_([torch.ones(3, dtype=dtype), x], found, torch.tensor([0.5]))
+        assert found.item() == 1.0
+
+
+def test_found_inf_is_one_not_a_count_and_never_cleared():
+    tensors = [torch.full((1000,), float("inf")) for _ in range(5)]
+    found = torch.zeros(1)
+    ops.unscale_(tensors, found, torch.tensor([0.5]))
+    ops.unscale_(tensors, found, torch.tensor([0.5]))
+    assert found.item() == 1.0
+    found = torch.ones(1)
+    ops.unscale_([torch.ones(10)], found, torch.tensor([0.5]))
+    assert found.item() == 1.0
+
+
+def test_unscale_with_threads(monkeypatch):
+    gen = torch.Generator().manual_seed(3)
+    tensors = random_list(gen)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            ours, theirs, found_ours, found_theirs = run_both(tensors, 2.0 ** -10)
+            for a, b in zip(ours, theirs):
+                assert_bitwise_equal(a, b)
+            assert found_ours.item() == found_theirs.item() == 1.0
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_non_finite_check_reads_only():
+    gen = torch.Generator().manual_seed(4)
+    tensors = random_list(gen, nonfinite=False)
+    copies = [t.clone() for t in tensors]
+    found = torch.zeros(1)
+    ops.non_finite_check_(tensors, found)
+    assert found.item() == 0.0
+    tensors[3][1] = float("nan")
+    ops.non_finite_check_(tensors, found)
+    assert found.item() == 1.0
+    for i, (a, b) in enumerate(zip(tensors, copies)):
+        if i != 3:
+            assert_bitwise_equal(a, b)
+
+
+def test_transposed_tensor_is_unscaled_in_place():
+    x = torch.randn(64, 33).t()  # dense, not contiguous in the default sense
+    expected = x * 0.25
+    ops.unscale_([x], torch.zeros(1), torch.tensor([0.25]))
+    assert_bitwise_equal(x, expected)
+
+
+def test_empty_list_is_a_no_op():
+    found = torch.zeros(1)
+    ops.unscale_([], found, torch.tensor([0.5]))
+    assert found.item() == 0.0
+
+
+def test_cuda_kernels_registered_when_built():
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    for op in ("unscale_", "non_finite_check_", "update_scale_", "adam_step_", "sgd_step_"):
+        assert has(f"fused_amp::{op}", "CPU")
+        assert has(f"fused_amp::{op}", "CUDA") == fused_amp.build_info()["cuda"]
+
+
+def test_build_info():
+    info = fused_amp.build_info()
+    assert set(info) >= {"torch_version", "cuda", "cuda_archs", "cpu_isa"}
+    assert info["torch_version"].split("+")[0] == torch.__version__.split("+")[0]
+    assert info["cpu_isa"] in ("DEFAULT", "AVX2", "AVX512")
+    assert info["cpu_isa"] == torch.backends.cpu.get_cpu_capability() or info["cpu_isa"] == "DEFAULT"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("inv_scale", INV_SCALES)
+def test_cuda_bitwise_equal_to_torch(inv_scale):
+    gen = torch.Generator().manual_seed(7)
+    # torch's CUDA kernel takes fp16 too; compare every dtype it accepts
+    tensors = random_list(gen, device="cuda")
+    ours, theirs, found_ours, found_theirs = run_both(tensors, inv_scale, device="cuda")
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert_bitwise_equal(a.cpu(), b.cpu(), f"tensor {i}")
+    assert found_ours.item() == 1.0 and found_theirs.item() >= 1.0
+
+
+@pytest.mark.cuda
+def test_cuda_many_tensors_and_unaligned_views():
+    base = torch.randn(10_000 * 1000 + 3, device="cuda", dtype=torch.bfloat16)
+    tensors = [base[1 + i * 1000: 1 + (i + 1) * 1000] for i in range(10_000)]  # misaligned by 1
+    expected = [t.float().mul(0.5).bfloat16() for t in tensors]
+    found = torch.zeros(1, device="cuda")
+    ops.unscale_(tensors, found, torch.full((1,), 0.5, device="cuda"))
+    torch.testing.assert_close(torch.cat(tensors), torch.cat(expected), rtol=0, atol=0)
+    assert found.item() == 0.0
+    tensors[9_999][999] = float("nan")
+    ops.unscale_(tensors, found, torch.full((1,), 0.5, device="cuda"))
+    assert found.item() == 1.0
