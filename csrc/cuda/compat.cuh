@@ -12,15 +12,16 @@
 
 #ifdef FUSED_AMP_HOST_SIM
 #include <algorithm>
-using cudaStream_t = void*;
 struct FaDim3 { unsigned x = 0, y = 0, z = 0; };
 inline FaDim3 threadIdx, blockIdx, blockDim, gridDim;
 inline bool fused_amp_sim_large_args = false;  // which argument limit the simulated launches use
+inline int fused_amp_sim_launches = 0;         // launches so far, for the tests
 #define FA_GLOBAL
 #define FA_DEVICE inline
 #define FA_GRID_CONSTANT
 #define FA_LAUNCH(kernel, grid, block, stream, ...)                          \
   do {                                                                     \
+    ++fused_amp_sim_launches;                                              \
     gridDim.x = (grid);                                                    \
     blockDim.x = (block);                                                  \
     for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x)             \

@@ -13,17 +13,17 @@ FA_DEVICE T* list_at(const void* const p, int64_t start) {
 
 // Everything both optimizers do around their math: skip on overflow, pick the fp32 value of the
 // param (master or param), and write it back.
-template <typename param_t, bool kMaster>
+template <typename param_t, bool kHasMaster>
 struct ParamAccess {
   param_t* param;
   const param_t* grad;
   float* master;
 
   FA_DEVICE bool aligned() const {
-    return is_aligned(param) && is_aligned(grad) && (!kMaster || is_aligned(master));
+    return is_aligned(param) && is_aligned(grad) && (!kHasMaster || is_aligned(master));
   }
   FA_DEVICE void load(float (&p)[kILP], float (&g)[kILP], const IlpIndex& ix) const {
-    if (kMaster) {
+    if (kHasMaster) {
       load_ilp(p, master, ix);
     } else {
       load_ilp(p, param, ix);
@@ -31,22 +31,22 @@ struct ParamAccess {
     load_ilp(g, grad, ix);
   }
   FA_DEVICE void store(const float (&p)[kILP], const IlpIndex& ix) const {
-    if (kMaster) store_ilp(master, p, ix);
+    if (kHasMaster) store_ilp(master, p, ix);
     store_ilp(param, p, ix);
   }
 };
 
-template <typename param_t, bool kMaster, class Meta>
-FA_DEVICE ParamAccess<param_t, kMaster> param_access(const Meta& meta, int t, int64_t start) {
+template <typename param_t, bool kHasMaster, class Meta>
+FA_DEVICE ParamAccess<param_t, kHasMaster> param_access(const Meta& meta, int t, int64_t start) {
   return {list_at<param_t>(meta.ptr[kParam][t], start), list_at<param_t>(meta.ptr[kGrad][t], start),
-          kMaster ? list_at<float>(meta.ptr[kMaster][t], start) : nullptr};
+          kHasMaster ? list_at<float>(meta.ptr[kMaster][t], start) : nullptr};
 }
 
 FA_DEVICE bool skip(const StepScalars& s) { return s.found_inf && *s.found_inf != 0.f; }
 FA_DEVICE double lr_of(const StepScalars& s) { return s.lr_ptr ? *s.lr_ptr : s.lr; }
 FA_DEVICE float inv_scale_of(const StepScalars& s) { return s.inv_scale ? *s.inv_scale : 1.f; }
 
-template <typename param_t, bool kMaster>
+template <typename param_t, bool kHasMaster>
 struct AdamFunctor {
   ops::AdamHyper h;
   StepScalars s;
@@ -56,7 +56,7 @@ struct AdamFunctor {
     if (skip(s)) return;
     const float step = *static_cast<const float*>(meta.ptr[kAdamStep][t]) + 1.f;
     const ops::AdamCoeffs c = ops::adam_coeffs(h, lr_of(s), step, inv_scale_of(s));
-    const auto pa = param_access<param_t, kMaster>(meta, t, start);
+    const auto pa = param_access<param_t, kHasMaster>(meta, t, start);
     float* m = list_at<float>(meta.ptr[kExpAvg][t], start);
     float* v = list_at<float>(meta.ptr[kExpAvgSq][t], start);
     float* vmax = c.amsgrad ? list_at<float>(meta.ptr[kMaxExpAvgSq][t], start) : nullptr;
@@ -77,7 +77,7 @@ struct AdamFunctor {
   }
 };
 
-template <typename param_t, bool kMaster>
+template <typename param_t, bool kHasMaster>
 struct SgdFunctor {
   ops::SgdHyper h;
   StepScalars s;
@@ -88,7 +88,7 @@ struct SgdFunctor {
     const bool has_buf = h.momentum != 0.0;
     const bool first = has_buf && *static_cast<const float*>(meta.ptr[kSgdStep][t]) == 0.f;
     const ops::SgdCoeffs c = ops::sgd_coeffs(h, lr_of(s), first, inv_scale_of(s));
-    const auto pa = param_access<param_t, kMaster>(meta, t, start);
+    const auto pa = param_access<param_t, kHasMaster>(meta, t, start);
     float* buf = has_buf ? list_at<float>(meta.ptr[kMomentumBuffer][t], start) : nullptr;
     const bool aligned = pa.aligned() && (!buf || is_aligned(buf));
     for_each_ilp(n, aligned, [&](const IlpIndex& ix) {
@@ -113,7 +113,7 @@ struct IncrementStepFunctor {
   }
 };
 
-// Calls launch.run<param_t, kMaster>() for the runtime dtype and master flag.
+// Calls launch.run<param_t, kHasMaster>() for the runtime dtype and master flag.
 template <class Launch>
 void dispatch(Dtype dtype, bool has_master, const Launch& launch) {
   switch (dtype) {
@@ -134,9 +134,9 @@ struct AdamLaunch {
   const ops::AdamHyper& h;
   const StepScalars& s;
   cudaStream_t stream;
-  template <typename param_t, bool kMaster>
+  template <typename param_t, bool kHasMaster>
   void run() const {
-    multi_tensor_apply<7>(tensors, AdamFunctor<param_t, kMaster>{h, s}, stream);
+    multi_tensor_apply<7>(tensors, AdamFunctor<param_t, kHasMaster>{h, s}, stream);
   }
 };
 
@@ -145,9 +145,9 @@ struct SgdLaunch {
   const ops::SgdHyper& h;
   const StepScalars& s;
   cudaStream_t stream;
-  template <typename param_t, bool kMaster>
+  template <typename param_t, bool kHasMaster>
   void run() const {
-    multi_tensor_apply<5>(tensors, SgdFunctor<param_t, kMaster>{h, s}, stream);
+    multi_tensor_apply<5>(tensors, SgdFunctor<param_t, kHasMaster>{h, s}, stream);
   }
 };
 

@@ -1,0 +1,60 @@
+// The CUDA launcher and kernels (csrc/cuda/amp.cu, optim.cu) compiled for the host with the
+// simulation shim of csrc/cuda/compat.cuh, behind a C interface for ctypes. The test build sets
+// tiny chunk, block and metadata sizes (FUSED_AMP_SIM_*) so that every boundary of the launch
+// plan is reached with small tensors.
+#include "cuda/amp.cu"
+#include "cuda/optim.cu"
+
+using namespace fused_amp::cuda;
+
+namespace {
+
+std::vector<TensorPtrs> tensors_of(int n, int lists, void** ptrs, const int64_t* numels) {
+  std::vector<TensorPtrs> out(n);
+  for (int i = 0; i < n; ++i) {
+    for (int k = 0; k < lists; ++k) out[i].p[k] = ptrs[i * lists + k];
+    out[i].numel = numels[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+int fa_sim_launches() { return fused_amp_sim_launches; }
+
+void fa_sim_unscale(int dtype, int n, void** ptrs, const int64_t* numels, float* found_inf,
+                    const float* inv_scale, int large) {
+  fused_amp_sim_large_args = large;
+  unscale(static_cast<Dtype>(dtype), tensors_of(n, 1, ptrs, numels), found_inf, inv_scale, nullptr);
+}
+
+void fa_sim_adam(int dtype, int has_master, int n, void** ptrs, const int64_t* numels,
+                 const double* hyper, const int* flags, double lr, const float* lr_ptr,
+                 const float* inv_scale, const float* found_inf, int large) {
+  fused_amp_sim_large_args = large;
+  const fused_amp::ops::AdamHyper h{hyper[0], hyper[1], hyper[2], hyper[3],
+                                    flags[0] != 0, flags[1] != 0, flags[2] != 0};
+  const auto list = tensors_of(n, 7, ptrs, numels);
+  adam(static_cast<Dtype>(dtype), has_master, list, h, {lr, lr_ptr, inv_scale, found_inf}, nullptr);
+  std::vector<TensorPtrs> steps(n);
+  for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kAdamStep]}, 1};
+  increment_steps(steps, found_inf, nullptr);
+}
+
+void fa_sim_sgd(int dtype, int has_master, int n, void** ptrs, const int64_t* numels,
+                const double* hyper, const int* flags, double lr, const float* inv_scale,
+                const float* found_inf, int large) {
+  fused_amp_sim_large_args = large;
+  const fused_amp::ops::SgdHyper h{hyper[0], hyper[1], hyper[2], flags[0] != 0, flags[1] != 0};
+  const auto list = tensors_of(n, 5, ptrs, numels);
+  sgd(static_cast<Dtype>(dtype), has_master, list, h, {lr, nullptr, inv_scale, found_inf}, nullptr);
+  if (hyper[0] != 0.0) {
+    std::vector<TensorPtrs> steps(n);
+    for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kSgdStep]}, 1};
+    increment_steps(steps, found_inf, nullptr);
+  }
+}
+
+}  // extern "C"

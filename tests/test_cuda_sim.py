@@ -1,0 +1,165 @@
+"""The CUDA launcher and kernels, run on the CPU through the host simulation of
+csrc/cuda/compat.cuh: tiny chunks (20 elements), blocks (2 threads) and metadata (3 tensors,
+5 blocks per launch; 6 and 10 in the "32 KB" variant) reach every boundary of the launch plan:
+flushes when tensors or blocks run out, a tensor continued in the next launch, empty tensors,
+chunk tails, aligned and unaligned vector paths. Results are compared with torch (unscale) and
+with the CPU ops (optimizers): an element skipped or updated twice shows up at once."""
+import ctypes
+import os
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from fused_amp import ops
+from helpers import assert_bitwise_equal
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CUDA_HOME = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
+SIZES = [0, 1, 3, 19, 20, 21, 39, 40, 41, 0, 100, 203, 4, 0, 77]
+P = ctypes.c_void_p
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    if not os.path.exists(os.path.join(CUDA_HOME, "include", "cuda_fp16.h")):
+        pytest.skip(f"no CUDA headers under {CUDA_HOME} (set CUDA_HOME)")
+    cxx = shutil.which("g++") or shutil.which("c++")
+    out = str(tmp_path_factory.mktemp("sim") / "libfused_amp_sim.so")
+    subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-std=c++17", f"-I{ROOT}/csrc",
+                    f"-I{CUDA_HOME}/include", "-DFUSED_AMP_HOST_SIM",
+                    "-DFUSED_AMP_SIM_CHUNK_SIZE=20", "-DFUSED_AMP_SIM_BLOCK_SIZE=2",
+                    "-DFUSED_AMP_SIM_MAX_BLOCKS=5", "-DFUSED_AMP_SIM_MAX_TENSORS=3",
+                    f"{ROOT}/tests/cuda_sim/harness.cpp", "-o", out], check=True)
+    return ctypes.CDLL(out)
+
+
+def ptr_array(rows):
+    flat = [t.data_ptr() if isinstance(t, torch.Tensor) else 0 for row in rows for t in row]
+    return (P * len(flat))(*flat)
+
+
+def numel_array(tensors):
+    return (ctypes.c_int64 * len(tensors))(*[t.numel() for t in tensors])
+
+
+def fptr(t):
+    return P(t.data_ptr()) if t is not None else None
+
+
+def unaligned_views(sizes, dtype, gen):
+    """Tensors that start one element past an aligned address, so no vector path applies."""
+    base = torch.randn(sum(sizes) + 1, generator=gen).to(dtype)
+    out, at = [], 1
+    for n in sizes:
+        out.append(base[at:at + n])
+        at += n
+    return out
+
+
+@pytest.mark.parametrize("large", [0, 1])
+@pytest.mark.parametrize("dtype", list(DTYPE_CODE))
+@pytest.mark.parametrize("aligned", [True, False])
+def test_unscale_matches_torch(sim, large, dtype, aligned):
+    gen = torch.Generator().manual_seed(large * 10 + DTYPE_CODE[dtype])
+    tensors = ([torch.randn(n, generator=gen).to(dtype) for n in SIZES] if aligned
+               else unaligned_views(SIZES, dtype, gen))
+    expected = [t.clone() for t in tensors]
+    found, inv = torch.zeros(1), torch.tensor([0.25])
+    before = sim.fa_sim_launches()
+    sim.fa_sim_unscale(DTYPE_CODE[dtype], len(tensors), ptr_array([[t] for t in tensors]),
+                       numel_array(tensors), fptr(found), fptr(inv), large)
+    assert sim.fa_sim_launches() - before > 1  # 15 tensors never fit one simulated launch
+    torch._amp_foreach_non_finite_check_and_unscale_(expected, torch.zeros(1), inv)
+    for i, (a, b) in enumerate(zip(tensors, expected)):
+        assert_bitwise_equal(a, b, f"tensor {i}")
+    assert found.item() == 0.0
+    tensors[-1][-1] = float("nan")
+    sim.fa_sim_unscale(DTYPE_CODE[dtype], len(tensors), ptr_array([[t] for t in tensors]),
+                       numel_array(tensors), fptr(found), None, large)  # check only
+    assert found.item() == 1.0
+
+
+def optimizer_lists(dtype, master, gen, aligned):
+    params = ([torch.randn(n, generator=gen).to(dtype) for n in SIZES] if aligned
+              else unaligned_views(SIZES, dtype, gen))
+    grads = [torch.randn(p.shape, generator=gen).to(dtype) for p in params]
+    masters = [p.float() for p in params] if master else [None] * len(params)
+    return params, grads, masters
+
+
+@pytest.mark.parametrize("large", [0, 1])
+@pytest.mark.parametrize("dtype,master", [(torch.float32, False), (torch.bfloat16, True),
+                                          (torch.float16, True), (torch.bfloat16, False)])
+@pytest.mark.parametrize("aligned", [True, False])
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_adam_matches_cpu_op(sim, large, dtype, master, aligned, amsgrad):
+    gen = torch.Generator().manual_seed(1)
+    params, grads, masters = optimizer_lists(dtype, master, gen, aligned)
+    zeros = lambda: [torch.zeros(p.shape) for p in params]  # noqa: E731
+    state = dict(m=zeros(), v=zeros(), vmax=zeros() if amsgrad else [None] * len(params),
+                 step=[torch.zeros(1) for _ in params])
+    ref_params = [p.clone() for p in params]
+    ref_masters = [m.clone() if m is not None else None for m in masters]
+    ref = {k: [t.clone() if t is not None else None for t in v] for k, v in state.items()}
+    inv = torch.tensor([0.5])
+    hyper = (ctypes.c_double * 4)(0.9, 0.99, 1e-8, 0.01)
+    flags = (ctypes.c_int * 3)(1, int(amsgrad), 0)
+    for _ in range(3):
+        rows = [[p, g, m, ma, va, vm, s] for p, g, m, ma, va, vm, s in zip(
+            params, grads, masters, state["m"], state["v"], state["vmax"], state["step"])]
+        sim.fa_sim_adam(DTYPE_CODE[dtype], int(master), len(params), ptr_array(rows),
+                        numel_array(params), hyper, flags, ctypes.c_double(1e-2), None,
+                        fptr(inv), None, large)
+        ops.adam_step_(ref_params, grads, ref_masters if master else [], ref["m"], ref["v"],
+                       ref["vmax"] if amsgrad else [], ref["step"], lr=1e-2, beta1=0.9, beta2=0.99,
+                       eps=1e-8, weight_decay=0.01, amsgrad=amsgrad, maximize=False,
+                       decoupled_weight_decay=True, inv_scale=inv)
+    for i in range(len(params)):
+        torch.testing.assert_close(params[i].float(), ref_params[i].float(), rtol=2e-6, atol=1e-7)
+        torch.testing.assert_close(state["v"][i], ref["v"][i], rtol=2e-6, atol=1e-12)
+        if master:
+            torch.testing.assert_close(masters[i], ref_masters[i], rtol=2e-6, atol=1e-7)
+            assert torch.equal(params[i], masters[i].to(dtype))
+        assert state["step"][i].item() == 3.0
+
+
+@pytest.mark.parametrize("large", [0, 1])
+@pytest.mark.parametrize("momentum,nesterov", [(0.0, False), (0.9, False), (0.9, True)])
+def test_sgd_matches_cpu_op(sim, large, momentum, nesterov):
+    gen = torch.Generator().manual_seed(2)
+    params, grads, masters = optimizer_lists(torch.bfloat16, True, gen, aligned=True)
+    bufs = [torch.zeros(p.shape) for p in params] if momentum else [None] * len(params)
+    steps = [torch.zeros(1) for _ in params] if momentum else [None] * len(params)
+    ref_params, ref_masters = [p.clone() for p in params], [m.clone() for m in masters]
+    ref_bufs = [b.clone() for b in bufs] if momentum else []
+    ref_steps = [s.clone() for s in steps] if momentum else []
+    hyper = (ctypes.c_double * 3)(momentum, 0.1, 1e-3)
+    flags = (ctypes.c_int * 2)(int(nesterov), 0)
+    for _ in range(3):
+        rows = [[p, g, m, b, s] for p, g, m, b, s in zip(params, grads, masters, bufs, steps)]
+        sim.fa_sim_sgd(2, 1, len(params), ptr_array(rows), numel_array(params), hyper, flags,
+                       ctypes.c_double(0.1), None, None, large)
+        ops.sgd_step_(ref_params, grads, ref_masters, ref_bufs, ref_steps, lr=0.1,
+                      momentum=momentum, dampening=0.1, weight_decay=1e-3, nesterov=nesterov,
+                      maximize=False)
+    for i in range(len(params)):
+        torch.testing.assert_close(masters[i], ref_masters[i], rtol=2e-6, atol=1e-7)
+        assert torch.equal(params[i], masters[i].bfloat16())
+
+
+def test_overflow_step_changes_nothing(sim):
+    gen = torch.Generator().manual_seed(3)
+    params, grads, masters = optimizer_lists(torch.float16, True, gen, aligned=True)
+    state = [[torch.randn(p.shape, generator=gen) for p in params] for _ in range(2)]
+    steps = [torch.full((1,), 5.0) for _ in params]
+    snapshot = [t.clone() for t in params + masters + state[0] + state[1] + steps]
+    rows = [[p, g, m, a, b, None, s] for p, g, m, a, b, s in zip(params, grads, masters, *state, steps)]
+    hyper = (ctypes.c_double * 4)(0.9, 0.999, 1e-8, 0.0)
+    flags = (ctypes.c_int * 3)(0, 0, 0)
+    sim.fa_sim_adam(1, 1, len(params), ptr_array(rows), numel_array(params), hyper, flags,
+                    ctypes.c_double(1e-3), None, None, fptr(torch.ones(1)), 0)
+    for a, b in zip(params + masters + state[0] + state[1] + steps, snapshot):
+        assert torch.equal(a, b)
