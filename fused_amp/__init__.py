@@ -1,9 +1,9 @@
 """fused_amp: fused multi-tensor kernels for mixed-precision training in PyTorch."""
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from fused_amp import _C, ops  # noqa: F401
+from fused_amp import _C, ops, optim  # noqa: F401
 
-__all__ = ["build_info", "ops"]
+__all__ = ["build_info", "ops", "optim"]
 
 
 def build_info():

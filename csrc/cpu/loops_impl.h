@@ -13,6 +13,7 @@ using VecF = at::vec::Vectorized<float>;
 using VecD = at::vec::Vectorized<double>;
 static inline VecF sqrt_(const VecF& x) { return x.sqrt(); }
 static inline VecF max_(const VecF& a, const VecF& b) { return at::vec::maximum(a, b); }
+static inline VecF fma_(const VecF& a, const VecF& b, const VecF& c) { return at::vec::fmadd(a, b, c); }
 static inline VecF nonfinite_probe(const VecF& x) { return x * VecF(0.f); }
 static inline VecD nonfinite_probe(const VecD& x) { return x * VecD(0.0); }
 template <typename V>

@@ -12,7 +12,7 @@ struct AdamCoeffs {
   float one_minus_beta2;
   float eps;
   float weight_decay;
-  float lr_weight_decay;        // AdamW's decay per step
+  float weight_decay_factor;    // AdamW's 1 - lr * weight_decay
   float grad_mult;              // inv_scale of the loss scaler, negated for maximize
   float step_size;              // lr / (1 - beta1^step)
   float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
@@ -37,7 +37,7 @@ FA_HD AdamCoeffs adam_coeffs(const AdamHyper& h, double lr, double step, float i
   c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
   c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
   c.eps = static_cast<float>(h.eps);
-  c.lr_weight_decay = static_cast<float>(lr * h.weight_decay);
+  c.weight_decay_factor = static_cast<float>(1.0 - lr * h.weight_decay);
   c.weight_decay = static_cast<float>(h.weight_decay);
   c.grad_mult = h.maximize ? -inv_scale : inv_scale;
   c.step_size = static_cast<float>(lr / bias_correction1);
@@ -47,9 +47,16 @@ FA_HD AdamCoeffs adam_coeffs(const AdamHyper& h, double lr, double step, float i
   return c;
 }
 
-// One element of Adam on fp32 values (T = float or a vector of floats):
-//   g = grad * grad_mult;  g += wd * p (Adam)  or  p -= lr * wd * p (AdamW)
-//   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2;  vmax = max(vmax, v) (amsgrad)
+// a + w (b - a), formed as torch's lerp forms it (exact at w = 0 and w = 1).
+template <typename T>
+FA_HD T lerp_(T a, T b, float w) {
+  return w < 0.5f ? fma_(T(w), b - a, a) : b - (b - a) * T(1.f - w);
+}
+
+// One element of Adam on fp32 values (T = float or a vector of floats), in the order of
+// operations of torch's fused CPU Adam, which its foreach Adam matches too:
+//   g = grad * grad_mult;  g += wd * p (Adam)  or  p *= 1 - lr * wd (AdamW)
+//   m = lerp(m, g, 1 - beta1);  v = beta2 v + (1 - beta2) g g;  vmax = max(vmax, v) (amsgrad)
 //   p -= step_size * m / (sqrt(v or vmax) / sqrt(1 - beta2^t) + eps)
 template <typename T>
 FA_HD void adam_update(T& param, T grad, T& exp_avg, T& exp_avg_sq, T& max_exp_avg_sq,
@@ -57,13 +64,13 @@ FA_HD void adam_update(T& param, T grad, T& exp_avg, T& exp_avg_sq, T& max_exp_a
   grad = grad * T(c.grad_mult);
   if (c.weight_decay != 0.f) {
     if (c.decoupled_weight_decay) {
-      param = param - T(c.lr_weight_decay) * param;
+      param = param * T(c.weight_decay_factor);
     } else {
       grad = grad + param * T(c.weight_decay);
     }
   }
-  exp_avg = T(c.beta1) * exp_avg + T(c.one_minus_beta1) * grad;
-  exp_avg_sq = T(c.beta2) * exp_avg_sq + T(c.one_minus_beta2) * grad * grad;
+  exp_avg = lerp_(exp_avg, grad, c.one_minus_beta1);
+  exp_avg_sq = exp_avg_sq * T(c.beta2) + T(c.one_minus_beta2) * grad * grad;
   T second_moment = exp_avg_sq;
   if (c.amsgrad) {
     max_exp_avg_sq = max_(max_exp_avg_sq, exp_avg_sq);

@@ -30,22 +30,23 @@ FA_HD SgdCoeffs sgd_coeffs(const SgdHyper& h, double lr, bool first_step, float 
   return c;
 }
 
-// One element of SGD on fp32 values (T = float or a vector of floats):
+// One element of SGD on fp32 values (T = float or a vector of floats), in the order of
+// operations of torch's fused CPU SGD:
 //   g = grad * grad_mult + wd * p;  buf = g (first step) or momentum buf + (1 - dampening) g
 //   p -= lr * (nesterov ? g + momentum buf : buf)          (momentum == 0: p -= lr g)
 template <typename T>
 FA_HD void sgd_update(T& param, T grad, T& momentum_buffer, const SgdCoeffs& c) {
   grad = grad * T(c.grad_mult);
-  if (c.weight_decay != 0.f) grad = grad + T(c.weight_decay) * param;
+  if (c.weight_decay != 0.f) grad = fma_(param, T(c.weight_decay), grad);
   if (c.momentum != 0.f) {
     if (c.first_step) {
       momentum_buffer = grad;
     } else {
-      momentum_buffer = T(c.momentum) * momentum_buffer + T(c.one_minus_dampening) * grad;
+      momentum_buffer = fma_(T(c.one_minus_dampening), grad, momentum_buffer * T(c.momentum));
     }
-    grad = c.nesterov ? grad + T(c.momentum) * momentum_buffer : momentum_buffer;
+    grad = c.nesterov ? fma_(momentum_buffer, T(c.momentum), grad) : momentum_buffer;
   }
-  param = param - T(c.lr) * grad;
+  param = param - grad * T(c.lr);
 }
 
 }  // namespace fused_amp::ops

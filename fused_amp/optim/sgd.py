@@ -1,0 +1,66 @@
+"""SGD (with momentum, dampening, Nesterov) with fp32 master weights, one fused pass per step."""
+from typing import Union
+
+import torch
+
+from fused_amp import ops
+from fused_amp.optim._base import MasterWeightOptimizer, check_common, lists_or_empty
+
+
+class SGD(MasterWeightOptimizer):
+    r"""SGD with fp32 master weights, in one fused multi-tensor pass per step.
+
+    Same arguments, defaults and update as :class:`torch.optim.SGD`:
+
+    .. math::
+        g &\leftarrow \pm g / s + \lambda\theta \qquad
+        b \leftarrow g \;(\text{first step}) \;\text{ or }\; \mu b + (1-\tau) g \\
+        \theta &\leftarrow \theta - \gamma\,(g + \mu b \text{ if nesterov else } b)
+        \qquad (\mu = 0:\ \theta \leftarrow \theta - \gamma g)
+
+    in fp32 on the master, written back to the param rounded to its dtype. The momentum buffer
+    is ``state[p]["momentum_buffer"]`` (fp32); ``state[p]["step"]`` counts the clean steps on the
+    device, so that a first step skipped for overflow still starts the buffer from the gradient.
+
+    Args:
+        params: iterable of parameters or dicts defining parameter groups.
+        lr (float or Tensor): learning rate (default: 1e-3).
+        momentum (float): momentum factor (default: 0).
+        dampening (float): dampening for momentum (default: 0).
+        weight_decay (float): weight decay (L2 penalty) (default: 0).
+        nesterov (bool): enables Nesterov momentum (default: False).
+        maximize (bool): maximize the objective instead of minimizing (default: False).
+        master_weights (bool): keep fp32 masters for fp16/bf16 params (default: True).
+    """
+
+    def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3, momentum: float = 0,
+                 dampening: float = 0, weight_decay: float = 0, nesterov: bool = False, *,
+                 maximize: bool = False, master_weights: bool = True):
+        check_common(lr, weight_decay)
+        if momentum < 0.0:
+            raise ValueError(f"Invalid momentum value: {momentum}")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                        nesterov=nesterov, maximize=maximize, master_weights=master_weights)
+        super().__init__(params, defaults)
+
+    def _state_keys_for(self, group):
+        return ("momentum_buffer",) if group["momentum"] != 0 else ()
+
+    def _update(self, group, lists, lr, lr_tensor, inv_scale, found_inf):
+        has_momentum = group["momentum"] != 0
+        ops.sgd_step_(lists["params"], lists["grads"], lists["master_params"],
+                      lists_or_empty(lists, "momentum_buffer", has_momentum),
+                      lists_or_empty(lists, "steps", has_momentum), lr=lr, lr_tensor=lr_tensor,
+                      momentum=group["momentum"], dampening=group["dampening"],
+                      weight_decay=group["weight_decay"], nesterov=group["nesterov"],
+                      maximize=group["maximize"], inv_scale=inv_scale, found_inf=found_inf)
+
+    def _complete_loaded_state(self, p, state):
+        super()._complete_loaded_state(p, state)
+        if "step" not in state:  # a torch.optim.SGD checkpoint: a buffer means it has stepped
+            has_buffer = state.get("momentum_buffer") is not None
+            state["step"] = torch.full((), float(has_buffer), device=p.device)
+        if state.get("momentum_buffer", 0) is None:
+            del state["momentum_buffer"]
