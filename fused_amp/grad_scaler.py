@@ -1,0 +1,293 @@
+"""A drop-in replacement for torch.amp.GradScaler, backed by the fused kernels."""
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+import torch
+from torch.amp.grad_scaler import OptState
+
+from fused_amp import ops
+
+__all__ = ["GradScaler", "OverflowReport"]
+
+
+@dataclass
+class OverflowReport:
+    """What :meth:`GradScaler.overflow_report` returns."""
+    skipped_steps: int
+    # names (or ``param[i]`` for params of unwatched modules) of the parameters whose gradients
+    # held inf/NaN in the latest skipped step
+    last_overflow_params: List[str] = field(default_factory=list)
+
+    def __str__(self):
+        names = ", ".join(self.last_overflow_params) or "none recorded"
+        return f"{self.skipped_steps} skipped steps; last overflow in: {names}"
+
+
+class _HostFlag:
+    """A boolean computed on the device and read on the host without a sync: the value is
+    copied asynchronously and read at the next call, once the copy has landed."""
+
+    def __init__(self):
+        self._host = None
+        self._event = None
+
+    def record(self, value: torch.Tensor):
+        if value.device.type != "cuda":
+            self._host, self._event = value.clone(), None
+            return
+        if self._host is None:
+            self._host = torch.zeros((), dtype=torch.bool, pin_memory=True)
+        self._host.copy_(value, non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def ready_value(self) -> bool:
+        if self._host is None or (self._event is not None and not self._event.query()):
+            return False
+        return bool(self._host)
+
+
+class GradScaler(torch.amp.GradScaler):
+    r"""Loss scaling for mixed-precision training; the same API and behaviour as
+    :class:`torch.amp.GradScaler`, with fused kernels and no host sync.
+
+    Differences from torch, all additions:
+
+    * ``unscale_`` accepts fp16 and bf16 grads (torch refuses fp16), in one fused pass.
+    * ``found_inf`` handed to an optimizer is always 0.0 or 1.0, also when several devices
+      overflow (torch sums them, and a fused kernel testing ``found_inf == 1`` then steps on
+      inf grads).
+    * With an optimizer that takes the scale into its step (``fused_amp.optim`` ones, and
+      torch's ``fused=True`` optimizers) ``step`` never syncs with the host: the overflow check
+      and the skip happen on the device, and ``optimizer.step()`` is always called.
+    * ``hysteresis=N`` backs off only on the N-th overflow in a row; ``min_scale`` and
+      ``max_scale`` bound the scale (a scale falling towards 0 on persistent NaN is a silent
+      failure in torch: here it stops at ``min_scale`` and the scaler warns once).
+    * ``track_overflows=True`` records which parameters held inf/NaN gradients;
+      :meth:`overflow_report` tells them, by name for modules registered with :meth:`watch`.
+
+    With any other ``torch.optim`` optimizer, deciding whether to step needs one host sync, as
+    in torch.
+
+    Args (as torch's): device, init_scale, growth_factor, backoff_factor, growth_interval,
+    enabled. Keyword-only: hysteresis (default 1), min_scale, max_scale (default None: no
+    bound), track_overflows (default False).
+    """
+
+    def __init__(self, device: str = "cuda", init_scale: float = 2.0 ** 16,
+                 growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000, enabled: bool = True, *, hysteresis: int = 1,
+                 min_scale: Optional[float] = None, max_scale: Optional[float] = None,
+                 track_overflows: bool = False) -> None:
+        super().__init__(device, init_scale, growth_factor, backoff_factor, growth_interval, enabled)
+        if hysteresis < 1:
+            raise ValueError(f"hysteresis must be at least 1, got {hysteresis}")
+        if min_scale is not None and min_scale <= 0:
+            raise ValueError(f"min_scale must be positive, got {min_scale}")
+        if min_scale is not None and max_scale is not None and min_scale > max_scale:
+            raise ValueError(f"min_scale ({min_scale}) is larger than max_scale ({max_scale})")
+        self._hysteresis = hysteresis
+        self._hysteresis_tracker: Optional[torch.Tensor] = None
+        self._init_hysteresis_tracker = 0
+        self._min_scale = min_scale
+        self._max_scale = max_scale
+        self._at_min_scale = _HostFlag()
+        self._warned_min_scale = False
+        self._track_overflows = track_overflows
+        self._param_names: Dict[int, str] = {}
+        self._skipped_steps: Optional[torch.Tensor] = None
+        self._overflow_flags: Dict[int, Any] = {}  # id(optimizer) -> (params, per-param flags)
+
+    # ---- the scale and its trackers ---------------------------------------------------------
+    def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
+        super()._lazy_init_scale_growth_tracker(dev)
+        self._hysteresis_tracker = torch.full((), self._init_hysteresis_tracker, dtype=torch.int32,
+                                              device=dev)
+
+    # ---- unscaling and the overflow check ---------------------------------------------------
+    @staticmethod
+    def _grads_per_device(optimizer) -> Dict[torch.device, List[torch.Tensor]]:
+        grads = defaultdict(list)
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                if param.grad.is_sparse:
+                    # unscale the values of a coalesced sparse grad, as torch does
+                    if param.grad.dtype is torch.float16:
+                        param.grad = param.grad.coalesce()
+                    grads[param.grad.device].append(param.grad._values())
+                else:
+                    grads[param.grad.device].append(param.grad)
+        return grads
+
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+        # allow_fp16 is ignored: fp16 grads are what half-precision training produces.
+        per_device_found_inf = {}
+        with torch.no_grad():
+            for device, grads in self._grads_per_device(optimizer).items():
+                found = found_inf.to(device, copy=True, non_blocking=True)
+                ops.unscale_(grads, found, inv_scale.to(device, non_blocking=True))
+                per_device_found_inf[device] = found
+        self._record_overflow_params(optimizer)
+        return per_device_found_inf
+
+    def _check_inf_per_device(self, optimizer):
+        """The overflow check that precedes a step taking ``grad_scale``: reads the grads only."""
+        _scale, _ = self._check_scale_growth_tracker("_check_inf_per_device")
+        per_device_found_inf = {}
+        with torch.no_grad():
+            for device, grads in self._grads_per_device(optimizer).items():
+                found = torch.zeros((), dtype=torch.float32, device=device)
+                ops.non_finite_check_(grads, found)
+                per_device_found_inf[device] = found
+        self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = per_device_found_inf
+        self._record_overflow_params(optimizer)
+        return per_device_found_inf
+
+    def _combined_found_inf(self, found_infs, device) -> torch.Tensor:
+        """1.0 if any device overflowed, else 0.0; never a count."""
+        found_infs = [f.to(device, non_blocking=True) for f in found_infs]
+        combined = found_infs[0]
+        for f in found_infs[1:]:
+            combined = torch.maximum(combined, f)
+        return combined
+
+    # ---- step -------------------------------------------------------------------------------
+    def step(self, optimizer, *args, **kwargs):
+        if not self._enabled or not getattr(optimizer, "_step_supports_amp_scaling", False):
+            return super().step(optimizer, *args, **kwargs)
+        if "closure" in kwargs:
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        self._check_scale_growth_tracker("step")
+        optimizer_state = self._per_optimizer_states[id(optimizer)]
+        if optimizer_state["stage"] is OptState.STEPPED:
+            raise RuntimeError("step() has already been called since the last update().")
+        # The step takes the scale and the overflow flag and skips on the device: no sync.
+        if optimizer_state["stage"] is OptState.READY:
+            self._check_inf_per_device(optimizer)
+        scale = self._get_scale_async()
+        found_infs = list(optimizer_state["found_inf_per_device"].values())
+        found_inf = (self._combined_found_inf(found_infs, scale.device) if found_infs
+                     else torch.zeros((), dtype=torch.float32, device=scale.device))
+        optimizer.grad_scale = (getattr(optimizer, "grad_scale", None)
+                                if optimizer_state["stage"] is OptState.UNSCALED
+                                else scale * getattr(optimizer, "grad_scale", 1))
+        optimizer.found_inf = found_inf
+        try:
+            retval = optimizer.step(*args, **kwargs)
+        finally:
+            del optimizer.grad_scale
+            del optimizer.found_inf
+        optimizer_state["stage"] = OptState.STEPPED
+        return retval
+
+    def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
+        # an optimizer that cannot skip on the device: one host sync decides, as in torch
+        if not any(v.item() for v in optimizer_state["found_inf_per_device"].values()):
+            return optimizer.step(*args, **kwargs)
+        return None
+
+    # ---- update -----------------------------------------------------------------------------
+    def update(self, new_scale=None) -> None:
+        if not self._enabled:
+            return
+        if new_scale is not None:
+            super().update(new_scale)
+            return
+        _scale, _growth_tracker = self._check_scale_growth_tracker("update")
+        found_infs = [f for state in self._per_optimizer_states.values()
+                      for f in state["found_inf_per_device"].values()]
+        if len(found_infs) == 0:
+            raise AssertionError("No inf checks were recorded prior to update.")
+        found_inf = self._combined_found_inf(found_infs, _scale.device)
+        ops.update_scale_(_scale, _growth_tracker, found_inf, self._growth_factor,
+                          self._backoff_factor, self._growth_interval, hysteresis=self._hysteresis,
+                          hysteresis_tracker=self._hysteresis_tracker, min_scale=self._min_scale,
+                          max_scale=self._max_scale)
+        if self._track_overflows:
+            self._count_skipped(found_inf)
+        if self._min_scale is not None:
+            self._warn_at_min_scale(_scale)
+        self._per_optimizer_states = defaultdict(torch.amp.grad_scaler._refresh_per_optimizer_state)
+
+    def _warn_at_min_scale(self, scale):
+        # reads the flag recorded at an earlier update, once its copy has landed: no sync
+        if not self._warned_min_scale and self._at_min_scale.ready_value():
+            self._warned_min_scale = True
+            warnings.warn(f"GradScaler: the loss scale has fallen to min_scale={self._min_scale}; "
+                          "gradients keep overflowing (inf/NaN in the loss or the model?)",
+                          stacklevel=3)
+        self._at_min_scale.record(scale <= self._min_scale)
+
+    # ---- overflow diagnostics ---------------------------------------------------------------
+    def watch(self, module: torch.nn.Module) -> None:
+        """Name the parameters of ``module`` in :meth:`overflow_report`."""
+        for name, p in module.named_parameters():
+            self._param_names[id(p)] = name
+
+    def _record_overflow_params(self, optimizer):
+        if not self._track_overflows:
+            return
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if not params:
+            return
+        grads = [p.grad._values() if p.grad.is_sparse else p.grad for p in params]
+        flags = torch.stack([~torch.isfinite(g).all().to(params[0].device) for g in grads])
+        self._overflow_flags[id(optimizer)] = (params, flags)
+
+    def _count_skipped(self, found_inf):
+        if self._skipped_steps is None:
+            self._skipped_steps = torch.zeros((), dtype=torch.int64, device=found_inf.device)
+            self._last_overflow = {}
+        self._skipped_steps += (found_inf != 0).to(torch.int64)
+        for key, (params, flags) in self._overflow_flags.items():
+            kept = self._last_overflow.get(key)
+            kept = kept[1] if kept is not None and len(kept[0]) == len(params) else torch.zeros_like(flags)
+            self._last_overflow[key] = (params, torch.where(found_inf.to(flags.device) != 0, flags, kept))
+        self._overflow_flags = {}
+
+    def overflow_report(self) -> OverflowReport:
+        """Skipped steps so far, and which parameters overflowed last (``track_overflows=True``).
+        Reads device tensors: call it when a sync is acceptable (e.g. for logging)."""
+        if not self._track_overflows:
+            raise RuntimeError("overflow_report() needs GradScaler(..., track_overflows=True)")
+        if self._skipped_steps is None:
+            return OverflowReport(0, [])
+        names = []
+        for params, flags in self._last_overflow.values():
+            for i in flags.nonzero().flatten().tolist():
+                names.append(self._param_names.get(id(params[i]), f"param[{i}]"))
+        return OverflowReport(int(self._skipped_steps.item()), names)
+
+    # ---- state --------------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """torch's entries, plus ``hysteresis``, ``_hysteresis_tracker``, ``min_scale`` and
+        ``max_scale``, which torch's ``load_state_dict`` ignores."""
+        state = super().state_dict()
+        if self._enabled:
+            state.update(hysteresis=self._hysteresis, min_scale=self._min_scale,
+                         max_scale=self._max_scale, _hysteresis_tracker=(
+                             self._init_hysteresis_tracker if self._hysteresis_tracker is None
+                             else int(self._hysteresis_tracker.item())))
+        return state
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if not self._enabled:
+            return
+        self._hysteresis = state_dict.get("hysteresis", self._hysteresis)
+        self._min_scale = state_dict.get("min_scale", self._min_scale)
+        self._max_scale = state_dict.get("max_scale", self._max_scale)
+        self._init_hysteresis_tracker = state_dict.get("_hysteresis_tracker", 0)
+        if self._hysteresis_tracker is not None:
+            self._hysteresis_tracker.fill_(self._init_hysteresis_tracker)
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = super().__getstate__()
+        state["_at_min_scale"] = _HostFlag()  # holds a CUDA event, which does not pickle
+        return state
