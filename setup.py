@@ -47,16 +47,20 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtensio
 
 with_cuda = _want_cuda(torch, cuda_home)
 sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/core/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
-cxx_flags = ["-O3", f'-DFUSED_AMP_TORCH_VERSION="{torch.__version__}"']
+# -fopenmp: at::parallel_for is an OpenMP pragma in a header, compiled into our objects; the
+# runtime resolves to the libgomp.so.1 that torch has already loaded (one thread pool).
+cxx_flags = ["-O3", "-fopenmp", f'-DFUSED_AMP_TORCH_VERSION="{torch.__version__}"']
+link_flags = ["-fopenmp"]
 if with_cuda:
     archs = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCHS)
     sources += sorted(glob.glob("csrc/cuda/*.cpp") + glob.glob("csrc/cuda/*.cu"))
     cxx_flags += ["-DFUSED_AMP_WITH_CUDA", f'-DFUSED_AMP_CUDA_ARCHS="{archs}"']
     ext = CUDAExtension(
         "fused_amp._C", sources, include_dirs=[os.path.abspath("csrc")],
-        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-DFUSED_AMP_WITH_CUDA"]})
+        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-DFUSED_AMP_WITH_CUDA"]},
+        extra_link_args=link_flags)
 else:
     ext = CppExtension("fused_amp._C", sources, include_dirs=[os.path.abspath("csrc")],
-                       extra_compile_args=cxx_flags)
+                       extra_compile_args=cxx_flags, extra_link_args=link_flags)
 
 setup(ext_modules=[ext], cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)})

@@ -2,7 +2,7 @@
 protocol, and state dicts that keep fp32 state fp32."""
 from collections import defaultdict
 from itertools import chain
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -26,7 +26,12 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
     # fp32 state tensors shaped like the param, created zero-filled when a param first steps
     _state_keys: tuple = ()
 
+    def __init__(self, params, defaults):
+        self._lists_cache: Dict[int, Any] = {}
+        super().__init__(params, defaults)
+
     def add_param_group(self, param_group):
+        self._forget_lists()
         super().add_param_group(param_group)
         for i, p in enumerate(self.param_groups[-1]["params"]):
             if p.is_complex():
@@ -53,21 +58,36 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         return state
 
     def _device_lists(self, group) -> Dict[torch.device, Dict[str, list]]:
-        """The params of ``group`` that have grads, with their state, per device."""
-        by_device: Dict[torch.device, Dict[str, list]] = defaultdict(lambda: defaultdict(list))
+        """The params of ``group`` that have grads, with their state, per device.
+
+        Building these lists costs a few microseconds per param; when every param of the group
+        has a grad (the usual case) they are kept, and only the grads are gathered anew."""
+        grads = [p.grad for p in group["params"]]
+        cached = self._lists_cache.get(id(group))
+        if cached is not None and cached[0] is group and all(g is not None for g in grads):
+            for lists, indices in cached[1].values():
+                lists["grads"] = [grads[i] for i in indices]
+            return {device: lists for device, (lists, _) in cached[1].items()}
+        by_device: Dict[torch.device, Any] = defaultdict(lambda: (defaultdict(list), []))
         keys = self._state_keys_for(group)
-        for p in group["params"]:
-            if p.grad is None:
+        for i, p in enumerate(group["params"]):
+            if grads[i] is None:
                 continue
             state = self._init_state(p, group)
-            lists = by_device[p.device]
+            lists, indices = by_device[p.device]
+            indices.append(i)
             lists["params"].append(p)
-            lists["grads"].append(p.grad)
+            lists["grads"].append(grads[i])
             lists["master_params"].append(state.get("master_param"))
             lists["steps"].append(state["step"])
             for key in keys:
                 lists[key].append(state[key])
-        return by_device
+        if all(g is not None for g in grads):
+            self._lists_cache[id(group)] = (group, dict(by_device))
+        return {device: lists for device, (lists, _) in by_device.items()}
+
+    def _forget_lists(self):
+        self._lists_cache = {}
 
     # ---- the GradScaler protocol ----------------------------------------------------------
     def _scaler_tensors(self, device):
@@ -111,6 +131,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         moves to the param's device, and state missing from a torch checkpoint (masters) is
         created from the current params at the next step.
         """
+        self._forget_lists()
         saved_groups = state_dict["param_groups"]
         saved_state = state_dict["state"]
         super().load_state_dict(state_dict)
@@ -136,6 +157,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
     def __setstate__(self, state):
         super().__setstate__(state)
+        self._forget_lists()
         for group in self.param_groups:
             group.setdefault("master_weights", True)
 
