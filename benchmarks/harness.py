@@ -1,0 +1,160 @@
+"""Timing, the bandwidth ceiling, host-sync counting and the record schema."""
+import datetime
+import platform
+import statistics
+import time
+import warnings
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+import fused_amp
+
+RECORD_FIELDS = {
+    "suite": str, "case": str, "impl": str, "device": str, "dtype": str, "n_params": int,
+    "n_tensors": int, "time_ms": float, "time_ms_min": float, "time_ms_max": float,
+    "gparams_per_s": float, "gbytes_per_s": (float, type(None)), "ceiling_frac": (float, type(None)),
+    "bytes_per_param": (int, type(None)), "peak_mem_bytes": (int, type(None)),
+    "state_bytes": (int, type(None)), "host_syncs_per_step": (int, type(None)),
+    "speedup_vs": dict, "loss": (float, type(None)),
+}
+
+
+def synchronize(device: str):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_once(fn: Callable[[], None], device: str) -> float:
+    """Seconds one call of fn takes (CUDA: events after a sync, so queued work is excluded)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+class Impl:
+    """One implementation of a case: ``prepare`` runs untimed before each timed ``run``."""
+
+    def __init__(self, name: str, run: Callable[[], None], prepare: Optional[Callable[[], None]] = None):
+        self.name, self.run, self.prepare = name, run, prepare or (lambda: None)
+
+
+def time_alternating(impls: Sequence[Impl], device: str, reps: int, warmup: int = 2) -> Dict[str, List[float]]:
+    """Times each implementation ``reps`` times in turns (A B C A B C ...) so that drift
+    (clocks, other load) falls on all of them alike. Returns seconds per rep for each."""
+    times: Dict[str, List[float]] = {impl.name: [] for impl in impls}
+    for rep in range(warmup + reps):
+        for impl in impls:
+            impl.prepare()
+            synchronize(device)
+            t = time_once(impl.run, device)
+            if rep >= warmup:
+                times[impl.name].append(t)
+    return times
+
+
+def measure_ceiling(device: str, n_bytes: int = 1 << 30, reps: int = 5) -> Dict[str, float]:
+    """The device's memory bandwidth in GB/s, measured now: on CPU the best of an in-place
+    a.add_(b) (12 bytes/element) and a copy (8 bytes/element) over tensors far larger than the
+    caches; on GPU a device-to-device copy."""
+    n = n_bytes // 4
+    a = torch.rand(n, device=device)
+    b = torch.rand(n, device=device)
+    copy = max(8 * n / t for t in [time_once(lambda: a.copy_(b), device) for _ in range(reps + 1)][1:])
+    out = {"copy_gbps": copy / 1e9}
+    if device == "cpu":
+        add = max(12 * n / t for t in [time_once(lambda: a.add_(b), device) for _ in range(reps + 1)][1:])
+        out["add_gbps"] = add / 1e9
+    out["ceiling_gbps"] = max(out.values())
+    return out
+
+
+def count_host_syncs(fn: Callable[[], None], device: str) -> Optional[int]:
+    """Host syncs one call of fn makes, counted by CUDA's sync debug mode; None on CPU, where
+    there is no device to wait for."""
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def tensor_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def make_records(suite: str, case: str, device: str, dtype: str, n_params: int, n_tensors: int,
+                 times: Dict[str, List[float]], ceiling_gbps: float, bytes_per_param: Optional[int],
+                 extra: Optional[Dict[str, Dict]] = None) -> List[Dict]:
+    """One record per implementation, with the speedups against every other one."""
+    medians = {name: statistics.median(ts) for name, ts in times.items()}
+    records = []
+    for name, ts in times.items():
+        t = medians[name]
+        gbps = bytes_per_param * n_params / t / 1e9 if bytes_per_param else None
+        rec = dict(suite=suite, case=case, impl=name, device=device, dtype=dtype,
+                   n_params=int(n_params), n_tensors=int(n_tensors), time_ms=t * 1e3,
+                   time_ms_min=min(ts) * 1e3, time_ms_max=max(ts) * 1e3,
+                   gparams_per_s=n_params / t / 1e9, gbytes_per_s=gbps,
+                   ceiling_frac=gbps / ceiling_gbps if gbps else None,
+                   bytes_per_param=bytes_per_param, peak_mem_bytes=None, state_bytes=None,
+                   host_syncs_per_step=None, loss=None,
+                   speedup_vs={other: medians[other] / t for other in medians if other != name})
+        rec.update((extra or {}).get(name, {}))
+        records.append(rec)
+    return records
+
+
+def validate_record(rec: Dict) -> None:
+    """Raise ValueError if ``rec`` does not follow RECORD_FIELDS."""
+    missing = set(RECORD_FIELDS) - set(rec)
+    if missing:
+        raise ValueError(f"record lacks {sorted(missing)}")
+    for key, kind in RECORD_FIELDS.items():
+        if not isinstance(rec[key], kind) or isinstance(rec[key], bool):
+            raise ValueError(f"record field {key}={rec[key]!r} is not {kind}")
+    for other, ratio in rec["speedup_vs"].items():
+        if not isinstance(ratio, float) or other == rec["impl"]:
+            raise ValueError(f"bad speedup_vs entry {other}: {ratio!r}")
+
+
+def machine_info(device: str) -> Dict:
+    info = {"cpu": _cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "fused_amp_build": fused_amp.build_info(), "device": device,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "python": platform.python_version()}
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+        info["gpu_memory_bytes"] = torch.cuda.get_device_properties(0).total_memory
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()

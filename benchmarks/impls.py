@@ -1,0 +1,125 @@
+"""The three implementations of a mixed-precision optimizer step that every suite compares.
+
+* fused_amp:    half params, fp32 masters, fused_amp.GradScaler + a fused_amp optimizer.
+* torch_amp:    PyTorch's AMP recipe: fp32 params, torch.amp.GradScaler, torch's best
+                optimizer setting (fused=True where supported, else foreach=True).
+* torch_master: half params with fp32 masters kept by hand: unscale + inf check of the half
+                grads (what GradScaler.unscale_ runs), the .item() check, copies into fp32
+                master grads, torch's fused optimizer on the masters, copy back, scale update.
+"""
+from typing import Dict, List
+
+import torch
+
+import fused_amp
+
+IMPLS = ("fused_amp", "torch_amp", "torch_master")
+OPTIMIZERS = {
+    "adam": (fused_amp.optim.Adam, torch.optim.Adam, dict(lr=1e-3)),
+    "adamw": (fused_amp.optim.AdamW, torch.optim.AdamW, dict(lr=1e-3, weight_decay=1e-2)),
+    "sgd": (fused_amp.optim.SGD, torch.optim.SGD, dict(lr=1e-3, momentum=0.9)),
+}
+INIT_SCALE = 1024.0  # small enough that scaled fp16 grads stay finite
+
+
+def torch_best_optimizer(cls, params, kw):
+    """torch's fastest setting of ``cls`` on these params: fused, else foreach."""
+    try:
+        return cls(params, fused=True, **kw)
+    except (RuntimeError, ValueError, TypeError):
+        return cls(params, foreach=True, **kw)
+
+
+class FusedAmpStep:
+    def __init__(self, params: List[torch.nn.Parameter], opt_name: str, device: str):
+        cls, _, kw = OPTIMIZERS[opt_name]
+        self.params = params
+        self.optimizer = cls(params, **kw)
+        self.scaler = fused_amp.GradScaler(device, init_scale=INIT_SCALE)
+        self.scaler.scale(torch.ones((), device=device))  # creates the scale, as backward of a scaled loss would
+
+    def step(self):
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+
+    def tensors(self):
+        return (list(self.params) + [p.grad for p in self.params]
+                + [t for s in self.optimizer.state.values() for t in s.values()])
+
+
+class TorchAmpStep:
+    def __init__(self, params: List[torch.nn.Parameter], opt_name: str, device: str):
+        _, cls, kw = OPTIMIZERS[opt_name]
+        self.params = params
+        self.optimizer = torch_best_optimizer(cls, params, kw)
+        self.scaler = torch.amp.GradScaler(device, init_scale=INIT_SCALE)
+        self.scaler.scale(torch.ones((), device=device))  # creates the scale, as backward of a scaled loss would
+
+    def step(self):
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+
+    def tensors(self):
+        return (list(self.params) + [p.grad for p in self.params]
+                + [t for s in self.optimizer.state.values() for t in s.values()])
+
+
+class TorchMasterStep:
+    def __init__(self, params: List[torch.nn.Parameter], opt_name: str, device: str):
+        _, cls, kw = OPTIMIZERS[opt_name]
+        self.params = params
+        self.masters = [torch.nn.Parameter(p.detach().float()) for p in params]
+        for m in self.masters:
+            m.grad = torch.zeros_like(m)
+        self.optimizer = torch_best_optimizer(cls, self.masters, kw)
+        self.scale = torch.full((), INIT_SCALE, device=device)
+        self.growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
+        self.found_inf = torch.zeros((), device=device)
+
+    def step(self):
+        grads = [p.grad for p in self.params]
+        self.found_inf.zero_()
+        inv_scale = self.scale.double().reciprocal().float()
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found_inf, inv_scale)
+        if self.found_inf.item() == 0:  # the host sync
+            torch._foreach_copy_([m.grad for m in self.masters], grads)
+            self.optimizer.step()
+            with torch.no_grad():
+                torch._foreach_copy_(self.params, self.masters)
+        torch._amp_update_scale_(self.scale, self.growth_tracker, self.found_inf, 2.0, 0.5, 2000)
+
+    def tensors(self):
+        return (list(self.params) + [p.grad for p in self.params] + self.masters
+                + [m.grad for m in self.masters]
+                + [t for s in self.optimizer.state.values() for t in s.values()])
+
+
+STEP_CLASSES = {"fused_amp": FusedAmpStep, "torch_amp": TorchAmpStep, "torch_master": TorchMasterStep}
+
+
+def param_dtype(impl: str, half_dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if impl == "torch_amp" else half_dtype
+
+
+def make_params(shapes, dtype, device, generator) -> List[torch.nn.Parameter]:
+    return [torch.nn.Parameter(torch.randn(s, generator=generator).to(device, dtype)) for s in shapes]
+
+
+def build_steps(shapes, opt_name: str, half_dtype: torch.dtype, device: str, impls=IMPLS) -> Dict:
+    """For each implementation: its step object, and the pristine scaled grads that its
+    ``prepare`` copies into .grad before every timed step (the unscale happens in place in
+    torch's implementations, so a timed step never sees an already-unscaled grad)."""
+    out = {}
+    for impl in impls:
+        gen = torch.Generator().manual_seed(0)
+        dtype = param_dtype(impl, half_dtype)
+        params = make_params(shapes, dtype, device, gen)
+        pristine = [(torch.randn(s, generator=gen) * INIT_SCALE).to(device, dtype) for s in shapes]
+        for p, g in zip(params, pristine):
+            p.grad = g.clone()
+        out[impl] = (STEP_CLASSES[impl](params, opt_name, device), pristine)
+    return out
+
+
+def refresh_grads(step_obj, pristine):
+    torch._foreach_copy_([p.grad for p in step_obj.params], pristine)

@@ -1,0 +1,38 @@
+"""One optimizer step (scaler step + update, grads given) for the three implementations."""
+import torch
+
+from benchmarks import harness, impls, workloads
+from benchmarks.roofline import bytes_per_param
+
+
+def cases(ctx):
+    n = 16_000_000 if ctx.quick else (84_000_000 if ctx.device == "cpu" else 300_000_000)
+    out = [(f"{opt}/{dtype}/{n // 1_000_000}M", lambda c, o=opt, d=dtype, n=n: run(c, o, d, workloads.model_like_shapes(n)))
+           for opt in ("adam", "adamw", "sgd") for dtype in ("bfloat16", "float16")]
+    out.append(("adam/bfloat16/10k-x-1k",
+                lambda c: run(c, "adam", "bfloat16", workloads.many_small_shapes())))
+    return out
+
+
+def run(ctx, opt_name, dtype_name, shapes, suite="optimizer", case=None):
+    shapes = workloads.scaled(shapes, ctx.scale)
+    steps = impls.build_steps(shapes, opt_name, getattr(torch, dtype_name), ctx.device)
+    timed = [harness.Impl(name, step.step, (lambda s=step, p=pristine: impls.refresh_grads(s, p)))
+             for name, (step, pristine) in steps.items()]
+    times = harness.time_alternating(timed, ctx.device, ctx.reps)
+    extra = {}
+    for t in timed:
+        step = steps[t.name][0]
+        t.prepare()
+        extra[t.name] = {"host_syncs_per_step": harness.count_host_syncs(t.run, ctx.device),
+                         "state_bytes": harness.tensor_bytes(step.tensors())}
+    n = workloads.n_params(shapes)
+    case = case or f"{opt_name}/{dtype_name}/{_size_label(shapes, n)}"
+    return harness.make_records(suite, case, ctx.device, dtype_name, n, len(shapes), times,
+                                ctx.ceiling_gbps, bytes_per_param(opt_name, dtype_name), extra)
+
+
+def _size_label(shapes, n):
+    if len(shapes) >= 1000 and n // len(shapes) <= 10_000:
+        return f"{len(shapes) // 1000}k-x-{n // len(shapes) // 1000}k"
+    return f"{max(1, round(n / 1e6))}M"

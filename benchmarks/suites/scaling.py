@@ -1,0 +1,21 @@
+"""Adam step time against parameter count and against tensor count: overhead and slope."""
+from benchmarks import workloads
+from benchmarks.suites import optimizer
+
+IMPLS_NOTE = "fused_amp, torch_amp and torch_master, bf16"
+
+
+def cases(ctx):
+    if ctx.quick:
+        sizes, counts = [1, 4, 16], [10, 100, 1000]
+    elif ctx.device == "cpu":
+        sizes, counts = [1, 4, 16, 64, 300], [10, 100, 1000, 10_000]
+    else:
+        sizes, counts = [1, 4, 16, 64, 256, 1024], [10, 100, 1000, 10_000, 30_000]
+    out = [(f"params/{m}M", lambda c, m=m: optimizer.run(
+        c, "adam", "bfloat16", workloads.model_like_shapes(m * 1_000_000), "scaling", f"params/{m}M"))
+        for m in sizes]
+    out += [(f"tensors/{k}-x-1k", lambda c, k=k: optimizer.run(
+        c, "adam", "bfloat16", workloads.many_small_shapes(k, 1000), "scaling", f"tensors/{k}-x-1k"))
+        for k in counts]
+    return out

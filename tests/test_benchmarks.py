@@ -1,0 +1,107 @@
+"""The benchmark suite's own logic, and a tiny end-to-end run."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from benchmarks import harness, report, workloads
+from benchmarks.roofline import bytes_per_param
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_bytes_accounting_follows_the_design_table():
+    # DESIGN.md: unscale 4 (half) / 8 (fp32); Adam 28; SGD+momentum with masters 20
+    assert bytes_per_param("unscale", "bfloat16") == 2 + 2
+    assert bytes_per_param("unscale", "float32") == 4 + 4
+    assert bytes_per_param("adam", "bfloat16") == (2 + 4 + 4 + 4) + (4 + 4 + 4 + 2)
+    assert bytes_per_param("adamw", "float16") == 28
+    assert bytes_per_param("sgd", "bfloat16") == (2 + 4 + 4) + (4 + 4 + 2)
+    with pytest.raises(KeyError):
+        bytes_per_param("unscale", "int8")
+
+
+def test_make_records_ratios_and_fractions():
+    times = {"a": [0.010, 0.012, 0.011], "b": [0.030, 0.033, 0.031]}
+    recs = harness.make_records("optimizer", "x", "cpu", "bfloat16", 1_000_000, 10, times,
+                                ceiling_gbps=10.0, bytes_per_param=28)
+    by = {r["impl"]: r for r in recs}
+    assert by["a"]["time_ms"] == pytest.approx(11.0)
+    assert by["a"]["speedup_vs"]["b"] == pytest.approx(31 / 11)
+    assert by["b"]["speedup_vs"]["a"] == pytest.approx(11 / 31)
+    assert by["a"]["gbytes_per_s"] == pytest.approx(28e6 / 0.011 / 1e9)
+    assert by["a"]["ceiling_frac"] == pytest.approx(by["a"]["gbytes_per_s"] / 10.0)
+    for r in recs:
+        harness.validate_record(r)
+
+
+def test_validate_record_rejects_missing_and_mistyped_fields():
+    rec = harness.make_records("unscale", "x", "cpu", "float32", 10, 1, {"a": [1.0]}, 1.0, 8)[0]
+    bad = dict(rec)
+    del bad["time_ms"]
+    with pytest.raises(ValueError, match="time_ms"):
+        harness.validate_record(bad)
+    with pytest.raises(ValueError, match="n_params"):
+        harness.validate_record({**rec, "n_params": 1.5})
+
+
+def test_ceiling_on_small_sizes():
+    c = harness.measure_ceiling("cpu", n_bytes=1 << 22, reps=2)
+    assert c["ceiling_gbps"] == max(c["copy_gbps"], c["add_gbps"]) > 0
+
+
+def test_alternating_timing_runs_each_impl_in_turn():
+    order = []
+    impls = [harness.Impl(n, (lambda n=n: order.append(n)), (lambda n=n: order.append("prep-" + n)))
+             for n in ("A", "B")]
+    times = harness.time_alternating(impls, "cpu", reps=3, warmup=1)
+    assert order == ["prep-A", "A", "prep-B", "B"] * 4
+    assert {k: len(v) for k, v in times.items()} == {"A": 3, "B": 3}
+
+
+def test_markdown_writer_and_summary_mark_losses():
+    times = {"fused_amp": [2.0], "torch": [1.0]}
+    recs = harness.make_records("unscale", "slow-case", "cpu", "float32", 100, 1, times, 1.0, 8)
+    table = report.markdown_table(recs, "unscale")
+    assert table.splitlines()[0].startswith("| case | impl |")
+    assert "slow-case" in table and "0.50" in table
+    assert any("SLOWER than torch" in line for line in report.summary_lines(recs))
+
+
+def test_workload_shapes_match_the_architectures():
+    assert abs(workloads.n_params(workloads.gpt2_small_shapes()) - 124_439_808) < 1_000_000
+    assert abs(workloads.n_params(workloads.resnet50_shapes()) - 25_557_032) < 200_000
+    assert workloads.n_params(workloads.many_small_shapes()) == 10_000_000
+
+
+def test_scaling_fit_recovers_overhead_and_slope():
+    recs = []
+    for n in (1e6, 4e6, 16e6):
+        recs += harness.make_records("scaling", f"params/{int(n)}", "cpu", "bfloat16", int(n), 10,
+                                     {"fused_amp": [(0.5 + 2e-6 * n) / 1e3]}, 1.0, 28)
+    fit = report.scaling_fit(recs)["fused_amp"]
+    assert fit["overhead_ms"] == pytest.approx(0.5)
+    assert fit["ns_per_param"] == pytest.approx(2e-6 * 1e6)
+
+
+def test_quick_run_end_to_end(tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), "--device", "cpu",
+                           "--quick", "--size-scale", "0.002", "--suite", "unscale", "optimizer",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    assert data["machine"]["fused_amp_build"]["cpu_isa"]
+    assert data["ceiling"]["ceiling_gbps"] > 0
+    suites = {r["suite"] for r in data["records"]}
+    assert suites == {"unscale", "optimizer"}
+    for rec in data["records"]:
+        harness.validate_record(rec)
+    impls = {r["impl"] for r in data["records"] if r["suite"] == "optimizer"}
+    assert impls == {"fused_amp", "torch_amp", "torch_master"}
+    assert (out / "results.md").read_text().startswith("# fused_amp benchmark results")
+    assert (out / "speedup.png").stat().st_size > 1000
+    assert "fused_amp against stock PyTorch" in proc.stdout
