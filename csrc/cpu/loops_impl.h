@@ -64,8 +64,41 @@ inline void store2(T* p, const OpVec<T>& a, const OpVec<T>& b) {
   }
 }
 
+// The same-width integer of each dtype, and its exponent field (ops/unscale.h).
+template <typename T>
+using Bits = std::conditional_t<sizeof(T) == 2, int16_t, std::conditional_t<sizeof(T) == 4, int32_t, int64_t>>;
+template <typename T>
+constexpr Bits<T> exponent_of() {
+  if constexpr (std::is_same_v<T, c10::Half>) return ops::kHalfExponent;
+  else if constexpr (std::is_same_v<T, c10::BFloat16>) return ops::kBFloat16Exponent;
+  else if constexpr (std::is_same_v<T, float>) return ops::kFloatExponent;
+  else return ops::kDoubleExponent;
+}
+
+// True when some element is inf or NaN; reads the bits only, so it runs at memory speed.
+template <typename T>
+bool check_range(const T* x, int64_t n) {
+  using I = Bits<T>;
+  using V = Vectorized<I>;
+  const I* bits = reinterpret_cast<const I*>(x);
+  const V exponent(exponent_of<T>());
+  V found0(0), found1(0);
+  int64_t i = 0;
+  for (; i + 2 * V::size() <= n; i += 2 * V::size()) {
+    found0 = found0 | ops::exponent_all_ones(V::loadu(bits + i), exponent);
+    found1 = found1 | ops::exponent_all_ones(V::loadu(bits + i + V::size()), exponent);
+  }
+  I tail = 0;
+  for (; i < n; ++i) tail = tail | ops::exponent_all_ones(bits[i], exponent_of<T>());
+  I lanes[V::size()];
+  (found0 | found1).store(lanes);
+  for (int j = 0; j < V::size(); ++j) tail = tail | lanes[j];
+  return tail != 0;
+}
+
 template <typename T>
 bool unscale_range(T* x, int64_t n, opmath_t<T> inv_scale, bool write) {
+  if (!write) return check_range(x, n);
   using V = OpVec<T>;
   using S = opmath_t<T>;
   const V inv(inv_scale);
@@ -74,21 +107,11 @@ bool unscale_range(T* x, int64_t n, opmath_t<T> inv_scale, bool write) {
   for (; i + kStep<T> <= n; i += kStep<T>) {
     V a, b;
     load2(x + i, a, b);
-    if (write) {
-      store2(x + i, ops::unscale(a, inv, nonfinite), ops::unscale(b, inv, nonfinite));
-    } else {
-      ops::check_finite(a, nonfinite);
-      ops::check_finite(b, nonfinite);
-    }
+    store2(x + i, ops::unscale(a, inv, nonfinite), ops::unscale(b, inv, nonfinite));
   }
   S tail_nonfinite = S(0);
   for (; i < n; ++i) {
-    const S v = static_cast<S>(x[i]);
-    if (write) {
-      x[i] = static_cast<T>(ops::unscale(v, inv_scale, tail_nonfinite));
-    } else {
-      ops::check_finite(v, tail_nonfinite);
-    }
+    x[i] = static_cast<T>(ops::unscale(static_cast<S>(x[i]), inv_scale, tail_nonfinite));
   }
   return ops::any_nan(nonfinite) || ops::any_nan(tail_nonfinite);
 }

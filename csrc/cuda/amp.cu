@@ -9,7 +9,7 @@ namespace {
 template <typename T>
 using opmath_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-template <typename T, bool kWrite>
+template <typename T>
 struct UnscaleFunctor {
   float* found_inf;
   const float* inv_scale;
@@ -18,33 +18,50 @@ struct UnscaleFunctor {
   FA_DEVICE void operator()(const Meta& meta, int t, int64_t start, int64_t n) const {
     using R = opmath_t<T>;
     T* x = static_cast<T*>(meta.ptr[0][t]) + start;
-    const R inv = kWrite ? static_cast<R>(*inv_scale) : R(1);
+    const R inv = static_cast<R>(*inv_scale);
     R nonfinite = R(0);
     for_each_ilp(n, is_aligned(x), [&](const IlpIndex& ix) {
       R r[kILP];
       load_ilp(r, x, ix);
 #pragma unroll
-      for (int j = 0; j < kILP; ++j) {
-        if (kWrite) {
-          r[j] = ops::unscale(r[j], inv, nonfinite);
-        } else {
-          ops::check_finite(r[j], nonfinite);
-        }
-      }
+      for (int j = 0; j < kILP; ++j) r[j] = ops::unscale(r[j], inv, nonfinite);
       // x * 1 == x: torch writes nothing back for inv_scale 1 either.
-      if (kWrite && inv != R(1)) store_ilp(x, r, ix);
+      if (inv != R(1)) store_ilp(x, r, ix);
     });
     if (ops::any_nan(nonfinite)) *found_inf = 1.f;  // never a sum: every writer writes 1
   }
 };
 
+// The check alone, on the raw bits (ops::exponent_all_ones): no conversion, memory speed.
+template <typename T>
+using Bits = std::conditional_t<sizeof(T) == 2, int16_t, std::conditional_t<sizeof(T) == 4, int32_t, int64_t>>;
+
+template <typename T>
+struct NonFiniteCheckFunctor {
+  float* found_inf;
+  Bits<T> exponent;
+
+  template <class Meta>
+  FA_DEVICE void operator()(const Meta& meta, int t, int64_t start, int64_t n) const {
+    const Bits<T>* x = static_cast<const Bits<T>*>(meta.ptr[0][t]) + start;
+    Bits<T> found = 0;
+    for_each_ilp(n, is_aligned(x), [&](const IlpIndex& ix) {
+      Bits<T> r[kILP];
+      load_ilp(r, x, ix);  // lanes past the end read as 0: finite
+#pragma unroll
+      for (int j = 0; j < kILP; ++j) found = found | ops::exponent_all_ones(r[j], exponent);
+    });
+    if (found) *found_inf = 1.f;
+  }
+};
+
 template <typename T>
 void unscale_typed(const std::vector<TensorPtrs>& tensors, float* found_inf,
-                   const float* inv_scale, cudaStream_t stream) {
+                   const float* inv_scale, Bits<T> exponent, cudaStream_t stream) {
   if (inv_scale) {
-    multi_tensor_apply<1>(tensors, UnscaleFunctor<T, true>{found_inf, inv_scale}, stream);
+    multi_tensor_apply<1>(tensors, UnscaleFunctor<T>{found_inf, inv_scale}, stream);
   } else {
-    multi_tensor_apply<1>(tensors, UnscaleFunctor<T, false>{found_inf, nullptr}, stream);
+    multi_tensor_apply<1>(tensors, NonFiniteCheckFunctor<T>{found_inf, exponent}, stream);
   }
 }
 
@@ -74,10 +91,18 @@ bool large_kernel_args() {
 void unscale(Dtype dtype, const std::vector<TensorPtrs>& tensors, float* found_inf,
              const float* inv_scale, cudaStream_t stream) {
   switch (dtype) {
-    case Dtype::Float: unscale_typed<float>(tensors, found_inf, inv_scale, stream); break;
-    case Dtype::Half: unscale_typed<__half>(tensors, found_inf, inv_scale, stream); break;
-    case Dtype::BFloat16: unscale_typed<__nv_bfloat16>(tensors, found_inf, inv_scale, stream); break;
-    case Dtype::Double: unscale_typed<double>(tensors, found_inf, inv_scale, stream); break;
+    case Dtype::Float:
+      unscale_typed<float>(tensors, found_inf, inv_scale, ops::kFloatExponent, stream);
+      break;
+    case Dtype::Half:
+      unscale_typed<__half>(tensors, found_inf, inv_scale, ops::kHalfExponent, stream);
+      break;
+    case Dtype::BFloat16:
+      unscale_typed<__nv_bfloat16>(tensors, found_inf, inv_scale, ops::kBFloat16Exponent, stream);
+      break;
+    case Dtype::Double:
+      unscale_typed<double>(tensors, found_inf, inv_scale, ops::kDoubleExponent, stream);
+      break;
   }
 }
 

@@ -1,4 +1,6 @@
 #pragma once
+#include <cstdint>
+
 #include "ops/common.h"
 
 namespace fused_amp::ops {
@@ -12,9 +14,17 @@ FA_HD T unscale(T x, T inv_scale, T& nonfinite) {
   return x * inv_scale;
 }
 
-template <typename T>
-FA_HD void check_finite(T x, T& nonfinite) {
-  nonfinite = nonfinite + nonfinite_probe(x);
+// The check alone needs no conversion: a value is inf or NaN exactly when its exponent field is
+// all ones. I is the same-width integer (or a vector of them); the result is nonzero (all ones
+// in a vector lane) for inf/NaN, so results accumulate with |.
+constexpr int16_t kHalfExponent = 0x7C00;
+constexpr int16_t kBFloat16Exponent = 0x7F80;
+constexpr int32_t kFloatExponent = 0x7F800000;
+constexpr int64_t kDoubleExponent = 0x7FF0000000000000LL;
+
+template <typename I>
+FA_HD I exponent_all_ones(I bits, I exponent) {
+  return static_cast<I>((bits & exponent) == exponent);
 }
 
 }  // namespace fused_amp::ops
