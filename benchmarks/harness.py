@@ -62,17 +62,21 @@ def time_alternating(impls: Sequence[Impl], device: str, reps: int, warmup: int 
 
 
 def measure_ceiling(device: str, n_bytes: int = 1 << 30, reps: int = 5) -> Dict[str, float]:
-    """The device's memory bandwidth in GB/s, measured now: on CPU the best of an in-place
+    """The device's memory bandwidth in GB/s, measured now: on CPU the better of an in-place
     a.add_(b) (12 bytes/element) and a copy (8 bytes/element) over tensors far larger than the
-    caches; on GPU a device-to-device copy."""
+    caches; on GPU a device-to-device copy. Each is the median over ``reps`` runs, as the
+    kernels' times are, so that a fraction of the ceiling compares like with like."""
     n = n_bytes // 4
     a = torch.rand(n, device=device)
     b = torch.rand(n, device=device)
-    copy = max(8 * n / t for t in [time_once(lambda: a.copy_(b), device) for _ in range(reps + 1)][1:])
-    out = {"copy_gbps": copy / 1e9}
+
+    def gbps(fn, bytes_per_element):
+        fn()  # warm-up
+        return bytes_per_element * n / statistics.median(time_once(fn, device) for _ in range(reps)) / 1e9
+
+    out = {"copy_gbps": gbps(lambda: a.copy_(b), 8)}
     if device == "cpu":
-        add = max(12 * n / t for t in [time_once(lambda: a.add_(b), device) for _ in range(reps + 1)][1:])
-        out["add_gbps"] = add / 1e9
+        out["add_gbps"] = gbps(lambda: a.add_(b), 12)
     out["ceiling_gbps"] = max(out.values())
     return out
 

@@ -30,12 +30,14 @@ def torch_best_optimizer(cls, params, kw):
         return cls(params, foreach=True, **kw)
 
 
-class FusedAmpStep:
-    def __init__(self, params: List[torch.nn.Parameter], opt_name: str, device: str):
-        cls, _, kw = OPTIMIZERS[opt_name]
+class ScalerStep:
+    """A GradScaler and an optimizer that takes the scale into its step (fused_amp's, or
+    torch's best); ``step`` is scaler.step + scaler.update, as a training loop runs them."""
+
+    def __init__(self, params: List[torch.nn.Parameter], optimizer, scaler_cls, device: str):
         self.params = params
-        self.optimizer = cls(params, **kw)
-        self.scaler = fused_amp.GradScaler(device, init_scale=INIT_SCALE)
+        self.optimizer = optimizer
+        self.scaler = scaler_cls(device, init_scale=INIT_SCALE)
         self.scaler.scale(torch.ones((), device=device))  # creates the scale, as backward of a scaled loss would
 
     def step(self):
@@ -47,21 +49,14 @@ class FusedAmpStep:
                 + [t for s in self.optimizer.state.values() for t in s.values()])
 
 
-class TorchAmpStep:
-    def __init__(self, params: List[torch.nn.Parameter], opt_name: str, device: str):
-        _, cls, kw = OPTIMIZERS[opt_name]
-        self.params = params
-        self.optimizer = torch_best_optimizer(cls, params, kw)
-        self.scaler = torch.amp.GradScaler(device, init_scale=INIT_SCALE)
-        self.scaler.scale(torch.ones((), device=device))  # creates the scale, as backward of a scaled loss would
+def fused_amp_step(params, opt_name, device):
+    cls, _, kw = OPTIMIZERS[opt_name]
+    return ScalerStep(params, cls(params, **kw), fused_amp.GradScaler, device)
 
-    def step(self):
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
 
-    def tensors(self):
-        return (list(self.params) + [p.grad for p in self.params]
-                + [t for s in self.optimizer.state.values() for t in s.values()])
+def torch_amp_step(params, opt_name, device):
+    _, cls, kw = OPTIMIZERS[opt_name]
+    return ScalerStep(params, torch_best_optimizer(cls, params, kw), torch.amp.GradScaler, device)
 
 
 class TorchMasterStep:
@@ -94,7 +89,7 @@ class TorchMasterStep:
                 + [t for s in self.optimizer.state.values() for t in s.values()])
 
 
-STEP_CLASSES = {"fused_amp": FusedAmpStep, "torch_amp": TorchAmpStep, "torch_master": TorchMasterStep}
+STEP_CLASSES = {"fused_amp": fused_amp_step, "torch_amp": torch_amp_step, "torch_master": TorchMasterStep}
 
 
 def param_dtype(impl: str, half_dtype: torch.dtype) -> torch.dtype:

@@ -99,8 +99,11 @@ class GradScaler(torch.amp.GradScaler):
         self._warned_min_scale = False
         self._track_overflows = track_overflows
         self._param_names: Dict[int, str] = {}
-        self._skipped_steps: Optional[torch.Tensor] = None
-        self._overflow_flags: Dict[int, Any] = {}  # id(optimizer) -> (params, per-param flags)
+        self._skipped_steps: Optional[torch.Tensor] = None  # on the device: counted without a sync
+        # id(optimizer) -> (params, per-param inf/NaN flags) of this iteration, and of the
+        # latest iteration that was skipped
+        self._overflow_flags: Dict[int, Any] = {}
+        self._last_overflow: Dict[int, Any] = {}
 
     # ---- the scale and its trackers ---------------------------------------------------------
     def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
@@ -243,12 +246,13 @@ class GradScaler(torch.amp.GradScaler):
     def _count_skipped(self, found_inf):
         if self._skipped_steps is None:
             self._skipped_steps = torch.zeros((), dtype=torch.int64, device=found_inf.device)
-            self._last_overflow = {}
-        self._skipped_steps += (found_inf != 0).to(torch.int64)
+        skipped = found_inf != 0
+        self._skipped_steps += skipped
         for key, (params, flags) in self._overflow_flags.items():
-            kept = self._last_overflow.get(key)
-            kept = kept[1] if kept is not None and len(kept[0]) == len(params) else torch.zeros_like(flags)
-            self._last_overflow[key] = (params, torch.where(found_inf.to(flags.device) != 0, flags, kept))
+            previous = self._last_overflow.get(key, (None, torch.zeros_like(flags)))[1]
+            if previous.shape != flags.shape:  # the params with grads changed
+                previous = torch.zeros_like(flags)
+            self._last_overflow[key] = (params, torch.where(skipped.to(flags.device), flags, previous))
         self._overflow_flags = {}
 
     def overflow_report(self) -> OverflowReport:

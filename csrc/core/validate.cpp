@@ -78,8 +78,9 @@ void validate_unscale(const char* op, at::TensorList tensors, const at::Tensor& 
              "float32, float16, bfloat16 and float64");
 }
 
-void validate_update_scale(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                           const at::Tensor& found_inf, int64_t growth_interval,
+ops::ScaleUpdateArgs update_scale_args(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                           const at::Tensor& found_inf, double growth_factor,
+                           double backoff_factor, int64_t growth_interval,
                            int64_t hysteresis, const std::optional<at::Tensor>& hysteresis_tracker,
                            std::optional<double> min_scale, std::optional<double> max_scale) {
   const char* op = "update_scale_";
@@ -99,6 +100,14 @@ void validate_update_scale(const at::Tensor& scale, const at::Tensor& growth_tra
                     min_scale.value_or(0));
   TORCH_CHECK_VALUE(!min_scale || !max_scale || *min_scale <= *max_scale, op, ": min_scale (",
                     min_scale.value_or(0), ") is larger than max_scale (", max_scale.value_or(0), ")");
+  return {growth_factor,
+          backoff_factor,
+          static_cast<int>(growth_interval),
+          static_cast<int>(hysteresis),
+          min_scale.has_value(),
+          max_scale.has_value(),
+          static_cast<float>(min_scale.value_or(0.0)),
+          static_cast<float>(max_scale.value_or(0.0))};
 }
 
 }  // namespace fused_amp::core

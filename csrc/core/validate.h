@@ -4,6 +4,8 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include "ops/update_scale.h"
+
 namespace fused_amp::core {
 
 // Every tensor of `list` is dense, on `device`, and of a floating dtype accepted by `allowed`.
@@ -35,9 +37,11 @@ namespace fused_amp::core {
 void validate_unscale(const char* op, at::TensorList tensors, const at::Tensor& found_inf,
                       const at::Tensor* inv_scale);
 
-// update_scale_: fp32 scale, int32 trackers, fp32 found_inf, all one-element on one device.
-void validate_update_scale(const at::Tensor& scale, const at::Tensor& growth_tracker,
-                           const at::Tensor& found_inf, int64_t growth_interval,
+// update_scale_: fp32 scale, int32 trackers, fp32 found_inf, all one-element on one device;
+// returns the arguments of ops::update_scale.
+ops::ScaleUpdateArgs update_scale_args(const at::Tensor& scale, const at::Tensor& growth_tracker,
+                           const at::Tensor& found_inf, double growth_factor,
+                           double backoff_factor, int64_t growth_interval,
                            int64_t hysteresis, const std::optional<at::Tensor>& hysteresis_tracker,
                            std::optional<double> min_scale, std::optional<double> max_scale);
 

@@ -76,14 +76,17 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
                         at_b(s.masters), at_b(s.states_a), at_b(s.states_b), at_b(s.aux), e - b};
 }
 
-// Runs `update(range, coeffs[t])` over every param, in the param's dtype.
-template <class Coeffs, class Update>
-void update_all(const core::StepTensors& s, const std::vector<Coeffs>& coeffs, Update&& update) {
+// Runs the loop of each param's dtype over every param, with that param's coefficients.
+template <class Coeffs>
+void update_all(const core::StepTensors& s, const std::vector<Coeffs>& coeffs,
+                void (*on_float)(const UpdateRange<float>&, const Coeffs&),
+                void (*on_half)(const UpdateRange<c10::Half>&, const Coeffs&),
+                void (*on_bfloat16)(const UpdateRange<c10::BFloat16>&, const Coeffs&)) {
   parallel_over(core::flat_offsets(numels_of(s.params)), [&](size_t t, int64_t b, int64_t e) {
     switch (s.params[t].scalar_type()) {
-      case at::kFloat: update(range_of<float>(s, t, b, e), coeffs[t]); break;
-      case at::kHalf: update(range_of<c10::Half>(s, t, b, e), coeffs[t]); break;
-      case at::kBFloat16: update(range_of<c10::BFloat16>(s, t, b, e), coeffs[t]); break;
+      case at::kFloat: on_float(range_of<float>(s, t, b, e), coeffs[t]); break;
+      case at::kHalf: on_half(range_of<c10::Half>(s, t, b, e), coeffs[t]); break;
+      case at::kBFloat16: on_bfloat16(range_of<c10::BFloat16>(s, t, b, e), coeffs[t]); break;
       default: TORCH_INTERNAL_ASSERT(false, "dtype passed validation but has no loop");
     }
   });
@@ -111,22 +114,13 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tens
                    double growth_factor, double backoff_factor, int64_t growth_interval,
                    int64_t hysteresis, const std::optional<at::Tensor>& hysteresis_tracker,
                    std::optional<double> min_scale, std::optional<double> max_scale) {
-  core::validate_update_scale(scale, growth_tracker, found_inf, growth_interval, hysteresis,
-                              hysteresis_tracker, min_scale, max_scale);
-  const ops::ScaleUpdateArgs args{growth_factor,
-                                  backoff_factor,
-                                  static_cast<int>(growth_interval),
-                                  static_cast<int>(hysteresis),
-                                  min_scale.has_value(),
-                                  max_scale.has_value(),
-                                  static_cast<float>(min_scale.value_or(0.0)),
-                                  static_cast<float>(max_scale.value_or(0.0))};
-  int overflows = 0;
-  int* overflows_ptr = &overflows;
-  if (hysteresis_tracker && hysteresis_tracker->defined()) {
-    overflows_ptr = hysteresis_tracker->data_ptr<int>();
-  }
-  ops::update_scale(*scale.data_ptr<float>(), *growth_tracker.data_ptr<int>(), *overflows_ptr,
+  const ops::ScaleUpdateArgs args = core::update_scale_args(
+      scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval, hysteresis,
+      hysteresis_tracker, min_scale, max_scale);
+  int overflows = 0;  // without hysteresis the count is not kept
+  int& overflows_in_row = hysteresis_tracker && hysteresis_tracker->defined()
+                              ? *hysteresis_tracker->data_ptr<int>() : overflows;
+  ops::update_scale(*scale.data_ptr<float>(), *growth_tracker.data_ptr<int>(), overflows_in_row,
                     *found_inf.data_ptr<float>() != 0.f, args);
 }
 
@@ -137,11 +131,11 @@ void adam_step_(at::TensorList params, at::TensorList grads,
                 double eps, double weight_decay, bool amsgrad, bool maximize,
                 bool decoupled_weight_decay, const std::optional<at::Tensor>& inv_scale,
                 const std::optional<at::Tensor>& found_inf) {
-  const core::StepTensors s = core::validate_step(
-      "adam_step_", params, grads, master_params, exp_avgs, "exp_avgs", exp_avg_sqs, "exp_avg_sqs",
-      max_exp_avg_sqs, "max_exp_avg_sqs", amsgrad, steps, true, lr, lr_tensor, inv_scale, found_inf);
+  const core::AdamArgs a = core::adam_args(
+      params, grads, master_params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, lr_tensor,
+      beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled_weight_decay, inv_scale, found_inf);
+  const core::StepTensors& s = a.tensors;
   if (params.empty() || skip_step(s)) return;
-  const ops::AdamHyper h{beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad, maximize};
   const double step_lr_value = step_lr(s);
   const float inv = step_inv_scale(s);
   std::vector<ops::AdamCoeffs> coeffs;
@@ -152,16 +146,11 @@ void adam_step_(at::TensorList params, at::TensorList grads,
     if (t > 0 && step == *s.steps[t - 1].data_ptr<float>() + 1.f) {
       coeffs.push_back(coeffs.back());
     } else {
-      coeffs.push_back(ops::adam_coeffs(h, step_lr_value, step, inv));
+      coeffs.push_back(ops::adam_coeffs(a.hyper, step_lr_value, step, inv));
     }
   }
   const Loops& k = loops();
-  update_all(s, coeffs, [&](const auto& r, const ops::AdamCoeffs& c) {
-    using T = std::remove_pointer_t<decltype(r.param)>;
-    if constexpr (std::is_same_v<T, float>) k.adam_float(r, c);
-    else if constexpr (std::is_same_v<T, c10::Half>) k.adam_half(r, c);
-    else k.adam_bfloat16(r, c);
-  });
+  update_all(s, coeffs, k.adam_float, k.adam_half, k.adam_bfloat16);
   increment_steps(s);
 }
 
@@ -171,27 +160,21 @@ void sgd_step_(at::TensorList params, at::TensorList grads,
                const std::optional<at::Tensor>& lr_tensor, double momentum, double dampening,
                double weight_decay, bool nesterov, bool maximize,
                const std::optional<at::Tensor>& inv_scale, const std::optional<at::Tensor>& found_inf) {
-  const bool has_momentum = momentum != 0.0;
-  const core::StepTensors s = core::validate_step(
-      "sgd_step_", params, grads, master_params, {}, nullptr, {}, nullptr, momentum_buffers,
-      "momentum_buffers", has_momentum, steps, has_momentum, lr, lr_tensor, inv_scale, found_inf);
+  const core::SgdArgs a = core::sgd_args(params, grads, master_params, momentum_buffers, steps, lr,
+                                         lr_tensor, momentum, dampening, weight_decay, nesterov,
+                                         maximize, inv_scale, found_inf);
+  const core::StepTensors& s = a.tensors;
   if (params.empty() || skip_step(s)) return;
-  const ops::SgdHyper h{momentum, dampening, weight_decay, nesterov, maximize};
   const double step_lr_value = step_lr(s);
   const float inv = step_inv_scale(s);
   std::vector<ops::SgdCoeffs> coeffs;
   coeffs.reserve(params.size());
   for (size_t t = 0; t < params.size(); ++t) {
-    const bool first = has_momentum && *s.steps[t].data_ptr<float>() == 0.f;
-    coeffs.push_back(ops::sgd_coeffs(h, step_lr_value, first, inv));
+    const bool first = a.has_momentum && *s.steps[t].data_ptr<float>() == 0.f;
+    coeffs.push_back(ops::sgd_coeffs(a.hyper, step_lr_value, first, inv));
   }
   const Loops& k = loops();
-  update_all(s, coeffs, [&](const auto& r, const ops::SgdCoeffs& c) {
-    using T = std::remove_pointer_t<decltype(r.param)>;
-    if constexpr (std::is_same_v<T, float>) k.sgd_float(r, c);
-    else if constexpr (std::is_same_v<T, c10::Half>) k.sgd_half(r, c);
-    else k.sgd_bfloat16(r, c);
-  });
+  update_all(s, coeffs, k.sgd_float, k.sgd_half, k.sgd_bfloat16);
   increment_steps(s);
 }
 

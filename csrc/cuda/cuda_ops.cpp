@@ -106,17 +106,10 @@ void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tens
                    double growth_factor, double backoff_factor, int64_t growth_interval,
                    int64_t hysteresis, const std::optional<at::Tensor>& hysteresis_tracker,
                    std::optional<double> min_scale, std::optional<double> max_scale) {
-  core::validate_update_scale(scale, growth_tracker, found_inf, growth_interval, hysteresis,
-                              hysteresis_tracker, min_scale, max_scale);
+  const ops::ScaleUpdateArgs args = core::update_scale_args(
+      scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval, hysteresis,
+      hysteresis_tracker, min_scale, max_scale);
   const c10::cuda::CUDAGuard guard(scale.device());
-  const ops::ScaleUpdateArgs args{growth_factor,
-                                  backoff_factor,
-                                  static_cast<int>(growth_interval),
-                                  static_cast<int>(hysteresis),
-                                  min_scale.has_value(),
-                                  max_scale.has_value(),
-                                  static_cast<float>(min_scale.value_or(0.0)),
-                                  static_cast<float>(max_scale.value_or(0.0))};
   int* overflows = hysteresis_tracker && hysteresis_tracker->defined()
                        ? hysteresis_tracker->data_ptr<int>() : nullptr;
   update_scale(scale.data_ptr<float>(), growth_tracker.data_ptr<int>(), overflows,
@@ -130,14 +123,14 @@ void adam_step_(at::TensorList params, at::TensorList grads,
                 double eps, double weight_decay, bool amsgrad, bool maximize,
                 bool decoupled_weight_decay, const std::optional<at::Tensor>& inv_scale,
                 const std::optional<at::Tensor>& found_inf) {
-  const core::StepTensors st = core::validate_step(
-      "adam_step_", params, grads, master_params, exp_avgs, "exp_avgs", exp_avg_sqs, "exp_avg_sqs",
-      max_exp_avg_sqs, "max_exp_avg_sqs", amsgrad, steps, true, lr, lr_tensor, inv_scale, found_inf);
+  const core::AdamArgs a = core::adam_args(
+      params, grads, master_params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, lr_tensor,
+      beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled_weight_decay, inv_scale, found_inf);
+  const core::StepTensors& st = a.tensors;
   if (params.empty()) return;
   const c10::cuda::CUDAGuard guard(params[0].device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const Scalars sc = scalars_of(st);
-  const ops::AdamHyper h{beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad, maximize};
   for (const auto& [key, indices] : groups_of(st)) {
     std::vector<TensorPtrs> list;
     for (size_t i : indices) {
@@ -146,7 +139,7 @@ void adam_step_(at::TensorList params, at::TensorList grads,
                               ptr_or_null(st.aux, i), st.steps[i].data_ptr()},
                              st.params[i].numel()));
     }
-    adam(dtype_of(static_cast<at::ScalarType>(key.first)), key.second, list, h, sc.s, stream);
+    adam(dtype_of(static_cast<at::ScalarType>(key.first)), key.second, list, a.hyper, sc.s, stream);
   }
   increment_all_steps(st, stream);
 }
@@ -157,15 +150,14 @@ void sgd_step_(at::TensorList params, at::TensorList grads,
                const std::optional<at::Tensor>& lr_tensor, double momentum, double dampening,
                double weight_decay, bool nesterov, bool maximize,
                const std::optional<at::Tensor>& inv_scale, const std::optional<at::Tensor>& found_inf) {
-  const bool has_momentum = momentum != 0.0;
-  const core::StepTensors st = core::validate_step(
-      "sgd_step_", params, grads, master_params, {}, nullptr, {}, nullptr, momentum_buffers,
-      "momentum_buffers", has_momentum, steps, has_momentum, lr, lr_tensor, inv_scale, found_inf);
+  const core::SgdArgs a = core::sgd_args(params, grads, master_params, momentum_buffers, steps, lr,
+                                         lr_tensor, momentum, dampening, weight_decay, nesterov,
+                                         maximize, inv_scale, found_inf);
+  const core::StepTensors& st = a.tensors;
   if (params.empty()) return;
   const c10::cuda::CUDAGuard guard(params[0].device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const Scalars sc = scalars_of(st);
-  const ops::SgdHyper h{momentum, dampening, weight_decay, nesterov, maximize};
   for (const auto& [key, indices] : groups_of(st)) {
     std::vector<TensorPtrs> list;
     for (size_t i : indices) {
@@ -173,9 +165,9 @@ void sgd_step_(at::TensorList params, at::TensorList grads,
                               ptr_or_null(st.aux, i), ptr_or_null(st.steps, i)},
                              st.params[i].numel()));
     }
-    sgd(dtype_of(static_cast<at::ScalarType>(key.first)), key.second, list, h, sc.s, stream);
+    sgd(dtype_of(static_cast<at::ScalarType>(key.first)), key.second, list, a.hyper, sc.s, stream);
   }
-  if (has_momentum) increment_all_steps(st, stream);
+  if (a.has_momentum) increment_all_steps(st, stream);
 }
 
 }  // namespace fused_amp::cuda
