@@ -62,13 +62,17 @@ Scalars scalars_of(const core::StepTensors& st) {
   return r;
 }
 
-// Params grouped by (dtype, has master): one launch sequence per group.
-std::map<std::pair<int, bool>, std::vector<size_t>> groups_of(const core::StepTensors& st) {
-  std::map<std::pair<int, bool>, std::vector<size_t>> groups;
+// Params grouped by (dtype, has master), one launch sequence per group: `ptrs(i)` gives the
+// pointers of param i, `launch(dtype, has_master, list)` runs the group's kernel.
+template <class Ptrs, class Launch>
+void launch_groups(const core::StepTensors& st, Ptrs&& ptrs, Launch&& launch) {
+  std::map<std::pair<int, bool>, std::vector<TensorPtrs>> groups;
   for (size_t i = 0; i < st.params.size(); ++i) {
-    groups[{static_cast<int>(st.params[i].scalar_type()), st.masters[i].defined()}].push_back(i);
+    groups[{static_cast<int>(st.params[i].scalar_type()), st.masters[i].defined()}].push_back(ptrs(i));
   }
-  return groups;
+  for (const auto& [key, list] : groups) {
+    launch(dtype_of(static_cast<at::ScalarType>(key.first)), key.second, list);
+  }
 }
 
 void increment_all_steps(const core::StepTensors& st, cudaStream_t stream) {
@@ -131,16 +135,17 @@ void adam_step_(at::TensorList params, at::TensorList grads,
   const c10::cuda::CUDAGuard guard(params[0].device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const Scalars sc = scalars_of(st);
-  for (const auto& [key, indices] : groups_of(st)) {
-    std::vector<TensorPtrs> list;
-    for (size_t i : indices) {
-      list.push_back(ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), ptr_or_null(st.masters, i),
-                              st.states_a[i].data_ptr(), st.states_b[i].data_ptr(),
-                              ptr_or_null(st.aux, i), st.steps[i].data_ptr()},
-                             st.params[i].numel()));
-    }
-    adam(dtype_of(static_cast<at::ScalarType>(key.first)), key.second, list, a.hyper, sc.s, stream);
-  }
+  launch_groups(
+      st,
+      [&](size_t i) {
+        return ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), ptr_or_null(st.masters, i),
+                        st.states_a[i].data_ptr(), st.states_b[i].data_ptr(), ptr_or_null(st.aux, i),
+                        st.steps[i].data_ptr()},
+                       st.params[i].numel());
+      },
+      [&](Dtype dtype, bool has_master, const std::vector<TensorPtrs>& list) {
+        adam(dtype, has_master, list, a.hyper, sc.s, stream);
+      });
   increment_all_steps(st, stream);
 }
 
@@ -158,15 +163,16 @@ void sgd_step_(at::TensorList params, at::TensorList grads,
   const c10::cuda::CUDAGuard guard(params[0].device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const Scalars sc = scalars_of(st);
-  for (const auto& [key, indices] : groups_of(st)) {
-    std::vector<TensorPtrs> list;
-    for (size_t i : indices) {
-      list.push_back(ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), ptr_or_null(st.masters, i),
-                              ptr_or_null(st.aux, i), ptr_or_null(st.steps, i)},
-                             st.params[i].numel()));
-    }
-    sgd(dtype_of(static_cast<at::ScalarType>(key.first)), key.second, list, a.hyper, sc.s, stream);
-  }
+  launch_groups(
+      st,
+      [&](size_t i) {
+        return ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), ptr_or_null(st.masters, i),
+                        ptr_or_null(st.aux, i), ptr_or_null(st.steps, i)},
+                       st.params[i].numel());
+      },
+      [&](Dtype dtype, bool has_master, const std::vector<TensorPtrs>& list) {
+        sgd(dtype, has_master, list, a.hyper, sc.s, stream);
+      });
   if (a.has_momentum) increment_all_steps(st, stream);
 }
 
