@@ -56,23 +56,36 @@ def summary_lines(records: List[Dict]) -> List[str]:
     return out
 
 
+def _relative_fit(points):
+    """(a, b) minimising the relative error of t = a + b x: weights 1/t^2, so that the small
+    cases, which show the fixed overhead, count as much as the large ones."""
+    w = [1.0 / t ** 2 for _, t in points]
+    sw = sum(w)
+    mx = sum(wi * x for wi, (x, _) in zip(w, points)) / sw
+    my = sum(wi * t for wi, (_, t) in zip(w, points)) / sw
+    sxx = sum(wi * (x - mx) ** 2 for wi, (x, _) in zip(w, points))
+    b = sum(wi * (x - mx) * (t - my) for wi, (x, t) in zip(w, points)) / sxx if sxx else 0.0
+    return my - b * mx, b
+
+
 def scaling_fit(records: List[Dict]) -> Dict[str, Dict[str, float]]:
-    """Least-squares time = overhead + slope * n_params over the params/ cases, per impl."""
-    fits = {}
-    by_impl = defaultdict(list)
-    for r in records:
-        if r["suite"] == "scaling" and r["case"].startswith("params/"):
-            by_impl[r["impl"]].append((r["n_params"], r["time_ms"]))
-    for impl, pts in by_impl.items():
-        if len(pts) < 2:
-            continue
-        n = len(pts)
-        mx = sum(p for p, _ in pts) / n
-        my = sum(t for _, t in pts) / n
-        sxx = sum((p - mx) ** 2 for p, _ in pts)
-        slope = sum((p - mx) * (t - my) for p, t in pts) / sxx if sxx else 0.0
-        fits[impl] = {"overhead_ms": my - slope * mx, "ns_per_param": slope * 1e6}
-    return fits
+    """Per impl: step time = overhead + slope * n_params over the params/ cases, and
+    time = overhead + per_tensor * n_tensors over the tensors/ cases (tensors of 1,000)."""
+    fits = defaultdict(dict)
+    for prefix, xkey in (("params/", "n_params"), ("tensors/", "n_tensors")):
+        by_impl = defaultdict(list)
+        for r in records:
+            if r["suite"] == "scaling" and r["case"].startswith(prefix):
+                by_impl[r["impl"]].append((r[xkey], r["time_ms"]))
+        for impl, pts in by_impl.items():
+            if len(pts) < 2:
+                continue
+            a, b = _relative_fit(pts)
+            if prefix == "params/":
+                fits[impl].update(overhead_ms=a, ns_per_param=b * 1e6)
+            else:
+                fits[impl].update(us_per_tensor=b * 1e3)
+    return dict(fits)
 
 
 def write_markdown(path: str, machine: Dict, ceiling: Dict, records: List[Dict]) -> None:
@@ -90,8 +103,10 @@ def write_markdown(path: str, machine: Dict, ceiling: Dict, records: List[Dict])
             parts += [f"## {suite}", "", table, ""]
     fits = scaling_fit(records)
     if fits:
-        parts += ["Scaling fit (time = overhead + slope × params): " + "; ".join(
-            f"{k}: {v['overhead_ms']:.2f} ms + {v['ns_per_param']:.3f} ns/param" for k, v in fits.items()), ""]
+        parts += ["Scaling fit, step time = overhead + slope × params (relative least squares), and the cost "
+                  "of each further tensor of 1,000 elements: " + "; ".join(
+                      f"{k}: {v.get('overhead_ms', math.nan):.2f} ms + {v.get('ns_per_param', math.nan):.3f} ns/param, "
+                      f"{v.get('us_per_tensor', math.nan):.2f} µs/tensor" for k, v in fits.items()), ""]
     parts += ["## Summary (fused_amp)", "", "```", *summary_lines(records), "```", ""]
     with open(path, "w") as f:
         f.write("\n".join(parts))
