@@ -49,7 +49,9 @@ with_cuda = _want_cuda(torch, cuda_home)
 sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/core/*.cpp") + glob.glob("csrc/cpu/*.cpp"))
 # -fopenmp: at::parallel_for is an OpenMP pragma in a header, compiled into our objects; the
 # runtime resolves to the libgomp.so.1 that torch has already loaded (one thread pool).
-cxx_flags = ["-O3", "-fopenmp", f'-DFUSED_AMP_TORCH_VERSION="{torch.__version__}"']
+# No contraction of a*b+c into an FMA behind our back: the scalar and vector paths (and the
+# GPU) then compute the same IEEE operations, and where an element falls changes no bit.
+cxx_flags = ["-O3", "-fopenmp", "-ffp-contract=off", f'-DFUSED_AMP_TORCH_VERSION="{torch.__version__}"']
 link_flags = ["-fopenmp"]
 if with_cuda:
     archs = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCHS)
@@ -57,7 +59,7 @@ if with_cuda:
     cxx_flags += ["-DFUSED_AMP_WITH_CUDA", f'-DFUSED_AMP_CUDA_ARCHS="{archs}"']
     ext = CUDAExtension(
         "fused_amp._C", sources, include_dirs=[os.path.abspath("csrc")],
-        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-DFUSED_AMP_WITH_CUDA"]},
+        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--fmad=false", "-DFUSED_AMP_WITH_CUDA"]},
         extra_link_args=link_flags)
 else:
     ext = CppExtension("fused_amp._C", sources, include_dirs=[os.path.abspath("csrc")],

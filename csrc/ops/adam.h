@@ -53,8 +53,10 @@ FA_HD T lerp_(T a, T b, float w) {
   return w < 0.5f ? fma_(T(w), b - a, a) : b - (b - a) * T(1.f - w);
 }
 
-// One element of Adam on fp32 values (T = float or a vector of floats), in the order of
-// operations of torch's fused CPU Adam, which its foreach Adam matches too:
+// One element of Adam on fp32 values (T = float or a vector of floats), with the operations and
+// the fused multiply-adds of torch's fused CPU Adam as its release build computes them (bitwise
+// equal on fp32 params). The build compiles with contraction off, so each fma_ here is one and
+// every other operation rounds: the CPU's vector and scalar paths and the GPU agree bit for bit.
 //   g = grad * grad_mult;  g += wd * p (Adam)  or  p *= 1 - lr * wd (AdamW)
 //   m = lerp(m, g, 1 - beta1);  v = beta2 v + (1 - beta2) g g;  vmax = max(vmax, v) (amsgrad)
 //   p -= step_size * m / (sqrt(v or vmax) / sqrt(1 - beta2^t) + eps)
@@ -66,11 +68,11 @@ FA_HD void adam_update(T& param, T grad, T& exp_avg, T& exp_avg_sq, T& max_exp_a
     if (c.decoupled_weight_decay) {
       param = param * T(c.weight_decay_factor);
     } else {
-      grad = grad + param * T(c.weight_decay);
+      grad = fma_(param, T(c.weight_decay), grad);
     }
   }
   exp_avg = lerp_(exp_avg, grad, c.one_minus_beta1);
-  exp_avg_sq = exp_avg_sq * T(c.beta2) + T(c.one_minus_beta2) * grad * grad;
+  exp_avg_sq = fma_(T(c.one_minus_beta2) * grad, grad, exp_avg_sq * T(c.beta2));
   T second_moment = exp_avg_sq;
   if (c.amsgrad) {
     max_exp_avg_sq = max_(max_exp_avg_sq, exp_avg_sq);

@@ -30,8 +30,8 @@ FA_HD SgdCoeffs sgd_coeffs(const SgdHyper& h, double lr, bool first_step, float 
   return c;
 }
 
-// One element of SGD on fp32 values (T = float or a vector of floats), in the order of
-// operations of torch's fused CPU SGD:
+// One element of SGD on fp32 values (T = float or a vector of floats), with the operations and
+// fused multiply-adds of torch's fused CPU SGD (see adam_update on contraction):
 //   g = grad * grad_mult + wd * p;  buf = g (first step) or momentum buf + (1 - dampening) g
 //   p -= lr * (nesterov ? g + momentum buf : buf)          (momentum == 0: p -= lr g)
 template <typename T>
@@ -46,7 +46,7 @@ FA_HD void sgd_update(T& param, T grad, T& momentum_buffer, const SgdCoeffs& c) 
     }
     grad = c.nesterov ? fma_(momentum_buffer, T(c.momentum), grad) : momentum_buffer;
   }
-  param = param - grad * T(c.lr);
+  param = fma_(grad, T(-c.lr), param);
 }
 
 }  // namespace fused_amp::ops
