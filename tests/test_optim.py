@@ -431,3 +431,24 @@ def test_results_do_not_depend_on_param_alignment(dtype, op):
         assert_bitwise_equal(param, results[0][0])
         assert_bitwise_equal(master, results[0][1])
     assert torch.equal(results[0][0], results[0][1].to(dtype))
+
+
+def test_results_do_not_depend_on_thread_count():
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            gen = torch.Generator().manual_seed(0)
+            params = [torch.nn.Parameter(torch.randn(n, generator=gen).bfloat16()) for n in (70_001, 33, 40_000)]
+            opt = AdamW(params, lr=1e-2)
+            for _ in range(3):
+                for p in params:
+                    p.grad = torch.randn(p.shape, generator=gen).bfloat16()
+                opt.step()
+            results.append([opt.state[p]["master_param"].clone() for p in params])
+    finally:
+        torch.set_num_threads(before)
+    for other in results[1:]:
+        for a, b in zip(other, results[0]):
+            assert_bitwise_equal(a, b)
