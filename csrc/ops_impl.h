@@ -1,33 +1,105 @@
 #pragma once
-// The ops' device implementations, registered with the dispatcher in register.cpp (CPU) and
-// cuda/cuda_ops.cpp (CUDA). Argument meanings: see the schemas in register.cpp.
-#include <ATen/core/Tensor.h>
+// The ops' entry points, written once: each validates its arguments (core/) and hands them to
+// a device, which implements
+//   static void unscale(at::TensorList, at::Tensor& found_inf, const at::Tensor* inv_scale);
+//       (inv_scale null: non_finite_check_)
+//   static void update_scale(const core::ScaleTensors&, const ops::ScaleUpdateArgs&);
+//   static void adam(const core::AdamArgs&);
+//   static void sgd(const core::SgdArgs&);
+// register.cpp registers Entry<cpu::Device> for CPU, cuda/cuda_ops.cpp Entry<cuda::Device> for
+// CUDA. Argument meanings: the schemas in register.cpp.
 #include <ATen/core/List.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
 
 #include <optional>
 
-#define FUSED_AMP_DECLARE_OPS                                                                    \
-  void unscale_(at::TensorList tensors, at::Tensor& found_inf, const at::Tensor& inv_scale);    \
-  void non_finite_check_(at::TensorList tensors, at::Tensor& found_inf);                        \
-  void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf, \
-                     double growth_factor, double backoff_factor, int64_t growth_interval,      \
-                     int64_t hysteresis, const std::optional<at::Tensor>& hysteresis_tracker,   \
-                     std::optional<double> min_scale, std::optional<double> max_scale);         \
-  void adam_step_(at::TensorList params, at::TensorList grads,                                  \
-                  const c10::List<std::optional<at::Tensor>>& master_params,                   \
-                  at::TensorList exp_avgs, at::TensorList exp_avg_sqs,                          \
-                  at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr,              \
-                  const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,       \
-                  double eps, double weight_decay, bool amsgrad, bool maximize,                 \
-                  bool decoupled_weight_decay, const std::optional<at::Tensor>& inv_scale,      \
-                  const std::optional<at::Tensor>& found_inf);                                  \
-  void sgd_step_(at::TensorList params, at::TensorList grads,                                   \
-                 const c10::List<std::optional<at::Tensor>>& master_params,                    \
-                 at::TensorList momentum_buffers, at::TensorList steps, double lr,              \
-                 const std::optional<at::Tensor>& lr_tensor, double momentum, double dampening, \
-                 double weight_decay, bool nesterov, bool maximize,                             \
-                 const std::optional<at::Tensor>& inv_scale,                                    \
-                 const std::optional<at::Tensor>& found_inf);
+#include "core/step_args.h"
+#include "core/validate.h"
 
-namespace fused_amp::cpu { FUSED_AMP_DECLARE_OPS }
-namespace fused_amp::cuda { FUSED_AMP_DECLARE_OPS }
+namespace fused_amp {
+
+template <class Device>
+struct Entry {
+  static void unscale_(at::TensorList tensors, at::Tensor& found_inf, const at::Tensor& inv_scale) {
+    core::validate_unscale("unscale_", tensors, found_inf, &inv_scale);
+    Device::unscale(tensors, found_inf, &inv_scale);
+  }
+
+  static void non_finite_check_(at::TensorList tensors, at::Tensor& found_inf) {
+    core::validate_unscale("non_finite_check_", tensors, found_inf, nullptr);
+    Device::unscale(tensors, found_inf, nullptr);
+  }
+
+  static void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker,
+                            const at::Tensor& found_inf, double growth_factor,
+                            double backoff_factor, int64_t growth_interval, int64_t hysteresis,
+                            const std::optional<at::Tensor>& hysteresis_tracker,
+                            std::optional<double> min_scale, std::optional<double> max_scale) {
+    const ops::ScaleUpdateArgs args = core::update_scale_args(
+        scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval,
+        hysteresis, hysteresis_tracker, min_scale, max_scale);
+    Device::update_scale({scale, growth_tracker, found_inf,
+                          hysteresis_tracker && hysteresis_tracker->defined() ? &*hysteresis_tracker
+                                                                              : nullptr},
+                         args);
+  }
+
+  static void adam_step_(at::TensorList params, at::TensorList grads,
+                         const c10::List<std::optional<at::Tensor>>& master_params,
+                         at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                         at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr,
+                         const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,
+                         double eps, double weight_decay, bool amsgrad, bool maximize,
+                         bool decoupled_weight_decay, const std::optional<at::Tensor>& inv_scale,
+                         const std::optional<at::Tensor>& found_inf) {
+    const core::AdamArgs a = core::adam_args(
+        params, grads, master_params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, lr_tensor,
+        beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled_weight_decay, inv_scale,
+        found_inf);
+    if (!params.empty()) Device::adam(a);
+  }
+
+  static void sgd_step_(at::TensorList params, at::TensorList grads,
+                        const c10::List<std::optional<at::Tensor>>& master_params,
+                        at::TensorList momentum_buffers, at::TensorList steps, double lr,
+                        const std::optional<at::Tensor>& lr_tensor, double momentum,
+                        double dampening, double weight_decay, bool nesterov, bool maximize,
+                        const std::optional<at::Tensor>& inv_scale,
+                        const std::optional<at::Tensor>& found_inf) {
+    const core::SgdArgs a = core::sgd_args(params, grads, master_params, momentum_buffers, steps,
+                                           lr, lr_tensor, momentum, dampening, weight_decay,
+                                           nesterov, maximize, inv_scale, found_inf);
+    if (!params.empty()) Device::sgd(a);
+  }
+};
+
+// Registers the Entry of `Device` for the dispatch key of `m` (a TORCH_LIBRARY_IMPL block).
+template <class Device>
+void register_entries(torch::Library& m) {
+  m.impl("unscale_", &Entry<Device>::unscale_);
+  m.impl("non_finite_check_", &Entry<Device>::non_finite_check_);
+  m.impl("update_scale_", &Entry<Device>::update_scale_);
+  m.impl("adam_step_", &Entry<Device>::adam_step_);
+  m.impl("sgd_step_", &Entry<Device>::sgd_step_);
+}
+
+namespace cpu {
+struct Device {
+  static void unscale(at::TensorList tensors, at::Tensor& found_inf, const at::Tensor* inv_scale);
+  static void update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args);
+  static void adam(const core::AdamArgs& a);
+  static void sgd(const core::SgdArgs& a);
+};
+}  // namespace cpu
+
+namespace cuda {
+struct Device {
+  static void unscale(at::TensorList tensors, at::Tensor& found_inf, const at::Tensor* inv_scale);
+  static void update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args);
+  static void adam(const core::AdamArgs& a);
+  static void sgd(const core::SgdArgs& a);
+};
+}  // namespace cuda
+
+}  // namespace fused_amp

@@ -25,13 +25,7 @@ TORCH_LIBRARY(fused_amp, m) {
       "Tensor? inv_scale=None, Tensor? found_inf=None) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(fused_amp, CPU, m) {
-  m.impl("unscale_", &fused_amp::cpu::unscale_);
-  m.impl("non_finite_check_", &fused_amp::cpu::non_finite_check_);
-  m.impl("update_scale_", &fused_amp::cpu::update_scale_);
-  m.impl("adam_step_", &fused_amp::cpu::adam_step_);
-  m.impl("sgd_step_", &fused_amp::cpu::sgd_step_);
-}
+TORCH_LIBRARY_IMPL(fused_amp, CPU, m) { fused_amp::register_entries<fused_amp::cpu::Device>(m); }
 
 namespace {
 

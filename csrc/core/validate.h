@@ -37,6 +37,14 @@ namespace fused_amp::core {
 void validate_unscale(const char* op, at::TensorList tensors, const at::Tensor& found_inf,
                       const at::Tensor* inv_scale);
 
+// The tensors update_scale_ writes and reads; hysteresis_tracker is null without hysteresis.
+struct ScaleTensors {
+  const at::Tensor& scale;
+  const at::Tensor& growth_tracker;
+  const at::Tensor& found_inf;
+  const at::Tensor* hysteresis_tracker;
+};
+
 // update_scale_: fp32 scale, int32 trackers, fp32 found_inf, all one-element on one device;
 // returns the arguments of ops::update_scale.
 ops::ScaleUpdateArgs update_scale_args(const at::Tensor& scale, const at::Tensor& growth_tracker,

@@ -7,7 +7,6 @@
 
 #include "core/flat_range.h"
 #include "core/step_args.h"
-#include "core/validate.h"
 #include "cpu/loops.h"
 #include "ops/update_scale.h"
 #include "ops_impl.h"
@@ -98,55 +97,33 @@ void increment_steps(const core::StepTensors& s) {
 
 }  // namespace
 
-void unscale_(at::TensorList tensors, at::Tensor& found_inf, const at::Tensor& inv_scale) {
-  core::validate_unscale("unscale_", tensors, found_inf, &inv_scale);
-  const float inv = inv_scale.item<float>();
+void Device::unscale(at::TensorList tensors, at::Tensor& found_inf, const at::Tensor* inv_scale) {
+  const float inv = inv_scale ? inv_scale->item<float>() : 1.f;
   // x * 1 == x: with inv_scale 1 only the check is needed (torch skips the multiply too).
   if (unscale_all(tensors, inv, inv != 1.f)) found_inf.fill_(1.f);
 }
 
-void non_finite_check_(at::TensorList tensors, at::Tensor& found_inf) {
-  core::validate_unscale("non_finite_check_", tensors, found_inf, nullptr);
-  if (unscale_all(tensors, 1.f, false)) found_inf.fill_(1.f);
-}
-
-void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
-                   double growth_factor, double backoff_factor, int64_t growth_interval,
-                   int64_t hysteresis, const std::optional<at::Tensor>& hysteresis_tracker,
-                   std::optional<double> min_scale, std::optional<double> max_scale) {
-  const ops::ScaleUpdateArgs args = core::update_scale_args(
-      scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval, hysteresis,
-      hysteresis_tracker, min_scale, max_scale);
+void Device::update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args) {
   int overflows = 0;  // without hysteresis the count is not kept
-  int& overflows_in_row = hysteresis_tracker && hysteresis_tracker->defined()
-                              ? *hysteresis_tracker->data_ptr<int>() : overflows;
-  ops::update_scale(*scale.data_ptr<float>(), *growth_tracker.data_ptr<int>(), overflows_in_row,
-                    *found_inf.data_ptr<float>() != 0.f, args);
+  int& overflows_in_row = t.hysteresis_tracker ? *t.hysteresis_tracker->data_ptr<int>() : overflows;
+  ops::update_scale(*t.scale.data_ptr<float>(), *t.growth_tracker.data_ptr<int>(), overflows_in_row,
+                    *t.found_inf.data_ptr<float>() != 0.f, args);
 }
 
-void adam_step_(at::TensorList params, at::TensorList grads,
-                const c10::List<std::optional<at::Tensor>>& master_params, at::TensorList exp_avgs,
-                at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
-                double lr, const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,
-                double eps, double weight_decay, bool amsgrad, bool maximize,
-                bool decoupled_weight_decay, const std::optional<at::Tensor>& inv_scale,
-                const std::optional<at::Tensor>& found_inf) {
-  const core::AdamArgs a = core::adam_args(
-      params, grads, master_params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, lr_tensor,
-      beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled_weight_decay, inv_scale, found_inf);
+void Device::adam(const core::AdamArgs& a) {
   const core::StepTensors& s = a.tensors;
-  if (params.empty() || skip_step(s)) return;
-  const double step_lr_value = step_lr(s);
+  if (skip_step(s)) return;
+  const double lr = step_lr(s);
   const float inv = step_inv_scale(s);
   std::vector<ops::AdamCoeffs> coeffs;
-  coeffs.reserve(params.size());
-  for (size_t t = 0; t < params.size(); ++t) {
+  coeffs.reserve(s.params.size());
+  for (size_t t = 0; t < s.params.size(); ++t) {
     const float step = *s.steps[t].data_ptr<float>() + 1.f;
     // Params of a group almost always share their step: reuse the last coefficients.
     if (t > 0 && step == *s.steps[t - 1].data_ptr<float>() + 1.f) {
       coeffs.push_back(coeffs.back());
     } else {
-      coeffs.push_back(ops::adam_coeffs(a.hyper, step_lr_value, step, inv));
+      coeffs.push_back(ops::adam_coeffs(a.hyper, lr, step, inv));
     }
   }
   const Loops& k = loops();
@@ -154,24 +131,16 @@ void adam_step_(at::TensorList params, at::TensorList grads,
   increment_steps(s);
 }
 
-void sgd_step_(at::TensorList params, at::TensorList grads,
-               const c10::List<std::optional<at::Tensor>>& master_params,
-               at::TensorList momentum_buffers, at::TensorList steps, double lr,
-               const std::optional<at::Tensor>& lr_tensor, double momentum, double dampening,
-               double weight_decay, bool nesterov, bool maximize,
-               const std::optional<at::Tensor>& inv_scale, const std::optional<at::Tensor>& found_inf) {
-  const core::SgdArgs a = core::sgd_args(params, grads, master_params, momentum_buffers, steps, lr,
-                                         lr_tensor, momentum, dampening, weight_decay, nesterov,
-                                         maximize, inv_scale, found_inf);
+void Device::sgd(const core::SgdArgs& a) {
   const core::StepTensors& s = a.tensors;
-  if (params.empty() || skip_step(s)) return;
-  const double step_lr_value = step_lr(s);
+  if (skip_step(s)) return;
+  const double lr = step_lr(s);
   const float inv = step_inv_scale(s);
   std::vector<ops::SgdCoeffs> coeffs;
-  coeffs.reserve(params.size());
-  for (size_t t = 0; t < params.size(); ++t) {
+  coeffs.reserve(s.params.size());
+  for (size_t t = 0; t < s.params.size(); ++t) {
     const bool first = a.has_momentum && *s.steps[t].data_ptr<float>() == 0.f;
-    coeffs.push_back(ops::sgd_coeffs(a.hyper, step_lr_value, first, inv));
+    coeffs.push_back(ops::sgd_coeffs(a.hyper, lr, first, inv));
   }
   const Loops& k = loops();
   update_all(s, coeffs, k.sgd_float, k.sgd_half, k.sgd_bfloat16);

@@ -7,8 +7,6 @@
 
 #include <map>
 
-#include "core/step_args.h"
-#include "core/validate.h"
 #include "cuda/launch.h"
 #include "ops_impl.h"
 
@@ -83,9 +81,7 @@ void increment_all_steps(const core::StepTensors& st, cudaStream_t stream) {
 
 }  // namespace
 
-void unscale_impl(const char* op, at::TensorList tensors, at::Tensor& found_inf,
-                  const at::Tensor* inv_scale) {
-  core::validate_unscale(op, tensors, found_inf, inv_scale);
+void Device::unscale(at::TensorList tensors, at::Tensor& found_inf, const at::Tensor* inv_scale) {
   const c10::cuda::CUDAGuard guard(found_inf.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   std::map<int, std::vector<TensorPtrs>> by_dtype;
@@ -93,46 +89,21 @@ void unscale_impl(const char* op, at::TensorList tensors, at::Tensor& found_inf,
     by_dtype[static_cast<int>(t.scalar_type())].push_back(ptrs_of({t.data_ptr()}, t.numel()));
   }
   for (const auto& [dtype, list] : by_dtype) {
-    unscale(dtype_of(static_cast<at::ScalarType>(dtype)), list, found_inf.data_ptr<float>(),
+    cuda::unscale(dtype_of(static_cast<at::ScalarType>(dtype)), list, found_inf.data_ptr<float>(),
             inv_scale ? inv_scale->data_ptr<float>() : nullptr, stream);
   }
 }
 
-void unscale_(at::TensorList tensors, at::Tensor& found_inf, const at::Tensor& inv_scale) {
-  unscale_impl("unscale_", tensors, found_inf, &inv_scale);
+void Device::update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args) {
+  const c10::cuda::CUDAGuard guard(t.scale.device());
+  cuda::update_scale(t.scale.data_ptr<float>(), t.growth_tracker.data_ptr<int>(),
+                     t.hysteresis_tracker ? t.hysteresis_tracker->data_ptr<int>() : nullptr,
+                     t.found_inf.data_ptr<float>(), args, c10::cuda::getCurrentCUDAStream());
 }
 
-void non_finite_check_(at::TensorList tensors, at::Tensor& found_inf) {
-  unscale_impl("non_finite_check_", tensors, found_inf, nullptr);
-}
-
-void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker, const at::Tensor& found_inf,
-                   double growth_factor, double backoff_factor, int64_t growth_interval,
-                   int64_t hysteresis, const std::optional<at::Tensor>& hysteresis_tracker,
-                   std::optional<double> min_scale, std::optional<double> max_scale) {
-  const ops::ScaleUpdateArgs args = core::update_scale_args(
-      scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval, hysteresis,
-      hysteresis_tracker, min_scale, max_scale);
-  const c10::cuda::CUDAGuard guard(scale.device());
-  int* overflows = hysteresis_tracker && hysteresis_tracker->defined()
-                       ? hysteresis_tracker->data_ptr<int>() : nullptr;
-  update_scale(scale.data_ptr<float>(), growth_tracker.data_ptr<int>(), overflows,
-               found_inf.data_ptr<float>(), args, c10::cuda::getCurrentCUDAStream());
-}
-
-void adam_step_(at::TensorList params, at::TensorList grads,
-                const c10::List<std::optional<at::Tensor>>& master_params, at::TensorList exp_avgs,
-                at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs, at::TensorList steps,
-                double lr, const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,
-                double eps, double weight_decay, bool amsgrad, bool maximize,
-                bool decoupled_weight_decay, const std::optional<at::Tensor>& inv_scale,
-                const std::optional<at::Tensor>& found_inf) {
-  const core::AdamArgs a = core::adam_args(
-      params, grads, master_params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, lr_tensor,
-      beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled_weight_decay, inv_scale, found_inf);
+void Device::adam(const core::AdamArgs& a) {
   const core::StepTensors& st = a.tensors;
-  if (params.empty()) return;
-  const c10::cuda::CUDAGuard guard(params[0].device());
+  const c10::cuda::CUDAGuard guard(st.params[0].device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const Scalars sc = scalars_of(st);
   launch_groups(
@@ -144,23 +115,14 @@ void adam_step_(at::TensorList params, at::TensorList grads,
                        st.params[i].numel());
       },
       [&](Dtype dtype, bool has_master, const std::vector<TensorPtrs>& list) {
-        adam(dtype, has_master, list, a.hyper, sc.s, stream);
+        cuda::adam(dtype, has_master, list, a.hyper, sc.s, stream);
       });
   increment_all_steps(st, stream);
 }
 
-void sgd_step_(at::TensorList params, at::TensorList grads,
-               const c10::List<std::optional<at::Tensor>>& master_params,
-               at::TensorList momentum_buffers, at::TensorList steps, double lr,
-               const std::optional<at::Tensor>& lr_tensor, double momentum, double dampening,
-               double weight_decay, bool nesterov, bool maximize,
-               const std::optional<at::Tensor>& inv_scale, const std::optional<at::Tensor>& found_inf) {
-  const core::SgdArgs a = core::sgd_args(params, grads, master_params, momentum_buffers, steps, lr,
-                                         lr_tensor, momentum, dampening, weight_decay, nesterov,
-                                         maximize, inv_scale, found_inf);
+void Device::sgd(const core::SgdArgs& a) {
   const core::StepTensors& st = a.tensors;
-  if (params.empty()) return;
-  const c10::cuda::CUDAGuard guard(params[0].device());
+  const c10::cuda::CUDAGuard guard(st.params[0].device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const Scalars sc = scalars_of(st);
   launch_groups(
@@ -171,17 +133,11 @@ void sgd_step_(at::TensorList params, at::TensorList grads,
                        st.params[i].numel());
       },
       [&](Dtype dtype, bool has_master, const std::vector<TensorPtrs>& list) {
-        sgd(dtype, has_master, list, a.hyper, sc.s, stream);
+        cuda::sgd(dtype, has_master, list, a.hyper, sc.s, stream);
       });
   if (a.has_momentum) increment_all_steps(st, stream);
 }
 
 }  // namespace fused_amp::cuda
 
-TORCH_LIBRARY_IMPL(fused_amp, CUDA, m) {
-  m.impl("unscale_", &fused_amp::cuda::unscale_);
-  m.impl("non_finite_check_", &fused_amp::cuda::non_finite_check_);
-  m.impl("update_scale_", &fused_amp::cuda::update_scale_);
-  m.impl("adam_step_", &fused_amp::cuda::adam_step_);
-  m.impl("sgd_step_", &fused_amp::cuda::sgd_step_);
-}
+TORCH_LIBRARY_IMPL(fused_amp, CUDA, m) { fused_amp::register_entries<fused_amp::cuda::Device>(m); }
