@@ -53,10 +53,11 @@ struct Entry {
                          double eps, double weight_decay, bool amsgrad, bool maximize,
                          bool decoupled_weight_decay, const std::optional<at::Tensor>& inv_scale,
                          const std::optional<at::Tensor>& found_inf) {
-    const core::AdamArgs a = core::adam_args(
-        params, grads, master_params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, lr_tensor,
-        beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled_weight_decay, inv_scale,
-        found_inf);
+    const core::AdamArgs a{
+        core::validate_step("adam_step_", params, grads, master_params, exp_avgs, "exp_avgs",
+                            exp_avg_sqs, "exp_avg_sqs", max_exp_avg_sqs, "max_exp_avg_sqs", amsgrad,
+                            steps, true, lr, lr_tensor, inv_scale, found_inf),
+        {beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad, maximize}};
     if (!params.empty()) Device::adam(a);
   }
 
@@ -67,9 +68,13 @@ struct Entry {
                         double dampening, double weight_decay, bool nesterov, bool maximize,
                         const std::optional<at::Tensor>& inv_scale,
                         const std::optional<at::Tensor>& found_inf) {
-    const core::SgdArgs a = core::sgd_args(params, grads, master_params, momentum_buffers, steps,
-                                           lr, lr_tensor, momentum, dampening, weight_decay,
-                                           nesterov, maximize, inv_scale, found_inf);
+    const bool has_momentum = momentum != 0.0;
+    const core::SgdArgs a{
+        core::validate_step("sgd_step_", params, grads, master_params, {}, nullptr, {}, nullptr,
+                            momentum_buffers, "momentum_buffers", has_momentum, steps, has_momentum,
+                            lr, lr_tensor, inv_scale, found_inf),
+        {momentum, dampening, weight_decay, nesterov, maximize},
+        has_momentum};
     if (!params.empty()) Device::sgd(a);
   }
 };

@@ -85,33 +85,4 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
   return s;
 }
 
-AdamArgs adam_args(at::TensorList params, at::TensorList grads,
-                   const c10::List<std::optional<at::Tensor>>& master_params,
-                   at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                   at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr,
-                   const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,
-                   double eps, double weight_decay, bool amsgrad, bool maximize,
-                   bool decoupled_weight_decay, const std::optional<at::Tensor>& inv_scale,
-                   const std::optional<at::Tensor>& found_inf) {
-  return {validate_step("adam_step_", params, grads, master_params, exp_avgs, "exp_avgs",
-                        exp_avg_sqs, "exp_avg_sqs", max_exp_avg_sqs, "max_exp_avg_sqs", amsgrad,
-                        steps, true, lr, lr_tensor, inv_scale, found_inf),
-          {beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad, maximize}};
-}
-
-SgdArgs sgd_args(at::TensorList params, at::TensorList grads,
-                 const c10::List<std::optional<at::Tensor>>& master_params,
-                 at::TensorList momentum_buffers, at::TensorList steps, double lr,
-                 const std::optional<at::Tensor>& lr_tensor, double momentum, double dampening,
-                 double weight_decay, bool nesterov, bool maximize,
-                 const std::optional<at::Tensor>& inv_scale,
-                 const std::optional<at::Tensor>& found_inf) {
-  const bool has_momentum = momentum != 0.0;
-  return {validate_step("sgd_step_", params, grads, master_params, {}, nullptr, {}, nullptr,
-                        momentum_buffers, "momentum_buffers", has_momentum, steps, has_momentum,
-                        lr, lr_tensor, inv_scale, found_inf),
-          {momentum, dampening, weight_decay, nesterov, maximize},
-          has_momentum};
-}
-
 }  // namespace fused_amp::core

@@ -33,31 +33,15 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
                           const std::optional<at::Tensor>& inv_scale,
                           const std::optional<at::Tensor>& found_inf);
 
-// The validated arguments of adam_step_ and sgd_step_, as both devices need them.
+// The validated arguments of adam_step_ and sgd_step_, as the devices take them (ops_impl.h).
 struct AdamArgs {
   StepTensors tensors;
   ops::AdamHyper hyper;
 };
-AdamArgs adam_args(at::TensorList params, at::TensorList grads,
-                   const c10::List<std::optional<at::Tensor>>& master_params,
-                   at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                   at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr,
-                   const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,
-                   double eps, double weight_decay, bool amsgrad, bool maximize,
-                   bool decoupled_weight_decay, const std::optional<at::Tensor>& inv_scale,
-                   const std::optional<at::Tensor>& found_inf);
-
 struct SgdArgs {
   StepTensors tensors;
   ops::SgdHyper hyper;
   bool has_momentum;  // momentum buffers and step counts are kept only with momentum
 };
-SgdArgs sgd_args(at::TensorList params, at::TensorList grads,
-                 const c10::List<std::optional<at::Tensor>>& master_params,
-                 at::TensorList momentum_buffers, at::TensorList steps, double lr,
-                 const std::optional<at::Tensor>& lr_tensor, double momentum, double dampening,
-                 double weight_decay, bool nesterov, bool maximize,
-                 const std::optional<at::Tensor>& inv_scale,
-                 const std::optional<at::Tensor>& found_inf);
 
 }  // namespace fused_amp::core
