@@ -452,3 +452,16 @@ def test_results_do_not_depend_on_thread_count():
     for other in results[1:]:
         for a, b in zip(other, results[0]):
             assert_bitwise_equal(a, b)
+
+
+def test_changing_group_options_between_steps():
+    """The per-group lists kept between steps follow amsgrad and master_weights changes."""
+    model = make_model()
+    opt = Adam(model.parameters(), lr=1e-2, master_weights=False)
+    train(model, opt, 2)
+    opt.param_groups[0]["amsgrad"] = True
+    opt.param_groups[0]["master_weights"] = True
+    train(model, opt, 2)
+    for p in model.parameters():
+        assert "max_exp_avg_sq" in opt.state[p] and "master_param" in opt.state[p]
+        assert torch.equal(p, opt.state[p]["master_param"].to(p.dtype))

@@ -23,8 +23,6 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
     """
 
     _step_supports_amp_scaling = True
-    # fp32 state tensors shaped like the param, created zero-filled when a param first steps
-    _state_keys: tuple = ()
 
     def __init__(self, params, defaults):
         self._lists_cache: Dict[int, Any] = {}
@@ -44,7 +42,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
     # ---- state -------------------------------------------------------------------------
     def _state_keys_for(self, group) -> tuple:
-        return self._state_keys
+        """The fp32 state tensors shaped like the param, zero-filled when a param first steps."""
+        raise NotImplementedError
 
     def _init_state(self, p, group):
         state = self.state[p]
@@ -63,13 +62,16 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         Building these lists costs a few microseconds per param; when every param of the group
         has a grad (the usual case) they are kept, and only the grads are gathered anew."""
         grads = [p.grad for p in group["params"]]
-        cached = self._lists_cache.get(id(group))
-        if cached is not None and cached[0] is group and all(g is not None for g in grads):
-            for lists, indices in cached[1].values():
-                lists["grads"] = [grads[i] for i in indices]
-            return {device: lists for device, (lists, _) in cached[1].items()}
-        by_device: Dict[torch.device, Any] = defaultdict(lambda: (defaultdict(list), []))
         keys = self._state_keys_for(group)
+        # what the lists depend on besides the params: the state kept, and whether masters are
+        valid_for = (keys, group["master_weights"])
+        cached = self._lists_cache.get(id(group))
+        if (cached is not None and cached[0] is group and cached[1] == valid_for
+                and all(g is not None for g in grads)):
+            for lists, indices in cached[2].values():
+                lists["grads"] = [grads[i] for i in indices]
+            return {device: lists for device, (lists, _) in cached[2].items()}
+        by_device: Dict[torch.device, Any] = defaultdict(lambda: (defaultdict(list), []))
         for i, p in enumerate(group["params"]):
             if grads[i] is None:
                 continue
@@ -83,7 +85,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             for key in keys:
                 lists[key].append(state[key])
         if all(g is not None for g in grads):
-            self._lists_cache[id(group)] = (group, dict(by_device))
+            self._lists_cache[id(group)] = (group, valid_for, dict(by_device))
         return {device: lists for device, (lists, _) in by_device.items()}
 
     def _forget_lists(self):

@@ -39,7 +39,6 @@ class Adam(MasterWeightOptimizer):
             False, half params are updated in place (fp32 math and state, rounded each step).
     """
 
-    _state_keys = ("exp_avg", "exp_avg_sq")
     _decoupled_weight_decay = False
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3,
@@ -58,7 +57,7 @@ class Adam(MasterWeightOptimizer):
         super().__init__(params, defaults)
 
     def _state_keys_for(self, group):
-        return self._state_keys + (("max_exp_avg_sq",) if group["amsgrad"] else ())
+        return ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
 
     def _update(self, group, lists, lr, lr_tensor, inv_scale, found_inf):
         beta1, beta2 = group["betas"]
