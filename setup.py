@@ -2,13 +2,15 @@
 
 Environment variables read here (all documented in README.md):
   FUSED_AMP_CUDA        unset: CUDA when possible; 0: CPU only; 1: CUDA or fail.
-  TORCH_CUDA_ARCH_LIST  CUDA architectures (default: 8.0;8.6;8.9;9.0;10.0+PTX).
+  TORCH_CUDA_ARCH_LIST  CUDA architectures (default: 8.0;8.6;8.9;9.0;10.0+PTX, less those the
+                        installed nvcc cannot build).
   CUDA_HOME / CUDA_PATH the CUDA toolkit (default: /usr/local/cuda when it exists).
   MAX_JOBS              parallel compile jobs (read by torch's ninja builder).
 """
 import glob
 import os
 import shutil
+import subprocess
 
 from setuptools import setup
 
@@ -23,6 +25,19 @@ def _cuda_home():
     if home:
         os.environ["CUDA_HOME"] = home
     return home
+
+
+def _default_archs(cuda_home):
+    """DEFAULT_ARCHS less the architectures this nvcc cannot build (sm_100 needs CUDA 12.8)."""
+    nvcc = os.path.join(cuda_home or "", "bin", "nvcc")
+    try:
+        listed = subprocess.run([nvcc if os.path.exists(nvcc) else "nvcc", "--list-gpu-arch"],
+                                capture_output=True, text=True, check=True).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        return DEFAULT_ARCHS
+    known = {a.replace("compute_", "") for a in listed}
+    keep = [a.replace("+PTX", "") for a in DEFAULT_ARCHS.split(";") if a.replace("+PTX", "").replace(".", "") in known]
+    return ";".join(keep[:-1] + [keep[-1] + "+PTX"]) if keep else DEFAULT_ARCHS
 
 
 def _want_cuda(torch, cuda_home):
@@ -54,7 +69,7 @@ sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/core/*.cpp") + glob.g
 cxx_flags = ["-O3", "-fopenmp", "-ffp-contract=off", f'-DFUSED_AMP_TORCH_VERSION="{torch.__version__}"']
 link_flags = ["-fopenmp"]
 if with_cuda:
-    archs = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_ARCHS)
+    archs = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", _default_archs(cuda_home))
     sources += sorted(glob.glob("csrc/cuda/*.cpp") + glob.glob("csrc/cuda/*.cu"))
     cxx_flags += ["-DFUSED_AMP_WITH_CUDA", f'-DFUSED_AMP_CUDA_ARCHS="{archs}"']
     ext = CUDAExtension(
