@@ -22,7 +22,11 @@ build: $(STAMP)
 	@echo "compiled:" $$(grep -oE "csrc/[a-z0-9_/]+\.(cpp|cu) -o" build.log | sed 's/ -o//' | sort -u)
 	$(PY) -c "import fused_amp; print('fused_amp.build_info():', fused_amp.build_info())"
 
+# The CPU kernels exist once per instruction set; the numerics tests run on each of them
+# (ATEN_CPU_CAPABILITY picks torch's and ours alike), then the whole suite on the native one.
 test: build
+	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q tests/test_unscale.py tests/test_optim.py
+	ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -q tests/test_unscale.py tests/test_optim.py
 	$(PY) -m pytest -q tests
 
 bench: build

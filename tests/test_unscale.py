@@ -165,3 +165,14 @@ def test_cuda_many_tensors_and_unaligned_views():
     tensors[9_999][999] = float("nan")
     ops.unscale_(tensors, found, torch.full((1,), 0.5, device="cuda"))
     assert found.item() == 1.0
+
+
+def test_cpu_isa_follows_aten_cpu_capability():
+    """make test runs the numerics tests under ATEN_CPU_CAPABILITY=default and avx2 too; each
+    run must really use that build of the loops."""
+    import os
+    wanted = os.environ.get("ATEN_CPU_CAPABILITY")
+    if wanted is None:
+        pytest.skip("ATEN_CPU_CAPABILITY is not set in this run")
+    assert fused_amp.build_info()["cpu_isa"] == torch.backends.cpu.get_cpu_capability()
+    assert fused_amp.build_info()["cpu_isa"] == wanted.upper()
