@@ -36,7 +36,8 @@ def _default_archs(cuda_home):
     except (OSError, subprocess.CalledProcessError):
         return DEFAULT_ARCHS
     known = {a.replace("compute_", "") for a in listed}
-    keep = [a.replace("+PTX", "") for a in DEFAULT_ARCHS.split(";") if a.replace("+PTX", "").replace(".", "") in known]
+    archs = [a.replace("+PTX", "") for a in DEFAULT_ARCHS.split(";")]
+    keep = [a for a in archs if a.replace(".", "") in known]
     return ";".join(keep[:-1] + [keep[-1] + "+PTX"]) if keep else DEFAULT_ARCHS
 
 
