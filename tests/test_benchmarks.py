@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from benchmarks import harness, report, workloads
 from benchmarks.roofline import bytes_per_param

@@ -2,8 +2,6 @@
 from benchmarks import workloads
 from benchmarks.suites import optimizer
 
-IMPLS_NOTE = "fused_amp, torch_amp and torch_master, bf16"
-
 
 def cases(ctx):
     if ctx.quick:
