@@ -114,19 +114,21 @@ class GradScaler(torch.amp.GradScaler):
     # ---- unscaling and the overflow check ---------------------------------------------------
     @staticmethod
     def _grads_per_device(optimizer) -> Dict[torch.device, List[torch.Tensor]]:
-        grads = defaultdict(list)
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                if param.grad.is_sparse:
-                    # unscale the values of a coalesced sparse grad, as torch does
-                    if param.grad.dtype is torch.float16:
-                        param.grad = param.grad.coalesce()
-                    grads[param.grad.device].append(param.grad._values())
-                else:
-                    grads[param.grad.device].append(param.grad)
-        return grads
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grads = [p.grad for p in params]
+        if not any(g.is_sparse for g in grads):
+            if grads and all(g.device == grads[0].device for g in grads):  # the usual case, fast
+                return {grads[0].device: grads}
+        per_device = defaultdict(list)
+        for param in params:
+            if param.grad.is_sparse:
+                # unscale the values of a coalesced sparse grad, as torch does
+                if param.grad.dtype is torch.float16:
+                    param.grad = param.grad.coalesce()
+                per_device[param.grad.device].append(param.grad._values())
+            else:
+                per_device[param.grad.device].append(param.grad)
+        return per_device
 
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
         # allow_fp16 is ignored: fp16 grads are what half-precision training produces.

@@ -363,3 +363,22 @@ def test_cuda_graph_capture_of_the_whole_step():
     for a, b in zip(model.parameters(), ref_model.parameters()):
         assert torch.equal(a, b)
     assert scaler._scale.item() == ref_scaler._scale.item()
+
+
+def test_sparse_grads_unscaled_like_torch():
+    def run(scaler_cls):
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(50, 8, sparse=True)
+        opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+        scaler = scaler_cls("cpu", init_scale=256.0)
+        for step in range(3):
+            opt.zero_grad()
+            scaler.scale(emb(torch.tensor([[1, 2, 3, 2]]) + step).pow(2).sum()).backward()
+            scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+        return emb.weight.detach().clone(), scaler.get_scale()
+
+    (ours, ours_scale), (theirs, theirs_scale) = run(GradScaler), run(torch.amp.GradScaler)
+    assert_bitwise_equal(ours, theirs)
+    assert ours_scale == theirs_scale
