@@ -8,7 +8,7 @@ STAMP := $(VENV)/.fused_amp-deps
 
 .PHONY: test bench build deps clean
 
-$(STAMP):
+$(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip setuptools wheel
 	$(PY) -m pip install "$(TORCH_SPEC)" -r requirements-dev.txt
