@@ -60,23 +60,26 @@ Scalars scalars_of(const core::StepTensors& st) {
   return r;
 }
 
-// Params grouped by (dtype, has master), one launch sequence per group: `ptrs(i)` gives the
-// pointers of param i, `launch(dtype, has_master, list)` runs the group's kernel.
-template <class Ptrs, class Launch>
-void launch_groups(const core::StepTensors& st, Ptrs&& ptrs, Launch&& launch) {
+// One optimizer step on the current stream: params grouped by (dtype, has master), one launch
+// sequence per group (`ptrs(i)`: the pointers of param i; `kernel(...)`: a group's launch),
+// then the step counts (those that exist) incremented unless found_inf says overflow.
+template <class Ptrs, class Kernel>
+void optimizer_step(const core::StepTensors& st, Ptrs&& ptrs, Kernel&& kernel) {
+  const c10::cuda::CUDAGuard guard(st.params[0].device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const Scalars sc = scalars_of(st);
   std::map<std::pair<int, bool>, std::vector<TensorPtrs>> groups;
   for (size_t i = 0; i < st.params.size(); ++i) {
     groups[{static_cast<int>(st.params[i].scalar_type()), st.masters[i].defined()}].push_back(ptrs(i));
   }
   for (const auto& [key, list] : groups) {
-    launch(dtype_of(static_cast<at::ScalarType>(key.first)), key.second, list);
+    kernel(dtype_of(static_cast<at::ScalarType>(key.first)), key.second, list, sc.s, stream);
   }
-}
-
-void increment_all_steps(const core::StepTensors& st, cudaStream_t stream) {
-  std::vector<TensorPtrs> steps;
-  for (const auto& step : st.steps) steps.push_back(ptrs_of({step.data_ptr()}, 1));
-  increment_steps(steps, float_ptr(st.found_inf), stream);
+  if (!st.steps.empty()) {
+    std::vector<TensorPtrs> steps;
+    for (const auto& step : st.steps) steps.push_back(ptrs_of({step.data_ptr()}, 1));
+    increment_steps(steps, float_ptr(st.found_inf), stream);
+  }
 }
 
 }  // namespace
@@ -103,10 +106,7 @@ void Device::update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArg
 
 void Device::adam(const core::AdamArgs& a) {
   const core::StepTensors& st = a.tensors;
-  const c10::cuda::CUDAGuard guard(st.params[0].device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const Scalars sc = scalars_of(st);
-  launch_groups(
+  optimizer_step(
       st,
       [&](size_t i) {
         return ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), ptr_or_null(st.masters, i),
@@ -114,28 +114,21 @@ void Device::adam(const core::AdamArgs& a) {
                         st.steps[i].data_ptr()},
                        st.params[i].numel());
       },
-      [&](Dtype dtype, bool has_master, const std::vector<TensorPtrs>& list) {
-        cuda::adam(dtype, has_master, list, a.hyper, sc.s, stream);
-      });
-  increment_all_steps(st, stream);
+      [&](Dtype dtype, bool has_master, const std::vector<TensorPtrs>& list, const StepScalars& s,
+          cudaStream_t stream) { cuda::adam(dtype, has_master, list, a.hyper, s, stream); });
 }
 
 void Device::sgd(const core::SgdArgs& a) {
   const core::StepTensors& st = a.tensors;
-  const c10::cuda::CUDAGuard guard(st.params[0].device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const Scalars sc = scalars_of(st);
-  launch_groups(
+  optimizer_step(
       st,
       [&](size_t i) {
         return ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), ptr_or_null(st.masters, i),
                         ptr_or_null(st.aux, i), ptr_or_null(st.steps, i)},
                        st.params[i].numel());
       },
-      [&](Dtype dtype, bool has_master, const std::vector<TensorPtrs>& list) {
-        cuda::sgd(dtype, has_master, list, a.hyper, sc.s, stream);
-      });
-  if (a.has_momentum) increment_all_steps(st, stream);
+      [&](Dtype dtype, bool has_master, const std::vector<TensorPtrs>& list, const StepScalars& s,
+          cudaStream_t stream) { cuda::sgd(dtype, has_master, list, a.hyper, s, stream); });
 }
 
 }  // namespace fused_amp::cuda
