@@ -66,9 +66,9 @@ inline void store2(T* p, const OpVec<T>& a, const OpVec<T>& b) {
   }
 }
 
-// The same-width integer of each dtype, and its exponent field (ops/unscale.h).
-template <typename T>
-using Bits = std::conditional_t<sizeof(T) == 2, int16_t, std::conditional_t<sizeof(T) == 4, int32_t, int64_t>>;
+using ops::Bits;
+
+// The exponent field of each dtype (ops/unscale.h).
 template <typename T>
 constexpr Bits<T> exponent_of() {
   if constexpr (std::is_same_v<T, c10::Half>) return ops::kHalfExponent;

@@ -32,10 +32,9 @@ struct UnscaleFunctor {
   }
 };
 
-// The check alone, on the raw bits (ops::exponent_all_ones): no conversion, memory speed.
-template <typename T>
-using Bits = std::conditional_t<sizeof(T) == 2, int16_t, std::conditional_t<sizeof(T) == 4, int32_t, int64_t>>;
+using ops::Bits;
 
+// The check alone, on the raw bits (ops::exponent_all_ones): no conversion, memory speed.
 template <typename T>
 struct NonFiniteCheckFunctor {
   float* found_inf;

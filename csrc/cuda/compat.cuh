@@ -46,14 +46,15 @@ inline int fused_amp_sim_launches = 0;         // launches so far, for the tests
 
 namespace fused_amp::cuda {
 
-// The value a kernel computes with: fp32 for half types; other types as they are.
-FA_DEVICE float to_float(float x) { return x; }
-FA_DEVICE double to_float(double x) { return x; }
-FA_DEVICE float to_float(__half x) { return __half2float(x); }
-FA_DEVICE float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-FA_DEVICE int16_t to_float(int16_t x) { return x; }
-FA_DEVICE int32_t to_float(int32_t x) { return x; }
-FA_DEVICE int64_t to_float(int64_t x) { return x; }
+// The value a kernel computes with: fp32 for half types; other types (fp32, fp64, and the
+// integers the inf/NaN check reads the bits as) as they are.
+FA_DEVICE float widen(float x) { return x; }
+FA_DEVICE double widen(double x) { return x; }
+FA_DEVICE float widen(__half x) { return __half2float(x); }
+FA_DEVICE float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+FA_DEVICE int16_t widen(int16_t x) { return x; }
+FA_DEVICE int32_t widen(int32_t x) { return x; }
+FA_DEVICE int64_t widen(int64_t x) { return x; }
 
 // Round to nearest even, as torch's .to(dtype) does.
 template <typename T> FA_DEVICE T from_float(float x);

@@ -117,12 +117,12 @@ FA_DEVICE void load_ilp(R (&r)[kILP], const T* p, const IlpIndex& x) {
   if (x.packed) {
     const Pack<T> pk = *reinterpret_cast<const Pack<T>*>(p + x.base);
 #pragma unroll
-    for (int j = 0; j < kILP; ++j) r[j] = to_float(pk.v[j]);
+    for (int j = 0; j < kILP; ++j) r[j] = widen(pk.v[j]);
   } else {
 #pragma unroll
     for (int j = 0; j < kILP; ++j) {
       const int64_t i = x.base + j * x.stride;
-      r[j] = i < x.n ? static_cast<R>(to_float(p[i])) : R(0);
+      r[j] = i < x.n ? static_cast<R>(widen(p[i])) : R(0);
     }
   }
 }

@@ -1,5 +1,6 @@
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/common.h"
 
@@ -21,6 +22,11 @@ constexpr int16_t kHalfExponent = 0x7C00;
 constexpr int16_t kBFloat16Exponent = 0x7F80;
 constexpr int32_t kFloatExponent = 0x7F800000;
 constexpr int64_t kDoubleExponent = 0x7FF0000000000000LL;
+
+// The integer type with the width of T, to read T's bits as.
+template <typename T>
+using Bits = std::conditional_t<sizeof(T) == 2, int16_t,
+                                std::conditional_t<sizeof(T) == 4, int32_t, int64_t>>;
 
 template <typename I>
 FA_HD I exponent_all_ones(I bits, I exponent) {
