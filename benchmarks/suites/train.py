@@ -63,8 +63,9 @@ class Trainer:
 
     def step(self, x, y):
         self.opt.zero_grad(set_to_none=True)
-        for p in self.model.parameters():
-            p.grad = None
+        if self.impl == "torch_master":  # its optimizer holds the masters, not the model's params
+            for p in self.model.parameters():
+                p.grad = None
         loss = loss_of(self.name, self.model, x, y, self.dtype, self.device)
         if self.impl != "torch_master":
             self.scaler.scale(loss).backward()
