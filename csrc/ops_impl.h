@@ -1,7 +1,7 @@
 #pragma once
 // The ops' entry points, written once: each validates its arguments (core/) and hands them to
 // a device, which implements
-//   static void unscale(at::TensorList, at::Tensor& found_inf, const at::Tensor* inv_scale);
+//   static void unscale(at::TensorList, const at::Tensor& found_inf, const at::Tensor* inv_scale);
 //       (inv_scale null: non_finite_check_)
 //   static void update_scale(const core::ScaleTensors&, const ops::ScaleUpdateArgs&);
 //   static void adam(const core::AdamArgs&);
@@ -10,6 +10,7 @@
 // CUDA. Argument meanings: the schemas in register.cpp.
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -19,16 +20,28 @@
 
 namespace fused_amp {
 
+// What every entry point does around the work: the ATen calls made inside (staging copies,
+// reads of scalars) skip autograd and inference-mode checks, since the op itself was already
+// admitted; torch accepts a found_inf that requires grad and inference tensors alike.
+struct BelowAutograd {
+  c10::impl::ExcludeDispatchKeyGuard guard{c10::autograd_dispatch_keyset_with_ADInplaceOrView};
+};
+
 template <class Device>
 struct Entry {
   static void unscale_(at::TensorList tensors, at::Tensor& found_inf, const at::Tensor& inv_scale) {
-    core::validate_unscale("unscale_", tensors, found_inf, &inv_scale);
-    Device::unscale(tensors, found_inf, &inv_scale);
+    BelowAutograd below;
+    core::Staging staging;
+    const auto walked = core::validate_unscale("unscale_", tensors, found_inf, &inv_scale, &staging);
+    Device::unscale(walked, found_inf, &inv_scale);
+    staging.copy_back();
   }
 
   static void non_finite_check_(at::TensorList tensors, at::Tensor& found_inf) {
-    core::validate_unscale("non_finite_check_", tensors, found_inf, nullptr);
-    Device::unscale(tensors, found_inf, nullptr);
+    BelowAutograd below;
+    core::Staging staging;
+    const auto walked = core::validate_unscale("non_finite_check_", tensors, found_inf, nullptr, &staging);
+    Device::unscale(walked, found_inf, nullptr);
   }
 
   static void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker,
@@ -36,6 +49,7 @@ struct Entry {
                             double backoff_factor, int64_t growth_interval, int64_t hysteresis,
                             const std::optional<at::Tensor>& hysteresis_tracker,
                             std::optional<double> min_scale, std::optional<double> max_scale) {
+    BelowAutograd below;
     const ops::ScaleUpdateArgs args = core::update_scale_args(
         scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval,
         hysteresis, hysteresis_tracker, min_scale, max_scale);
@@ -43,6 +57,8 @@ struct Entry {
                           hysteresis_tracker && hysteresis_tracker->defined() ? &*hysteresis_tracker
                                                                               : nullptr},
                          args);
+    // torch._amp_update_scale_ returns the scale it updated in place, so its version moves
+    if (!scale.is_inference()) scale.unsafeGetTensorImpl()->bump_version();
   }
 
   static void adam_step_(at::TensorList params, at::TensorList grads,
@@ -52,13 +68,19 @@ struct Entry {
                          const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,
                          double eps, double weight_decay, bool amsgrad, bool maximize,
                          bool decoupled_weight_decay, const std::optional<at::Tensor>& inv_scale,
-                         const std::optional<at::Tensor>& found_inf) {
+                         const std::optional<at::Tensor>& found_inf, bool unscale_grads,
+                         bool check_only) {
+    BelowAutograd below;
+    core::Staging staging;
     const core::AdamArgs a{
         core::validate_step("adam_step_", params, grads, master_params, exp_avgs, "exp_avgs",
                             exp_avg_sqs, "exp_avg_sqs", max_exp_avg_sqs, "max_exp_avg_sqs", amsgrad,
-                            steps, true, lr, lr_tensor, inv_scale, found_inf),
+                            steps, true, lr, lr_tensor, inv_scale, found_inf, unscale_grads,
+                            check_only ? nullptr : &staging),
         {beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad, maximize}};
-    if (!params.empty()) Device::adam(a);
+    if (check_only || params.empty()) return;
+    Device::adam(a);
+    staging.copy_back();
   }
 
   static void sgd_step_(at::TensorList params, at::TensorList grads,
@@ -67,15 +89,21 @@ struct Entry {
                         const std::optional<at::Tensor>& lr_tensor, double momentum,
                         double dampening, double weight_decay, bool nesterov, bool maximize,
                         const std::optional<at::Tensor>& inv_scale,
-                        const std::optional<at::Tensor>& found_inf) {
+                        const std::optional<at::Tensor>& found_inf, bool unscale_grads,
+                        bool check_only) {
+    BelowAutograd below;
+    core::Staging staging;
     const bool has_momentum = momentum != 0.0;
     const core::SgdArgs a{
         core::validate_step("sgd_step_", params, grads, master_params, {}, nullptr, {}, nullptr,
                             momentum_buffers, "momentum_buffers", has_momentum, steps, has_momentum,
-                            lr, lr_tensor, inv_scale, found_inf),
+                            lr, lr_tensor, inv_scale, found_inf, unscale_grads,
+                            check_only ? nullptr : &staging),
         {momentum, dampening, weight_decay, nesterov, maximize},
         has_momentum};
-    if (!params.empty()) Device::sgd(a);
+    if (check_only || params.empty()) return;
+    Device::sgd(a);
+    staging.copy_back();
   }
 };
 
@@ -91,7 +119,7 @@ void register_entries(torch::Library& m) {
 
 namespace cpu {
 struct Device {
-  static void unscale(at::TensorList tensors, at::Tensor& found_inf, const at::Tensor* inv_scale);
+  static void unscale(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor* inv_scale);
   static void update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args);
   static void adam(const core::AdamArgs& a);
   static void sgd(const core::SgdArgs& a);
@@ -100,7 +128,7 @@ struct Device {
 
 namespace cuda {
 struct Device {
-  static void unscale(at::TensorList tensors, at::Tensor& found_inf, const at::Tensor* inv_scale);
+  static void unscale(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor* inv_scale);
   static void update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args);
   static void adam(const core::AdamArgs& a);
   static void sgd(const core::SgdArgs& a);

@@ -13,16 +13,18 @@ TORCH_LIBRARY(fused_amp, m) {
       "float growth_factor, float backoff_factor, int growth_interval, int hysteresis=1, "
       "Tensor(c!)? hysteresis_tracker=None, float? min_scale=None, float? max_scale=None) -> ()");
   m.def(
-      "adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)?[] master_params, "
+      "adam_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
       "Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, "
       "Tensor(f!)[] steps, *, float lr, Tensor? lr_tensor=None, float beta1, float beta2, "
       "float eps, float weight_decay, bool amsgrad, bool maximize, bool decoupled_weight_decay, "
-      "Tensor? inv_scale=None, Tensor? found_inf=None) -> ()");
+      "Tensor? inv_scale=None, Tensor? found_inf=None, bool unscale_grads=True, "
+      "bool check_only=False) -> ()");
   m.def(
-      "sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)?[] master_params, "
+      "sgd_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
       "Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, *, float lr, Tensor? lr_tensor=None, "
       "float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
-      "Tensor? inv_scale=None, Tensor? found_inf=None) -> ()");
+      "Tensor? inv_scale=None, Tensor? found_inf=None, bool unscale_grads=True, "
+      "bool check_only=False) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(fused_amp, CPU, m) { fused_amp::register_entries<fused_amp::cpu::Device>(m); }

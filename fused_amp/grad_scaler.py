@@ -1,6 +1,8 @@
 """A drop-in replacement for torch.amp.GradScaler, backed by the fused kernels."""
 from __future__ import annotations
 
+import inspect
+import numbers
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -51,6 +53,33 @@ class _HostFlag:
         return bool(self._host)
 
 
+_INT32_MAX = 2 ** 31 - 1
+
+
+def _check_options(growth_interval, hysteresis, min_scale, max_scale):
+    """Refuse up front what ``update()`` could not use (its trackers are int32, the scale fp32),
+    so that a bad value fails here and not in the middle of training. torch accepts any integer
+    ``growth_interval`` (0 or less: the scale never grows), and so do we, within int32."""
+    if isinstance(growth_interval, bool) or not isinstance(growth_interval, numbers.Integral):
+        raise TypeError(f"growth_interval must be an integer, got {growth_interval!r}")
+    if not -_INT32_MAX - 1 <= growth_interval <= _INT32_MAX:
+        raise ValueError(f"growth_interval must fit in int32, got {growth_interval}")
+    if isinstance(hysteresis, bool) or not isinstance(hysteresis, numbers.Integral):
+        raise TypeError(f"hysteresis must be an integer, got {hysteresis!r}")
+    if not 1 <= hysteresis <= _INT32_MAX:
+        raise ValueError(f"hysteresis must be at least 1 and fit in int32, got {hysteresis}")
+    for name, bound in (("min_scale", min_scale), ("max_scale", max_scale)):
+        if bound is None:
+            continue
+        if not isinstance(bound, numbers.Real):
+            raise TypeError(f"{name} must be a number or None, got {bound!r}")
+        as_fp32 = torch.tensor(float(bound), dtype=torch.float32).item()
+        if not 0 < as_fp32 < float("inf"):
+            raise ValueError(f"{name} must be a positive, finite float32 value (or None), got {bound}")
+    if min_scale is not None and max_scale is not None and min_scale > max_scale:
+        raise ValueError(f"min_scale ({min_scale}) is larger than max_scale ({max_scale})")
+
+
 class GradScaler(torch.amp.GradScaler):
     r"""Loss scaling for mixed-precision training; the same API and behaviour as
     :class:`torch.amp.GradScaler`, with fused kernels and no host sync.
@@ -83,13 +112,8 @@ class GradScaler(torch.amp.GradScaler):
                  growth_interval: int = 2000, enabled: bool = True, *, hysteresis: int = 1,
                  min_scale: Optional[float] = None, max_scale: Optional[float] = None,
                  track_overflows: bool = False) -> None:
+        _check_options(growth_interval, hysteresis, min_scale, max_scale)
         super().__init__(device, init_scale, growth_factor, backoff_factor, growth_interval, enabled)
-        if hysteresis < 1:
-            raise ValueError(f"hysteresis must be at least 1, got {hysteresis}")
-        if min_scale is not None and min_scale <= 0:
-            raise ValueError(f"min_scale must be positive, got {min_scale}")
-        if min_scale is not None and max_scale is not None and min_scale > max_scale:
-            raise ValueError(f"min_scale ({min_scale}) is larger than max_scale ({max_scale})")
         self._hysteresis = hysteresis
         self._hysteresis_tracker: Optional[torch.Tensor] = None
         self._init_hysteresis_tracker = 0
@@ -172,6 +196,16 @@ class GradScaler(torch.amp.GradScaler):
         optimizer_state = self._per_optimizer_states[id(optimizer)]
         if optimizer_state["stage"] is OptState.STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
+        if "grad_scaler" in inspect.signature(optimizer.step).parameters:
+            # torch's older protocol, deprecated: the optimizer asks the scaler itself
+            warnings.warn(
+                "GradScaler is going to stop passing itself as a keyword argument to the passed "
+                "optimizer. In the near future GradScaler registers `grad_scale: Tensor` and "
+                "`found_inf: Tensor` to the passed optimizer and let the optimizer use them directly.",
+                FutureWarning, stacklevel=2)
+            retval = optimizer.step(*args, **dict(kwargs, grad_scaler=self))
+            optimizer_state["stage"] = OptState.STEPPED
+            return retval
         # The step takes the scale and the overflow flag and skips on the device: no sync.
         if optimizer_state["stage"] is OptState.READY:
             self._check_inf_per_device(optimizer)
@@ -283,6 +317,14 @@ class GradScaler(torch.amp.GradScaler):
         return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        if self._enabled and state_dict:  # checked before anything is loaded
+            _check_options(state_dict.get("growth_interval", self._growth_interval),
+                           state_dict.get("hysteresis", self._hysteresis),
+                           state_dict.get("min_scale", self._min_scale),
+                           state_dict.get("max_scale", self._max_scale))
+            tracker = state_dict.get("_hysteresis_tracker", 0)
+            if isinstance(tracker, bool) or not isinstance(tracker, numbers.Integral) or not 0 <= tracker <= _INT32_MAX:
+                raise ValueError(f"_hysteresis_tracker must be an integer in int32, got {tracker!r}")
         super().load_state_dict(state_dict)
         if not self._enabled:
             return
@@ -296,4 +338,8 @@ class GradScaler(torch.amp.GradScaler):
     def __getstate__(self) -> Dict[str, Any]:
         state = super().__getstate__()
         state["_at_min_scale"] = _HostFlag()  # holds a CUDA event, which does not pickle
+        if self._enabled and self._hysteresis_tracker is not None:
+            # as torch keeps the growth tracker's progress: a value, the tensor made anew
+            state["_init_hysteresis_tracker"] = int(self._hysteresis_tracker.item())
+            state["_hysteresis_tracker"] = None
         return state

@@ -10,6 +10,19 @@ __all__ = ["unscale_", "non_finite_check_", "update_scale_", "adam_step_", "sgd_
 _ops = torch.ops.fused_amp
 
 
+def _tensors(op: str, name: str, tensors) -> List[torch.Tensor]:
+    if isinstance(tensors, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a list of tensors, got a single Tensor "
+                        f"(pass [{name}])")
+    return list(tensors)
+
+
+def _tensor(op: str, name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
+    return t
+
+
 def unscale_(tensors: Sequence[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
     r"""Multiply every tensor in place by ``inv_scale`` and flag non-finite values.
 
@@ -19,12 +32,14 @@ def unscale_(tensors: Sequence[torch.Tensor], found_inf: torch.Tensor, inv_scale
     fp32, fp16, bf16 and fp64 and hold empty tensors; all must be on ``found_inf``'s device.
     Bitwise equal to ``torch._amp_foreach_non_finite_check_and_unscale_``.
     """
-    _ops.unscale_(list(tensors), found_inf, inv_scale)
+    _ops.unscale_(_tensors("unscale_", "tensors", tensors), _tensor("unscale_", "found_inf", found_inf),
+                  _tensor("unscale_", "inv_scale", inv_scale))
 
 
 def non_finite_check_(tensors: Sequence[torch.Tensor], found_inf: torch.Tensor) -> None:
     """Set ``found_inf`` to 1.0 if any element of ``tensors`` is inf or NaN; reads only."""
-    _ops.non_finite_check_(list(tensors), found_inf)
+    _ops.non_finite_check_(_tensors("non_finite_check_", "tensors", tensors),
+                           _tensor("non_finite_check_", "found_inf", found_inf))
 
 
 def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: torch.Tensor,
@@ -40,7 +55,9 @@ def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: 
     N-th overflow in a row (``hysteresis_tracker``, an int32 tensor, counts them; a clean step
     resets it). ``min_scale``/``max_scale`` bound the scale.
     """
-    _ops.update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+    op = "update_scale_"
+    _ops.update_scale_(_tensor(op, "scale", scale), _tensor(op, "growth_tracker", growth_tracker),
+                       _tensor(op, "found_inf", found_inf), growth_factor, backoff_factor,
                        growth_interval, hysteresis, hysteresis_tracker, min_scale, max_scale)
 
 
@@ -51,19 +68,27 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
                beta1: float, beta2: float, eps: float, weight_decay: float, amsgrad: bool,
                maximize: bool, decoupled_weight_decay: bool,
                inv_scale: Optional[torch.Tensor] = None,
-               found_inf: Optional[torch.Tensor] = None) -> None:
+               found_inf: Optional[torch.Tensor] = None, unscale_grads: bool = True,
+               check_only: bool = False) -> None:
     """One fused Adam/AdamW step over all params; see ``fused_amp.optim.Adam`` for the rule.
 
     ``master_params[i]`` (fp32) holds the value of a half ``params[i]``, which receives
     ``master.to(dtype)``; ``None`` (or an empty list) updates the param in place. Grads are
-    multiplied by ``inv_scale`` when given. When ``found_inf`` is nonzero nothing is written and
-    ``steps`` stay as they are; otherwise each step is incremented.
+    multiplied by ``inv_scale`` when given and, with ``unscale_grads``, left unscaled in place
+    (as torch's fused optimizers leave them). When ``found_inf`` is nonzero nothing is written
+    and ``steps`` stay as they are; otherwise each step is incremented. ``check_only`` validates
+    the arguments and returns, so that a caller can check several calls before running any.
+    Tensors in other layouts than their param (or not dense) are handled through copies.
     """
-    _ops.adam_step_(params, grads, master_params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps,
+    op = "adam_step_"
+    _ops.adam_step_(_tensors(op, "params", params), _tensors(op, "grads", grads),
+                    _tensors(op, "master_params", master_params), _tensors(op, "exp_avgs", exp_avgs),
+                    _tensors(op, "exp_avg_sqs", exp_avg_sqs),
+                    _tensors(op, "max_exp_avg_sqs", max_exp_avg_sqs), _tensors(op, "steps", steps),
                     lr=lr, lr_tensor=lr_tensor, beta1=beta1, beta2=beta2, eps=eps,
                     weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
                     decoupled_weight_decay=decoupled_weight_decay, inv_scale=inv_scale,
-                    found_inf=found_inf)
+                    found_inf=found_inf, unscale_grads=unscale_grads, check_only=check_only)
 
 
 def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
@@ -71,17 +96,22 @@ def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
               steps: List[torch.Tensor], *, lr: float, lr_tensor: Optional[torch.Tensor] = None,
               momentum: float, dampening: float, weight_decay: float, nesterov: bool,
               maximize: bool, inv_scale: Optional[torch.Tensor] = None,
-              found_inf: Optional[torch.Tensor] = None) -> None:
+              found_inf: Optional[torch.Tensor] = None, unscale_grads: bool = True,
+              check_only: bool = False) -> None:
     """One fused SGD step over all params; see ``fused_amp.optim.SGD`` for the rule.
 
     With ``momentum != 0``, ``momentum_buffers`` and ``steps`` are required: a param whose step
-    is 0 starts its buffer from its gradient, as torch does. Masters, ``inv_scale`` and
-    ``found_inf`` as in :func:`adam_step_`.
+    is 0 starts its buffer from its gradient, as torch does. Masters, ``inv_scale``,
+    ``found_inf``, ``unscale_grads`` and ``check_only`` as in :func:`adam_step_`.
     """
-    _ops.sgd_step_(params, grads, master_params, momentum_buffers, steps, lr=lr,
-                   lr_tensor=lr_tensor, momentum=momentum, dampening=dampening,
+    op = "sgd_step_"
+    _ops.sgd_step_(_tensors(op, "params", params), _tensors(op, "grads", grads),
+                   _tensors(op, "master_params", master_params),
+                   _tensors(op, "momentum_buffers", momentum_buffers), _tensors(op, "steps", steps),
+                   lr=lr, lr_tensor=lr_tensor, momentum=momentum, dampening=dampening,
                    weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
-                   inv_scale=inv_scale, found_inf=found_inf)
+                   inv_scale=inv_scale, found_inf=found_inf, unscale_grads=unscale_grads,
+                   check_only=check_only)
 
 
 _fake.register(__all__)

@@ -101,7 +101,7 @@ def test_adam_matches_cpu_op(sim, large, dtype, master, aligned, amsgrad):
     zeros = lambda: [torch.zeros(p.shape) for p in params]  # noqa: E731
     state = dict(m=zeros(), v=zeros(), vmax=zeros() if amsgrad else [None] * len(params),
                  step=[torch.zeros(1) for _ in params])
-    ref_params = [p.clone() for p in params]
+    ref_params, ref_grads = [p.clone() for p in params], [g.clone() for g in grads]
     ref_masters = [m.clone() if m is not None else None for m in masters]
     ref = {k: [t.clone() if t is not None else None for t in v] for k, v in state.items()}
     inv = torch.tensor([0.5])
@@ -112,12 +112,13 @@ def test_adam_matches_cpu_op(sim, large, dtype, master, aligned, amsgrad):
             params, grads, masters, state["m"], state["v"], state["vmax"], state["step"])]
         sim.fa_sim_adam(DTYPE_CODE[dtype], int(master), len(params), ptr_array(rows),
                         numel_array(params), hyper, flags, ctypes.c_double(1e-2), None,
-                        fptr(inv), None, large)
-        ops.adam_step_(ref_params, grads, ref_masters if master else [], ref["m"], ref["v"],
+                        fptr(inv), None, 1, large)
+        ops.adam_step_(ref_params, ref_grads, ref_masters if master else [], ref["m"], ref["v"],
                        ref["vmax"] if amsgrad else [], ref["step"], lr=1e-2, beta1=0.9, beta2=0.99,
                        eps=1e-8, weight_decay=0.01, amsgrad=amsgrad, maximize=False,
                        decoupled_weight_decay=True, inv_scale=inv)
     for i in range(len(params)):
+        assert_bitwise_equal(grads[i], ref_grads[i])  # left unscaled, as the CPU op leaves them
         torch.testing.assert_close(params[i].float(), ref_params[i].float(), rtol=2e-6, atol=1e-7)
         torch.testing.assert_close(state["v"][i], ref["v"][i], rtol=2e-6, atol=1e-12)
         if master:
@@ -141,7 +142,7 @@ def test_sgd_matches_cpu_op(sim, large, momentum, nesterov):
     for _ in range(3):
         rows = [[p, g, m, b, s] for p, g, m, b, s in zip(params, grads, masters, bufs, steps)]
         sim.fa_sim_sgd(2, 1, len(params), ptr_array(rows), numel_array(params), hyper, flags,
-                       ctypes.c_double(0.1), None, None, large)
+                       ctypes.c_double(0.1), None, None, 0, large)
         ops.sgd_step_(ref_params, grads, ref_masters, ref_bufs, ref_steps, lr=0.1,
                       momentum=momentum, dampening=0.1, weight_decay=1e-3, nesterov=nesterov,
                       maximize=False)
@@ -155,11 +156,11 @@ def test_overflow_step_changes_nothing(sim):
     params, grads, masters = optimizer_lists(torch.float16, True, gen, aligned=True)
     state = [[torch.randn(p.shape, generator=gen) for p in params] for _ in range(2)]
     steps = [torch.full((1,), 5.0) for _ in params]
-    snapshot = [t.clone() for t in params + masters + state[0] + state[1] + steps]
+    snapshot = [t.clone() for t in params + grads + masters + state[0] + state[1] + steps]
     rows = [[p, g, m, a, b, None, s] for p, g, m, a, b, s in zip(params, grads, masters, *state, steps)]
     hyper = (ctypes.c_double * 4)(0.9, 0.999, 1e-8, 0.0)
     flags = (ctypes.c_int * 3)(0, 0, 0)
     sim.fa_sim_adam(1, 1, len(params), ptr_array(rows), numel_array(params), hyper, flags,
-                    ctypes.c_double(1e-3), None, None, fptr(torch.ones(1)), 0)
-    for a, b in zip(params + masters + state[0] + state[1] + steps, snapshot):
+                    ctypes.c_double(1e-3), None, fptr(torch.tensor([0.5])), fptr(torch.ones(1)), 1, 0)
+    for a, b in zip(params + grads + masters + state[0] + state[1] + steps, snapshot):
         assert torch.equal(a, b)

@@ -346,10 +346,10 @@ def adam_lists(n=3, dtype=torch.bfloat16):
     ("grads", 2, torch.randn(4, 4, device="meta").bfloat16(), ValueError, r"grads\[2\] is on meta"),
     ("master_params", 1, torch.zeros(4, 4).half(), TypeError, r"master_params\[1\] has dtype Half"),
     ("exp_avgs", 2, torch.zeros(16), ValueError, r"exp_avgs\[2\] has shape \[16\]"),
-    ("exp_avg_sqs", 1, torch.zeros(4, 8)[:, ::2], ValueError, r"exp_avg_sqs\[1\] has strides"),
+    ("exp_avg_sqs", 1, torch.zeros(1).expand(4, 4), ValueError, r"exp_avg_sqs\[1\] has elements that share"),
     ("steps", 0, torch.zeros(2), ValueError, r"steps\[0\] must have exactly one element"),
     ("params", 2, torch.randn(4, 4).to(torch.int32), TypeError, r"params\[2\] has dtype Int"),
-    ("params", 1, torch.randn(4, 8).bfloat16()[:, ::2], ValueError, r"params\[1\] is not contiguous"),
+    ("params", 1, torch.randn(4, 1).bfloat16().expand(4, 4), ValueError, r"params\[1\] has elements that share"),
 ])
 def test_adam_op_refuses_bad_lists_before_any_update(key, index, bad, exc, match):
     lists = adam_lists()
@@ -382,13 +382,6 @@ def test_transposed_params_are_updated_in_their_layout():
     Adam([p], lr=0.1).step()
     torch.optim.Adam([ref], lr=0.1, fused=True).step()
     assert_bitwise_equal(p.detach().contiguous(), ref.detach())
-
-
-def test_grad_with_other_layout_than_param_refused():
-    p = torch.nn.Parameter(torch.randn(8, 6))
-    p.grad = torch.randn(6, 8).t()
-    with pytest.raises(ValueError, match="strides"):
-        Adam([p], lr=0.1).step()
 
 
 # ---- CUDA ---------------------------------------------------------------------------------

@@ -9,15 +9,25 @@ namespace fused_amp::core {
 namespace {
 
 void check_states(const char* op, const char* name, at::TensorList list, bool needed,
-                  const StepTensors& s, std::vector<at::Tensor>& out) {
+                  at::TensorList params, std::vector<at::Tensor>& out) {
   if (!needed) {
     TORCH_CHECK_VALUE(list.empty(), op, ": ", name, " must be empty here, got ", list.size(),
                       " tensors");
     return;
   }
-  check_length(op, name, list.size(), s.params.size(), false);
-  for (size_t i = 0; i < list.size(); ++i) check_partner(op, name, i, list[i], s.params[i], at::kFloat);
+  check_length(op, name, list.size(), params.size(), false);
+  for (size_t i = 0; i < list.size(); ++i) {
+    check_partner(op, name, i, list[i], params[i], at::kFloat, true);
+  }
   out = list.vec();
+}
+
+void check_lr_tensor(const char* op, const at::Tensor& t, const at::Device& device) {
+  TORCH_CHECK_VALUE(t.numel() == 1, op, ": lr_tensor must have one element, got shape ", t.sizes());
+  TORCH_CHECK_TYPE(!t.is_complex() && t.scalar_type() != at::kBool, op,
+                   ": lr_tensor must be a real number, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.device() == device || t.device().is_cpu(), op, ": lr_tensor is on ",
+                    t.device(), " but params are on ", device);
 }
 
 }  // namespace
@@ -30,32 +40,52 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
                           at::TensorList steps, bool need_steps, double lr,
                           const std::optional<at::Tensor>& lr_tensor,
                           const std::optional<at::Tensor>& inv_scale,
-                          const std::optional<at::Tensor>& found_inf) {
+                          const std::optional<at::Tensor>& found_inf, bool unscale_grads,
+                          Staging* staging) {
   StepTensors s;
-  s.params = params.vec();
   s.lr = lr;
-  if (params.empty()) return s;
-  const at::Device device = params[0].device();
-  check_list(op, "params", params, device, is_reduced_or_float, "float32, float16 and bfloat16");
   check_length(op, "grads", grads.size(), params.size(), false);
-  for (size_t i = 0; i < grads.size(); ++i) {
-    check_partner(op, "grads", i, grads[i], params[i], params[i].scalar_type());
-  }
-  s.grads = grads.vec();
-
   check_length(op, "master_params", master_params.size(), params.size(), true);
+  if (params.empty()) {  // nothing to update; the other lists must be empty too
+    check_states(op, states_a_name, states_a, false, params, s.states_a);
+    check_states(op, states_b_name, states_b, false, params, s.states_b);
+    check_states(op, aux_name, aux, false, params, s.aux);
+    TORCH_CHECK_VALUE(steps.empty(), op, ": steps has ", steps.size(), " tensors but params has 0");
+    return s;
+  }
+  const at::Device device = params[0].device();
+  if (inv_scale.has_value() && inv_scale->defined()) {
+    check_scalar(op, "inv_scale", *inv_scale, device);
+    s.inv_scale = *inv_scale;
+  }
+  if (found_inf.has_value() && found_inf->defined()) {
+    check_scalar(op, "found_inf", *found_inf, device);
+    s.found_inf = *found_inf;
+  }
+  if (lr_tensor.has_value() && lr_tensor->defined()) {
+    check_lr_tensor(op, *lr_tensor, device);
+    s.lr_tensor = *lr_tensor;
+  }
+  s.write_grads = unscale_grads && s.inv_scale.has_value();
+  check_list(op, "params", params, device, is_reduced_or_float, "float32, float16 and bfloat16",
+             true);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    check_partner(op, "grads", i, grads[i], params[i], params[i].scalar_type(), s.write_grads);
+  }
+  s.params = params.vec();
+  s.grads = grads.vec();
   s.masters.resize(params.size());
   for (size_t i = 0; i < master_params.size(); ++i) {
     const std::optional<at::Tensor> m = master_params[i];
     if (!m.has_value() || !m->defined()) continue;
     TORCH_CHECK_VALUE(params[i].scalar_type() != at::kFloat, op, ": master_params[", i,
                       "] is given but params[", i, "] is float32, which is updated in place");
-    check_partner(op, "master_params", i, *m, params[i], at::kFloat);
+    check_partner(op, "master_params", i, *m, params[i], at::kFloat, true);
     s.masters[i] = *m;
   }
-  check_states(op, states_a_name, states_a, states_a_name != nullptr, s, s.states_a);
-  check_states(op, states_b_name, states_b, states_b_name != nullptr, s, s.states_b);
-  check_states(op, aux_name, aux, need_aux, s, s.aux);
+  check_states(op, states_a_name, states_a, states_a_name != nullptr, params, s.states_a);
+  check_states(op, states_b_name, states_b, states_b_name != nullptr, params, s.states_b);
+  check_states(op, aux_name, aux, need_aux, params, s.aux);
   if (need_steps) {
     check_length(op, "steps", steps.size(), params.size(), false);
     for (size_t i = 0; i < steps.size(); ++i) {
@@ -65,22 +95,15 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
   } else {
     TORCH_CHECK_VALUE(steps.empty(), op, ": steps must be empty here, got ", steps.size());
   }
-  if (lr_tensor.has_value() && lr_tensor->defined()) {
-    const at::Tensor& t = *lr_tensor;
-    TORCH_CHECK_VALUE(t.numel() == 1, op, ": lr_tensor must have one element, got shape ", t.sizes());
-    TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, op,
-                     ": lr_tensor must be float32 or float64, got ", t.scalar_type());
-    TORCH_CHECK_VALUE(t.device() == device || t.device().is_cpu(), op, ": lr_tensor is on ",
-                      t.device(), " but params are on ", device);
-    s.lr_tensor = t;
-  }
-  if (inv_scale.has_value() && inv_scale->defined()) {
-    check_scalar(op, "inv_scale", *inv_scale, device);
-    s.inv_scale = *inv_scale;
-  }
-  if (found_inf.has_value() && found_inf->defined()) {
-    check_scalar(op, "found_inf", *found_inf, device);
-    s.found_inf = *found_inf;
+  if (!staging) return s;
+  // Every check has passed: stage what the kernels cannot walk as it is.
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    const std::vector<int64_t> strides = Staging::reference_strides(s.params[i]);
+    s.params[i] = staging->input(s.params[i], strides, true);
+    s.grads[i] = staging->input(s.grads[i], strides, s.write_grads);
+    for (auto* list : {&s.masters, &s.states_a, &s.states_b, &s.aux}) {
+      if (!list->empty() && (*list)[i].defined()) (*list)[i] = staging->input((*list)[i], strides, true);
+    }
   }
   return s;
 }

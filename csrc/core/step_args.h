@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/validate.h"
 #include "ops/adam.h"
 #include "ops/sgd.h"
 #include "ops/update_scale.h"
@@ -18,11 +19,13 @@ struct StepTensors {
   // Adam: exp_avgs, exp_avg_sqs, max_exp_avg_sqs (amsgrad); SGD: momentum_buffers in aux.
   std::optional<at::Tensor> lr_tensor, inv_scale, found_inf;
   double lr = 0.0;
+  bool write_grads = false;  // leave the grads unscaled (by inv_scale), as torch's fused steps do
 };
 
-// Checks every list against params (length, device, shape, strides, dtype) and the scalars
-// (lr_tensor, inv_scale, found_inf); raises before anything is touched. `need_*` says which
-// lists the update reads: a list that is not needed must be empty.
+// Checks every list against params (length, device, shape, dtype) and the scalars (lr_tensor,
+// inv_scale, found_inf); raises before anything is touched. `need_*` says which lists the
+// update reads: a list that is not needed must be empty. With `staging`, tensors whose layout
+// the kernels cannot walk are replaced by staged copies (core::Staging); without, only checks.
 StepTensors validate_step(const char* op, at::TensorList params, at::TensorList grads,
                           const c10::List<std::optional<at::Tensor>>& master_params,
                           at::TensorList states_a, const char* states_a_name,
@@ -31,7 +34,8 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
                           at::TensorList steps, bool need_steps, double lr,
                           const std::optional<at::Tensor>& lr_tensor,
                           const std::optional<at::Tensor>& inv_scale,
-                          const std::optional<at::Tensor>& found_inf);
+                          const std::optional<at::Tensor>& found_inf, bool unscale_grads,
+                          Staging* staging);
 
 // The validated arguments of adam_step_ and sgd_step_, as the devices take them (ops_impl.h).
 struct AdamArgs {

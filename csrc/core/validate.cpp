@@ -1,6 +1,12 @@
 #include "core/validate.h"
 
+#include <ATen/MemoryOverlap.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/util/strides.h>
 #include <c10/util/Exception.h>
+
+#include <cmath>
+#include <limits>
 
 namespace fused_amp::core {
 
@@ -15,8 +21,47 @@ at::Device list_device(const char* op, const char* name, at::TensorList list) {
   return list[0].device();
 }
 
+namespace {
+
+void check_no_overlap(const char* op, const char* name, size_t i, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(at::has_internal_overlap(t) != at::MemOverlap::Yes, op, ": ", name, "[", i,
+                    "] has elements that share memory (sizes ", t.sizes(), ", strides ",
+                    t.strides(), ", e.g. from expand()); the op writes it, so pass a tensor whose "
+                    "elements are distinct (.clone())");
+}
+
+// Dense, and the same strides wherever the size is > 1 (a size-1 dim may carry any stride).
+bool has_layout(const at::Tensor& t, at::IntArrayRef strides) {
+  if (!t.is_non_overlapping_and_dense()) return false;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1 && t.stride(d) != strides[d]) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+at::Tensor Staging::input(const at::Tensor& t, at::IntArrayRef strides, bool written) {
+  if (has_layout(t, strides)) return t;
+  at::Tensor staged = at::empty_strided(t.sizes(), strides, t.options());
+  staged.copy_(t);
+  if (written) written_.emplace_back(t, staged);
+  return staged;
+}
+
+std::vector<int64_t> Staging::reference_strides(const at::Tensor& param) {
+  if (param.is_non_overlapping_and_dense()) return param.strides().vec();
+  const auto strides = c10::contiguous_strides(param.sizes());
+  return {strides.begin(), strides.end()};
+}
+
+void Staging::copy_back() {
+  for (auto& [user, staged] : written_) user.copy_(staged);
+  written_.clear();
+}
+
 void check_list(const char* op, const char* name, at::TensorList list, const at::Device& device,
-                bool (*allowed)(at::ScalarType), const char* allowed_text) {
+                bool (*allowed)(at::ScalarType), const char* allowed_text, bool written) {
   for (size_t i = 0; i < list.size(); ++i) {
     const at::Tensor& t = list[i];
     TORCH_CHECK_VALUE(t.defined(), op, ": ", name, "[", i, "] is undefined");
@@ -26,9 +71,7 @@ void check_list(const char* op, const char* name, at::TensorList list, const at:
                       " but the tensors are on ", device, "; all tensors must be on one device");
     TORCH_CHECK_TYPE(allowed(t.scalar_type()), op, ": ", name, "[", i, "] has dtype ",
                      t.scalar_type(), "; supported dtypes are ", allowed_text);
-    TORCH_CHECK_VALUE(t.is_non_overlapping_and_dense(), op, ": ", name, "[", i,
-                      "] is not contiguous (its elements overlap or leave gaps: sizes ", t.sizes(),
-                      ", strides ", t.strides(), "); pass a contiguous tensor");
+    if (written) check_no_overlap(op, name, i, t);
   }
 }
 
@@ -50,7 +93,7 @@ void check_length(const char* op, const char* name, size_t got, size_t want, boo
 }
 
 void check_partner(const char* op, const char* name, size_t i, const at::Tensor& t,
-                   const at::Tensor& param, at::ScalarType dtype) {
+                   const at::Tensor& param, at::ScalarType dtype, bool written) {
   TORCH_CHECK_VALUE(t.defined(), op, ": ", name, "[", i, "] is undefined");
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", name, "[", i,
                     "] is sparse; sparse gradients are not supported");
@@ -61,21 +104,26 @@ void check_partner(const char* op, const char* name, size_t i, const at::Tensor&
                     " but params[", i, "] has shape ", param.sizes());
   TORCH_CHECK_TYPE(t.scalar_type() == dtype, op, ": ", name, "[", i, "] has dtype ",
                    t.scalar_type(), ", expected ", dtype);
-  TORCH_CHECK_VALUE(t.strides() == param.strides(), op, ": ", name, "[", i, "] has strides ",
-                    t.strides(), " but params[", i, "] has strides ", param.strides(),
-                    "; the update is element-wise over memory, so both need the same layout");
+  if (written) check_no_overlap(op, name, i, t);
 }
 
 }  // namespace fused_amp::core
 
 namespace fused_amp::core {
 
-void validate_unscale(const char* op, at::TensorList tensors, const at::Tensor& found_inf,
-                      const at::Tensor* inv_scale) {
+std::vector<at::Tensor> validate_unscale(const char* op, at::TensorList tensors,
+                                         const at::Tensor& found_inf, const at::Tensor* inv_scale,
+                                         Staging* staging) {
   check_scalar(op, "found_inf", found_inf, found_inf.device());
   if (inv_scale) check_scalar(op, "inv_scale", *inv_scale, found_inf.device());
+  const bool written = inv_scale != nullptr;
   check_list(op, "tensors", tensors, found_inf.device(), is_floating_with_double,
-             "float32, float16, bfloat16 and float64");
+             "float32, float16, bfloat16 and float64", written);
+  std::vector<at::Tensor> out;
+  if (!staging) return out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) out.push_back(staging->input(t, Staging::reference_strides(t), written));
+  return out;
 }
 
 ops::ScaleUpdateArgs update_scale_args(const at::Tensor& scale, const at::Tensor& growth_tracker,
@@ -88,16 +136,26 @@ ops::ScaleUpdateArgs update_scale_args(const at::Tensor& scale, const at::Tensor
   check_scalar(op, "scale", scale, device);
   check_scalar(op, "growth_tracker", growth_tracker, device, at::kInt);
   check_scalar(op, "found_inf", found_inf, device);
-  TORCH_CHECK_VALUE(growth_interval > 0, op, ": growth_interval must be positive, got ",
-                    growth_interval);
-  TORCH_CHECK_VALUE(hysteresis >= 1, op, ": hysteresis must be at least 1, got ", hysteresis);
+  // The trackers are int32, as torch's: values they cannot hold are refused, not wrapped.
+  // (growth_interval <= 0 is accepted, as torch accepts it: the scale then never grows.)
+  constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
+  TORCH_CHECK_VALUE(growth_interval >= std::numeric_limits<int32_t>::min() &&
+                        growth_interval <= kIntMax,
+                    op, ": growth_interval must fit in int32, got ", growth_interval);
+  TORCH_CHECK_VALUE(hysteresis >= 1 && hysteresis <= kIntMax, op,
+                    ": hysteresis must be at least 1 and fit in int32, got ", hysteresis);
   TORCH_CHECK_VALUE(hysteresis == 1 || (hysteresis_tracker && hysteresis_tracker->defined()), op,
                     ": hysteresis=", hysteresis, " needs a hysteresis_tracker tensor");
   if (hysteresis_tracker && hysteresis_tracker->defined()) {
     check_scalar(op, "hysteresis_tracker", *hysteresis_tracker, device, at::kInt);
   }
-  TORCH_CHECK_VALUE(!min_scale || *min_scale > 0, op, ": min_scale must be positive, got ",
-                    min_scale.value_or(0));
+  // The scale is fp32: a bound must be a positive fp32 value, not one that rounds to 0 or inf.
+  for (const auto& [name, bound] : {std::pair{"min_scale", min_scale}, std::pair{"max_scale", max_scale}}) {
+    if (!bound) continue;
+    const float as_float = static_cast<float>(*bound);
+    TORCH_CHECK_VALUE(as_float > 0.f && std::isfinite(as_float), op, ": ", name,
+                      " must be a positive, finite float32 value, got ", *bound);
+  }
   TORCH_CHECK_VALUE(!min_scale || !max_scale || *min_scale <= *max_scale, op, ": min_scale (",
                     min_scale.value_or(0), ") is larger than max_scale (", max_scale.value_or(0), ")");
   return {growth_factor,

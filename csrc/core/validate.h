@@ -4,13 +4,17 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <utility>
+#include <vector>
+
 #include "ops/update_scale.h"
 
 namespace fused_amp::core {
 
-// Every tensor of `list` is dense, on `device`, and of a floating dtype accepted by `allowed`.
+// Every tensor of `list` is strided, on `device`, and of a floating dtype accepted by `allowed`;
+// when the op writes it (`written`), no two of its elements share memory.
 void check_list(const char* op, const char* name, at::TensorList list, const at::Device& device,
-                bool (*allowed)(at::ScalarType), const char* allowed_text);
+                bool (*allowed)(at::ScalarType), const char* allowed_text, bool written);
 
 // A one-element fp32 tensor on `device` (found_inf, inv_scale, scale, ...).
 void check_scalar(const char* op, const char* name, const at::Tensor& t, const at::Device& device,
@@ -19,9 +23,27 @@ void check_scalar(const char* op, const char* name, const at::Tensor& t, const a
 // `list` has as many tensors as the params (or none, when `may_be_empty`).
 void check_length(const char* op, const char* name, size_t got, size_t want, bool may_be_empty);
 
-// `t` (element i of `name`) matches params[i] in device, shape and strides, and has `dtype`.
+// `t` (element i of `name`) matches params[i] in device and shape, and has `dtype`; when the op
+// writes it, no two of its elements share memory. Its layout may differ (see Staging).
 void check_partner(const char* op, const char* name, size_t i, const at::Tensor& t,
-                   const at::Tensor& param, at::ScalarType dtype);
+                   const at::Tensor& param, at::ScalarType dtype, bool written);
+
+// The kernels walk each tensor as one flat run of memory, in the same element order as its
+// param. A tensor that is not dense, or is laid out otherwise than its param (a transposed
+// grad, state saved in another memory format), is staged: the kernel gets a dense copy in the
+// reference layout, and the copies of tensors the op writes go back once the kernel has run.
+// The usual dense case costs a layout comparison and nothing more.
+class Staging {
+ public:
+  // `t` itself when it already has the layout (sizes, strides), else a staged copy.
+  at::Tensor input(const at::Tensor& t, at::IntArrayRef strides, bool written);
+  // The layout the partners of `param` are walked in: its own when dense, else contiguous.
+  static std::vector<int64_t> reference_strides(const at::Tensor& param);
+  void copy_back();
+
+ private:
+  std::vector<std::pair<at::Tensor, at::Tensor>> written_;  // (user tensor, staged copy)
+};
 
 bool is_reduced_or_float(at::ScalarType t);      // fp32, fp16, bf16
 bool is_floating_with_double(at::ScalarType t);  // fp64 too
@@ -33,9 +55,11 @@ at::Device list_device(const char* op, const char* name, at::TensorList list);
 
 namespace fused_amp::core {
 
-// unscale_ / non_finite_check_: tensors on found_inf's device, fp32/fp16/bf16/fp64, dense.
-void validate_unscale(const char* op, at::TensorList tensors, const at::Tensor& found_inf,
-                      const at::Tensor* inv_scale);
+// unscale_ / non_finite_check_: tensors on found_inf's device, fp32/fp16/bf16/fp64, strided.
+// Returns the tensors the kernel walks (staged where not dense); none when `staging` is null.
+std::vector<at::Tensor> validate_unscale(const char* op, at::TensorList tensors,
+                                         const at::Tensor& found_inf, const at::Tensor* inv_scale,
+                                         Staging* staging);
 
 // The tensors update_scale_ writes and reads; hysteresis_tracker is null without hysteresis.
 struct ScaleTensors {

@@ -72,7 +72,8 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
     return list.empty() || !list[t].defined() ? nullptr : list[t].data_ptr<float>() + b;
   };
   return UpdateRange<T>{s.params[t].data_ptr<T>() + b, s.grads[t].data_ptr<T>() + b,
-                        at_b(s.masters), at_b(s.states_a), at_b(s.states_b), at_b(s.aux), e - b};
+                        at_b(s.masters), at_b(s.states_a), at_b(s.states_b), at_b(s.aux), e - b,
+                        s.write_grads};
 }
 
 // Runs the loop of each param's dtype over every param, with that param's coefficients.
@@ -97,10 +98,10 @@ void increment_steps(const core::StepTensors& s) {
 
 }  // namespace
 
-void Device::unscale(at::TensorList tensors, at::Tensor& found_inf, const at::Tensor* inv_scale) {
+void Device::unscale(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor* inv_scale) {
   const float inv = inv_scale ? inv_scale->item<float>() : 1.f;
   // x * 1 == x: with inv_scale 1 only the check is needed (torch skips the multiply too).
-  if (unscale_all(tensors, inv, inv != 1.f)) found_inf.fill_(1.f);
+  if (unscale_all(tensors, inv, inv != 1.f)) *found_inf.data_ptr<float>() = 1.f;
 }
 
 void Device::update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args) {

@@ -15,15 +15,17 @@ namespace fused_amp::cpu {
 // Pointers are already offset to the range start. A null `master` means the param itself holds
 // the value (fp32 params, or half params with master_weights=False); `aux` is max_exp_avg_sq
 // for Adam (null without amsgrad) and the momentum buffer for SGD (null without momentum).
+// With `write_grad` the grad is left unscaled (grad * inv_scale), as torch's fused steps leave it.
 template <typename param_t>
 struct UpdateRange {
   param_t* param;
-  const param_t* grad;
+  param_t* grad;
   float* master;
   float* exp_avg;
   float* exp_avg_sq;
   float* aux;
   int64_t n;
+  bool write_grad;
 };
 
 struct Loops {

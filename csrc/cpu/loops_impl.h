@@ -161,6 +161,20 @@ inline void store_value(const UpdateRange<T>& r, int64_t i, const VecF& a, const
   store2(r.param + i, a, b);
 }
 
+// The grad as the GradScaler leaves it after a step: unscaled, in its own dtype.
+template <typename T>
+inline void store_unscaled_grad(const UpdateRange<T>& r, int64_t i, const VecF& g0, const VecF& g1,
+                                float inv_scale) {
+  if (r.write_grad) store2(r.grad + i, g0 * VecF(inv_scale), g1 * VecF(inv_scale));
+}
+
+template <typename T>
+inline float grad_at(const UpdateRange<T>& r, int64_t i, float inv_scale) {
+  const float g = static_cast<float>(r.grad[i]);
+  if (r.write_grad) r.grad[i] = static_cast<T>(g * inv_scale);
+  return g;
+}
+
 template <typename T>
 inline float value_at(const UpdateRange<T>& r, int64_t i) {
   return r.master ? r.master[i] : static_cast<float>(r.param[i]);
@@ -201,6 +215,7 @@ void adam_range(const UpdateRange<T>& r, const ops::AdamCoeffs& c) {
         load2(r.exp_avg + i, m0, m1);
         load2(r.exp_avg_sq + i, v0, v1);
         if (c.amsgrad) load2(r.aux + i, vmax0, vmax1);
+        store_unscaled_grad(r, i, g0, g1, c.inv_scale);
         ops::adam_update(p0, g0, m0, v0, vmax0, c);
         ops::adam_update(p1, g1, m1, v1, vmax1, c);
         store_value(r, i, p0, p1, stream);
@@ -210,7 +225,7 @@ void adam_range(const UpdateRange<T>& r, const ops::AdamCoeffs& c) {
       },
       [&](int64_t i) {
         float p = value_at(r, i), vmax = c.amsgrad ? r.aux[i] : 0.f;
-        ops::adam_update(p, static_cast<float>(r.grad[i]), r.exp_avg[i], r.exp_avg_sq[i], vmax, c);
+        ops::adam_update(p, grad_at(r, i, c.inv_scale), r.exp_avg[i], r.exp_avg_sq[i], vmax, c);
         set_value_at(r, i, p);
         if (c.amsgrad) r.aux[i] = vmax;
       });
@@ -226,6 +241,7 @@ void sgd_range(const UpdateRange<T>& r, const ops::SgdCoeffs& c) {
         load_value(r, i, p0, p1);
         load2(r.grad + i, g0, g1);
         if (has_buf && !c.first_step) load2(r.aux + i, b0, b1);
+        store_unscaled_grad(r, i, g0, g1, c.inv_scale);
         ops::sgd_update(p0, g0, b0, c);
         ops::sgd_update(p1, g1, b1, c);
         store_value(r, i, p0, p1, stream);
@@ -233,7 +249,7 @@ void sgd_range(const UpdateRange<T>& r, const ops::SgdCoeffs& c) {
       },
       [&](int64_t i) {
         float p = value_at(r, i), buf = (has_buf && !c.first_step) ? r.aux[i] : 0.f;
-        ops::sgd_update(p, static_cast<float>(r.grad[i]), buf, c);
+        ops::sgd_update(p, grad_at(r, i, c.inv_scale), buf, c);
         set_value_at(r, i, p);
         if (has_buf) r.aux[i] = buf;
       });

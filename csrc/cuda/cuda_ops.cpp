@@ -48,7 +48,7 @@ struct Scalars {
 };
 
 Scalars scalars_of(const core::StepTensors& st) {
-  Scalars r{{st.lr, nullptr, float_ptr(st.inv_scale), float_ptr(st.found_inf)}, {}};
+  Scalars r{{st.lr, nullptr, float_ptr(st.inv_scale), float_ptr(st.found_inf), st.write_grads}, {}};
   if (st.lr_tensor) {
     if (st.lr_tensor->device().is_cpu()) {
       r.s.lr = st.lr_tensor->item<double>();
@@ -84,7 +84,7 @@ void optimizer_step(const core::StepTensors& st, Ptrs&& ptrs, Kernel&& kernel) {
 
 }  // namespace
 
-void Device::unscale(at::TensorList tensors, at::Tensor& found_inf, const at::Tensor* inv_scale) {
+void Device::unscale(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor* inv_scale) {
   const c10::cuda::CUDAGuard guard(found_inf.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   std::map<int, std::vector<TensorPtrs>> by_dtype;

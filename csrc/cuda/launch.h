@@ -39,6 +39,7 @@ struct StepScalars {
   const float* lr_ptr;     // a device lr, overriding lr
   const float* inv_scale;  // multiply the grads by it
   const float* found_inf;  // nonzero: write nothing
+  bool write_grads;        // store grad * inv_scale back into the grads
 };
 
 // Lists per tensor, in this order: Adam: param, grad, master, exp_avg, exp_avg_sq,

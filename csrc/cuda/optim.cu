@@ -16,8 +16,9 @@ FA_DEVICE T* list_at(const void* const p, int64_t start) {
 template <typename param_t, bool kHasMaster>
 struct ParamAccess {
   param_t* param;
-  const param_t* grad;
+  param_t* grad;
   float* master;
+  bool write_grad;  // leave the grad unscaled, as torch's fused steps do
 
   FA_DEVICE bool aligned() const {
     return is_aligned(param) && is_aligned(grad) && (!kHasMaster || is_aligned(master));
@@ -30,6 +31,13 @@ struct ParamAccess {
     }
     load_ilp(g, grad, ix);
   }
+  FA_DEVICE void store_unscaled_grad(const float (&g)[kILP], float inv_scale, const IlpIndex& ix) const {
+    if (!write_grad) return;
+    float u[kILP];
+#pragma unroll
+    for (int j = 0; j < kILP; ++j) u[j] = g[j] * inv_scale;
+    store_ilp(grad, u, ix);
+  }
   FA_DEVICE void store(const float (&p)[kILP], const IlpIndex& ix) const {
     if (kHasMaster) store_ilp(master, p, ix);
     store_ilp(param, p, ix);
@@ -37,9 +45,10 @@ struct ParamAccess {
 };
 
 template <typename param_t, bool kHasMaster, class Meta>
-FA_DEVICE ParamAccess<param_t, kHasMaster> param_access(const Meta& meta, int t, int64_t start) {
+FA_DEVICE ParamAccess<param_t, kHasMaster> param_access(const Meta& meta, int t, int64_t start,
+                                                        bool write_grad) {
   return {list_at<param_t>(meta.ptr[kParam][t], start), list_at<param_t>(meta.ptr[kGrad][t], start),
-          kHasMaster ? list_at<float>(meta.ptr[kMaster][t], start) : nullptr};
+          kHasMaster ? list_at<float>(meta.ptr[kMaster][t], start) : nullptr, write_grad};
 }
 
 FA_DEVICE bool skip(const StepScalars& s) { return s.found_inf && *s.found_inf != 0.f; }
@@ -56,7 +65,7 @@ struct AdamFunctor {
     if (skip(s)) return;
     const float step = *static_cast<const float*>(meta.ptr[kAdamStep][t]) + 1.f;
     const ops::AdamCoeffs c = ops::adam_coeffs(h, lr_of(s), step, inv_scale_of(s));
-    const auto pa = param_access<param_t, kHasMaster>(meta, t, start);
+    const auto pa = param_access<param_t, kHasMaster>(meta, t, start, s.write_grads);
     float* m = list_at<float>(meta.ptr[kExpAvg][t], start);
     float* v = list_at<float>(meta.ptr[kExpAvgSq][t], start);
     float* vmax = c.amsgrad ? list_at<float>(meta.ptr[kMaxExpAvgSq][t], start) : nullptr;
@@ -67,6 +76,7 @@ struct AdamFunctor {
       load_ilp(mr, m, ix);
       load_ilp(vr, v, ix);
       if (vmax) load_ilp(vmr, vmax, ix);
+      pa.store_unscaled_grad(g, c.inv_scale, ix);
 #pragma unroll
       for (int j = 0; j < kILP; ++j) ops::adam_update(p[j], g[j], mr[j], vr[j], vmr[j], c);
       pa.store(p, ix);
@@ -88,13 +98,14 @@ struct SgdFunctor {
     const bool has_buf = h.momentum != 0.0;
     const bool first = has_buf && *static_cast<const float*>(meta.ptr[kSgdStep][t]) == 0.f;
     const ops::SgdCoeffs c = ops::sgd_coeffs(h, lr_of(s), first, inv_scale_of(s));
-    const auto pa = param_access<param_t, kHasMaster>(meta, t, start);
+    const auto pa = param_access<param_t, kHasMaster>(meta, t, start, s.write_grads);
     float* buf = has_buf ? list_at<float>(meta.ptr[kMomentumBuffer][t], start) : nullptr;
     const bool aligned = pa.aligned() && (!buf || is_aligned(buf));
     for_each_ilp(n, aligned, [&](const IlpIndex& ix) {
       float p[kILP], g[kILP], b[kILP] = {};
       pa.load(p, g, ix);
       if (buf && !first) load_ilp(b, buf, ix);
+      pa.store_unscaled_grad(g, c.inv_scale, ix);
 #pragma unroll
       for (int j = 0; j < kILP; ++j) ops::sgd_update(p[j], g[j], b[j], c);
       pa.store(p, ix);

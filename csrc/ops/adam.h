@@ -13,7 +13,8 @@ struct AdamCoeffs {
   float eps;
   float weight_decay;
   float weight_decay_factor;    // AdamW's 1 - lr * weight_decay
-  float grad_mult;              // inv_scale of the loss scaler, negated for maximize
+  float inv_scale;              // of the loss scaler: grad * inv_scale is the unscaled grad
+  float grad_mult;              // inv_scale, negated for maximize
   float step_size;              // lr / (1 - beta1^step)
   float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
   bool decoupled_weight_decay;  // AdamW
@@ -39,6 +40,7 @@ FA_HD AdamCoeffs adam_coeffs(const AdamHyper& h, double lr, double step, float i
   c.eps = static_cast<float>(h.eps);
   c.weight_decay_factor = static_cast<float>(1.0 - lr * h.weight_decay);
   c.weight_decay = static_cast<float>(h.weight_decay);
+  c.inv_scale = inv_scale;
   c.grad_mult = h.maximize ? -inv_scale : inv_scale;
   c.step_size = static_cast<float>(lr / bias_correction1);
   c.bias_correction2_sqrt = static_cast<float>(sqrt(bias_correction2));

@@ -8,7 +8,8 @@ struct SgdCoeffs {
   float momentum;
   float one_minus_dampening;
   float weight_decay;
-  float grad_mult;  // inv_scale of the loss scaler, negated for maximize
+  float inv_scale;  // of the loss scaler: grad * inv_scale is the unscaled grad
+  float grad_mult;  // inv_scale, negated for maximize
   bool nesterov;
   bool first_step;  // the momentum buffer starts as the first gradient, as in torch
 };
@@ -24,6 +25,7 @@ FA_HD SgdCoeffs sgd_coeffs(const SgdHyper& h, double lr, bool first_step, float 
   c.momentum = static_cast<float>(h.momentum);
   c.one_minus_dampening = static_cast<float>(1.0 - h.dampening);
   c.weight_decay = static_cast<float>(h.weight_decay);
+  c.inv_scale = inv_scale;
   c.grad_mult = h.maximize ? -inv_scale : inv_scale;
   c.nesterov = h.nesterov;
   c.first_step = first_step;

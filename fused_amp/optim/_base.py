@@ -1,5 +1,6 @@
 """What Adam, AdamW and SGD share: fp32 master weights, device-side state, the GradScaler
-protocol, and state dicts that keep fp32 state fp32."""
+protocol, torch's constructor flags, and state dicts that keep fp32 state fp32."""
+import operator
 from collections import defaultdict
 from itertools import chain
 from typing import Any, Dict, List, Optional
@@ -7,6 +8,44 @@ from typing import Any, Dict, List, Optional
 import torch
 
 _HALF = (torch.float16, torch.bfloat16)
+_SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+_MASTER = "master_param"
+
+
+class _GroupLists:
+    """The per-device tensor lists of one param group, kept between steps.
+
+    Gathering them costs a few microseconds per param, so they are kept while nothing they were
+    built from has changed: the group's params (same objects, same order), the optimizer's
+    ``state`` mapping, each param's state dict and every tensor in it, and the group options
+    that decide which state exists. Checking that is a handful of C-level passes over the params.
+    """
+
+    def __init__(self, group, params, state, state_dicts, options, keys, by_device):
+        self.group = group
+        self.param_ids = list(map(id, params))
+        self.state = state
+        self.state_dicts = state_dicts
+        self.options = options
+        self.tensors = {key: list(map(operator.itemgetter(key), state_dicts)) for key in keys}
+        self.masters = list(map(operator.methodcaller("get", _MASTER), state_dicts))
+        self.by_device = by_device  # device -> (lists, indices into the group's params)
+
+    def still_valid(self, group, params, state, options) -> bool:
+        if (self.group is not group or self.state is not state or self.options != options
+                or self.param_ids != list(map(id, params))):
+            return False
+        state_dicts = list(map(state.get, params))
+        if not all(map(operator.is_, state_dicts, self.state_dicts)):
+            return False
+        try:
+            for key, tensors in self.tensors.items():
+                if not all(map(operator.is_, map(operator.itemgetter(key), state_dicts), tensors)):
+                    return False
+        except KeyError:  # a state entry was deleted
+            return False
+        masters = map(operator.methodcaller("get", _MASTER), state_dicts)
+        return all(map(operator.is_, masters, self.masters))
 
 
 class MasterWeightOptimizer(torch.optim.Optimizer):
@@ -19,25 +58,25 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
     A GradScaler (ours, or ``torch.amp.GradScaler``) may set ``grad_scale`` and ``found_inf``
     before calling :meth:`step` (``_step_supports_amp_scaling``): the grads are then unscaled
-    inside the update, and a nonzero ``found_inf`` turns the step into a no-op on the device.
+    inside the update (and left unscaled in ``p.grad``, as torch's fused optimizers leave them,
+    unless ``unscale_grads=False``), and a nonzero ``found_inf`` turns the step into a no-op on
+    the device.
     """
 
     _step_supports_amp_scaling = True
 
     def __init__(self, params, defaults):
-        self._lists_cache: Dict[int, Any] = {}
+        self._lists_cache: Dict[int, _GroupLists] = {}
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group):
         self._forget_lists()
         super().add_param_group(param_group)
+        index = len(self.param_groups) - 1
         for i, p in enumerate(self.param_groups[-1]["params"]):
-            if p.is_complex():
-                raise ValueError(f"{type(self).__name__}: param {i} of group "
-                                 f"{len(self.param_groups) - 1} is complex, which is not supported")
-            if not p.is_floating_point():
-                raise ValueError(f"{type(self).__name__}: param {i} of group "
-                                 f"{len(self.param_groups) - 1} has dtype {p.dtype}; "
+            if p.dtype not in _SUPPORTED:
+                kind = "complex" if p.is_complex() else f"dtype {p.dtype}"
+                raise ValueError(f"{type(self).__name__}: param {i} of group {index} is {kind}; "
                                  "only float32, float16 and bfloat16 params are supported")
 
     # ---- state -------------------------------------------------------------------------
@@ -47,32 +86,35 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
     def _init_state(self, p, group):
         state = self.state[p]
-        if len(state) == 0 or "step" not in state:
-            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+        step = state.get("step")
+        if not isinstance(step, torch.Tensor):  # new, or a legacy checkpoint's Python number
+            state["step"] = torch.tensor(float(step or 0), dtype=torch.float32, device=p.device)
+        elif step.device != p.device:  # e.g. moved to the CPU by ZeroRedundancyOptimizer
+            state["step"] = step.to(p.device, torch.float32).reshape(())
         for key in self._state_keys_for(group):
-            if key not in state or state[key] is None:
+            if state.get(key) is None:
                 state[key] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
-        if group["master_weights"] and p.dtype in _HALF and "master_param" not in state:
-            state["master_param"] = p.detach().to(torch.float32, memory_format=torch.preserve_format)
+        if group["master_weights"] and p.dtype in _HALF and _MASTER not in state:
+            state[_MASTER] = p.detach().to(torch.float32, memory_format=torch.preserve_format)
         return state
 
     def _device_lists(self, group) -> Dict[torch.device, Dict[str, list]]:
         """The params of ``group`` that have grads, with their state, per device.
 
-        Building these lists costs a few microseconds per param; when every param of the group
-        has a grad (the usual case) they are kept, and only the grads are gathered anew."""
-        grads = [p.grad for p in group["params"]]
+        Rebuilt whenever the params, the state or the options it depends on changed (see
+        _GroupLists); otherwise only the grads are gathered anew."""
+        params = group["params"]
+        grads = [p.grad for p in params]
         keys = self._state_keys_for(group)
-        # what the lists depend on besides the params: the state kept, and whether masters are
-        valid_for = (keys, group["master_weights"])
+        options = (keys, group["master_weights"])
+        all_grads = all(g is not None for g in grads)
         cached = self._lists_cache.get(id(group))
-        if (cached is not None and cached[0] is group and cached[1] == valid_for
-                and all(g is not None for g in grads)):
-            for lists, indices in cached[2].values():
+        if all_grads and cached is not None and cached.still_valid(group, params, self.state, options):
+            for lists, indices in cached.by_device.values():
                 lists["grads"] = [grads[i] for i in indices]
-            return {device: lists for device, (lists, _) in cached[2].items()}
+            return {device: lists for device, (lists, _) in cached.by_device.items()}
         by_device: Dict[torch.device, Any] = defaultdict(lambda: (defaultdict(list), []))
-        for i, p in enumerate(group["params"]):
+        for i, p in enumerate(params):
             if grads[i] is None:
                 continue
             state = self._init_state(p, group)
@@ -80,12 +122,15 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             indices.append(i)
             lists["params"].append(p)
             lists["grads"].append(grads[i])
-            lists["master_params"].append(state.get("master_param"))
+            lists["master_params"].append(state.get(_MASTER))
             lists["steps"].append(state["step"])
             for key in keys:
                 lists[key].append(state[key])
-        if all(g is not None for g in grads):
-            self._lists_cache[id(group)] = (group, valid_for, dict(by_device))
+        self._lists_cache.pop(id(group), None)
+        if all_grads:
+            self._lists_cache[id(group)] = _GroupLists(
+                group, params, self.state, [self.state[p] for p in params], options,
+                keys + ("step",), dict(by_device))
         return {device: lists for device, (lists, _) in by_device.items()}
 
     def _forget_lists(self):
@@ -112,16 +157,28 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        calls = []
         for group in self.param_groups:
             for device, lists in self._device_lists(group).items():
                 inv_scale, found_inf = self._scaler_tensors(device)
                 lr = group["lr"]
                 lr_tensor = lr if isinstance(lr, torch.Tensor) else None
-                self._update(group, lists, float(lr) if lr_tensor is None else 0.0, lr_tensor,
-                             inv_scale, found_inf)
+                scalars = dict(lr=float(lr) if lr_tensor is None else 0.0, lr_tensor=lr_tensor,
+                               inv_scale=inv_scale, found_inf=found_inf,
+                               unscale_grads=group["unscale_grads"])
+                calls.append((group, lists, scalars))
+        # Each op checks its arguments before it writes; with several ops (groups, devices),
+        # all are checked before the first runs, so a bad grad anywhere changes nothing.
+        if len(calls) > 1:
+            for group, lists, scalars in calls:
+                self._update(group, lists, scalars, check_only=True)
+        for group, lists, scalars in calls:
+            self._update(group, lists, scalars, check_only=False)
         return loss
 
-    def _update(self, group, lists, lr, lr_tensor, inv_scale, found_inf):
+    def _update(self, group, lists, scalars, check_only):
+        """Run (or with ``check_only`` validate) the fused op on one device's lists; ``scalars``
+        holds lr, lr_tensor, inv_scale, found_inf and unscale_grads."""
         raise NotImplementedError
 
     # ---- checkpoints -----------------------------------------------------------------------
@@ -129,15 +186,30 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         """Load a state dict of this optimizer or of the matching ``torch.optim`` one.
 
         torch casts loaded state to each param's dtype; here every state tensor stays fp32 (the
-        masters and moments of a bf16 param would lose their precision otherwise), ``step``
-        moves to the param's device, and state missing from a torch checkpoint (masters) is
-        created from the current params at the next step.
+        masters and moments of a bf16 param would lose their precision otherwise), takes the
+        param's device and memory layout, and state missing from a torch checkpoint (masters) is
+        created from the current params at the next step. Load-state-dict hooks behave as
+        torch's: a pre-hook's returned dict is what gets loaded, and post-hooks see the final
+        fp32 state.
         """
         self._forget_lists()
-        saved_groups = state_dict["param_groups"]
+        state_dict = state_dict.copy()
+        pre_hooks = self._optimizer_load_state_dict_pre_hooks
+        post_hooks = self._optimizer_load_state_dict_post_hooks
+        for pre_hook in pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        # torch's loading, with the hooks run here around it instead of inside it
+        self._optimizer_load_state_dict_pre_hooks = type(pre_hooks)()
+        self._optimizer_load_state_dict_post_hooks = type(post_hooks)()
+        try:
+            super().load_state_dict(state_dict)
+        finally:
+            self._optimizer_load_state_dict_pre_hooks = pre_hooks
+            self._optimizer_load_state_dict_post_hooks = post_hooks
         saved_state = state_dict["state"]
-        super().load_state_dict(state_dict)
-        id_map = dict(zip(chain.from_iterable(g["params"] for g in saved_groups),
+        id_map = dict(zip(chain.from_iterable(g["params"] for g in state_dict["param_groups"]),
                           chain.from_iterable(g["params"] for g in self.param_groups)))
         for saved_id, p in id_map.items():
             if saved_id not in saved_state:
@@ -145,34 +217,48 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             state = self.state[p]
             for key, value in saved_state[saved_id].items():
                 if isinstance(value, torch.Tensor):
-                    state[key] = value.detach().to(device=p.device, dtype=torch.float32).clone(
-                        memory_format=torch.contiguous_format if value.dim() == 0
-                        else torch.preserve_format)
+                    state[key] = _fp32_like(value, p)
             self._complete_loaded_state(p, state)
-        for group in self.param_groups:
-            group.setdefault("master_weights", self.defaults["master_weights"])
+        self._forget_lists()
+        for post_hook in post_hooks.values():
+            post_hook(self)
 
     def _complete_loaded_state(self, p, state):
         """Adapt the state of a ``torch.optim`` checkpoint (subclasses add what it lacks)."""
-        if "step" in state:
-            state["step"] = state["step"].reshape(())
+        step = state.get("step")
+        if step is not None and not isinstance(step, torch.Tensor):  # a legacy Python number
+            state["step"] = torch.tensor(float(step), dtype=torch.float32, device=p.device)
 
     def __setstate__(self, state):
         super().__setstate__(state)
         self._forget_lists()
+        # options added in later versions (of torch or of ours) take their defaults, as torch's
+        # optimizers do for checkpoints that lack them
         for group in self.param_groups:
-            group.setdefault("master_weights", True)
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+            self._fix_group(group)
+
+    def _fix_group(self, group):
+        """Group options a subclass forces whatever the checkpoint says (AdamW: decoupled)."""
 
 
-def check_common(lr, weight_decay):
-    """The checks torch.optim makes of every optimizer, with its messages."""
-    if isinstance(lr, torch.Tensor):
-        if lr.numel() != 1:
-            raise ValueError("Tensor lr must be 1-element")
-    elif not 0.0 <= lr:
-        raise ValueError(f"Invalid learning rate: {lr}")
-    if not 0.0 <= weight_decay:
-        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+def _fp32_like(value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """A loaded state tensor as fp32 on ``p``'s device, in ``p``'s layout where it has p's shape."""
+    if value.shape == p.shape and value.dim() > 0:
+        out = torch.empty_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+        return out.copy_(value)
+    return value.detach().to(device=p.device, dtype=torch.float32, copy=True).reshape(value.shape)
+
+
+def check_torch_flags(name: str, foreach, fused, differentiable):
+    """torch's ``foreach``/``fused``/``capturable`` are accepted (the step is always fused and
+    capturable); what cannot apply is refused with torch's errors, or a clear one."""
+    if differentiable:
+        raise RuntimeError(f"{name}: differentiable=True is not supported: the fused step updates "
+                           "the params in place, outside autograd")
+    if fused and foreach:
+        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
 
 
 def lists_or_empty(lists, key, needed) -> List:

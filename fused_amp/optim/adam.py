@@ -1,10 +1,10 @@
 """Adam and AdamW with fp32 master weights, one fused pass per step."""
-from typing import Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 
 from fused_amp import ops
-from fused_amp.optim._base import MasterWeightOptimizer, check_common, lists_or_empty
+from fused_amp.optim._base import MasterWeightOptimizer, check_torch_flags, lists_or_empty
 
 
 class Adam(MasterWeightOptimizer):
@@ -16,7 +16,7 @@ class Adam(MasterWeightOptimizer):
     .. math::
         g &\leftarrow \pm g / s \;(-\text{ when maximize}) \qquad
         g \leftarrow g + \lambda \theta \;(\text{Adam}) \quad\text{or}\quad
-        \theta \leftarrow \theta - \gamma\lambda\theta \;(\text{AdamW}) \\
+        \theta \leftarrow \theta - \gamma\lambda\theta \;(\text{AdamW, decoupled}) \\
         m &\leftarrow \beta_1 m + (1-\beta_1) g \qquad v \leftarrow \beta_2 v + (1-\beta_2) g^2
         \qquad \hat v = \max(\hat v, v) \;(\text{amsgrad}) \\
         \theta &\leftarrow \theta - \frac{\gamma}{1-\beta_1^t}\,
@@ -29,59 +29,98 @@ class Adam(MasterWeightOptimizer):
         params: iterable of parameters or dicts defining parameter groups.
         lr (float or Tensor): learning rate (default: 1e-3).
         betas: coefficients for the running averages of the gradient and its square
-            (default: (0.9, 0.999)).
+            (default: (0.9, 0.999)); both floats or both 1-element Tensors.
         eps (float): added to the denominator for numerical stability (default: 1e-8). It is
             applied in fp32, so 1e-8 is safe with fp16 params.
-        weight_decay (float): weight decay (L2 penalty) (default: 0).
+        weight_decay (float): weight decay (default: 0); L2 penalty, or decoupled with
+            ``decoupled_weight_decay=True`` (AdamW).
         amsgrad (bool): use the AMSGrad variant (default: False).
+        foreach, fused, capturable: accepted with torch's checks; the step is always one fused
+            pass that runs on the device (capturable) whatever they say.
         maximize (bool): maximize the objective instead of minimizing (default: False).
+        differentiable (bool): must be False: the fused step runs outside autograd.
+        decoupled_weight_decay (bool): AdamW's decoupled weight decay (default: False).
         master_weights (bool): keep fp32 masters for fp16/bf16 params (default: True). With
             False, half params are updated in place (fp32 math and state, rounded each step).
+        unscale_grads (bool): after a step that a GradScaler scaled, leave ``p.grad`` unscaled,
+            as torch's optimizers do (default: True). False skips that write (2 bytes per param
+            for half grads), leaving the grads scaled: for loops that zero them anyway.
     """
 
-    _decoupled_weight_decay = False
-
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3,
-                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0, amsgrad: bool = False, *, maximize: bool = False,
-                 master_weights: bool = True):
-        check_common(lr, weight_decay)
+                 betas: Tuple[Union[float, torch.Tensor], Union[float, torch.Tensor]] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0, amsgrad: bool = False, *,
+                 foreach: Optional[bool] = None, maximize: bool = False, capturable: bool = False,
+                 differentiable: bool = False, fused: Optional[bool] = None,
+                 decoupled_weight_decay: bool = False, master_weights: bool = True,
+                 unscale_grads: bool = True):
+        # torch.optim.Adam's checks and messages, in its order
+        if isinstance(lr, torch.Tensor):
+            if foreach and not capturable:
+                raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
+            if lr.numel() != 1:
+                raise ValueError("Tensor lr must be 1-element")
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
         if not 0.0 <= eps:
             raise ValueError(f"Invalid epsilon value: {eps}")
         if not 0.0 <= betas[0] < 1.0:
             raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
         if not 0.0 <= betas[1] < 1.0:
             raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if not ((isinstance(betas[0], float) and isinstance(betas[1], float))
+                or (isinstance(betas[0], torch.Tensor) and isinstance(betas[1], torch.Tensor))):
+            raise ValueError("betas must be either both floats or both Tensors")
+        for i, beta in enumerate(betas):
+            if isinstance(beta, torch.Tensor):
+                if not capturable and foreach:
+                    raise ValueError(f"betas[{i}] as a Tensor is not supported for "
+                                     "capturable=False and foreach=True")
+                if beta.numel() != 1:
+                    raise ValueError(f"Tensor betas[{i}] must be 1-element")
+        check_torch_flags(type(self).__name__, foreach, fused, differentiable)
+        betas = tuple(b.reshape(()) if isinstance(b, torch.Tensor) else b for b in betas)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                        maximize=maximize, master_weights=master_weights)
+                        maximize=maximize, foreach=foreach, capturable=capturable,
+                        differentiable=differentiable, fused=fused,
+                        decoupled_weight_decay=decoupled_weight_decay,
+                        master_weights=master_weights, unscale_grads=unscale_grads)
         super().__init__(params, defaults)
 
     def _state_keys_for(self, group):
         return ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
 
-    def _update(self, group, lists, lr, lr_tensor, inv_scale, found_inf):
-        beta1, beta2 = group["betas"]
+    def _update(self, group, lists, scalars, check_only):
+        beta1, beta2 = (float(b) for b in group["betas"])
         ops.adam_step_(lists["params"], lists["grads"], lists["master_params"], lists["exp_avg"],
                        lists["exp_avg_sq"], lists_or_empty(lists, "max_exp_avg_sq", group["amsgrad"]),
-                       lists["steps"], lr=lr, lr_tensor=lr_tensor, beta1=beta1, beta2=beta2,
-                       eps=group["eps"], weight_decay=group["weight_decay"],
-                       amsgrad=group["amsgrad"], maximize=group["maximize"],
-                       decoupled_weight_decay=self._decoupled_weight_decay,
-                       inv_scale=inv_scale, found_inf=found_inf)
+                       lists["steps"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                       weight_decay=group["weight_decay"], amsgrad=group["amsgrad"],
+                       maximize=group["maximize"],
+                       decoupled_weight_decay=group["decoupled_weight_decay"],
+                       check_only=check_only, **scalars)
 
 
 class AdamW(Adam):
     r"""AdamW (decoupled weight decay) with fp32 master weights; see :class:`Adam`.
 
     Same arguments and defaults as :class:`torch.optim.AdamW` (``weight_decay=1e-2``), plus
-    ``master_weights``.
+    ``master_weights`` and ``unscale_grads``. As in torch, its groups always decay decoupled,
+    also when a checkpoint says otherwise.
     """
 
-    _decoupled_weight_decay = True
-
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3,
-                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, amsgrad: bool = False, *, maximize: bool = False,
-                 master_weights: bool = True):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
-                         master_weights=master_weights)
+                 betas: Tuple[Union[float, torch.Tensor], Union[float, torch.Tensor]] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *,
+                 maximize: bool = False, foreach: Optional[bool] = None, capturable: bool = False,
+                 differentiable: bool = False, fused: Optional[bool] = None,
+                 master_weights: bool = True, unscale_grads: bool = True):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
+                         maximize=maximize, capturable=capturable, differentiable=differentiable,
+                         fused=fused, decoupled_weight_decay=True, master_weights=master_weights,
+                         unscale_grads=unscale_grads)
+
+    def _fix_group(self, group):
+        group["decoupled_weight_decay"] = True

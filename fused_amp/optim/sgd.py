@@ -1,10 +1,10 @@
 """SGD (with momentum, dampening, Nesterov) with fp32 master weights, one fused pass per step."""
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
 from fused_amp import ops
-from fused_amp.optim._base import MasterWeightOptimizer, check_common, lists_or_empty
+from fused_amp.optim._base import MasterWeightOptimizer, check_torch_flags, lists_or_empty
 
 
 class SGD(MasterWeightOptimizer):
@@ -30,32 +30,47 @@ class SGD(MasterWeightOptimizer):
         weight_decay (float): weight decay (L2 penalty) (default: 0).
         nesterov (bool): enables Nesterov momentum (default: False).
         maximize (bool): maximize the objective instead of minimizing (default: False).
+        foreach, fused: accepted with torch's checks; the step is always one fused pass.
+        differentiable (bool): must be False: the fused step runs outside autograd.
         master_weights (bool): keep fp32 masters for fp16/bf16 params (default: True).
+        unscale_grads (bool): leave ``p.grad`` unscaled after a GradScaler step, as torch does
+            (default: True); see :class:`fused_amp.optim.Adam`.
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3, momentum: float = 0,
-                 dampening: float = 0, weight_decay: float = 0, nesterov: bool = False, *,
-                 maximize: bool = False, master_weights: bool = True):
-        check_common(lr, weight_decay)
+                 dampening: float = 0, weight_decay: Union[float, torch.Tensor] = 0,
+                 nesterov: bool = False, *, maximize: bool = False, foreach: Optional[bool] = None,
+                 differentiable: bool = False, fused: Optional[bool] = None,
+                 master_weights: bool = True, unscale_grads: bool = True):
+        # torch.optim.SGD's checks and messages, in its order
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        if lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
         if momentum < 0.0:
             raise ValueError(f"Invalid momentum value: {momentum}")
+        if weight_decay < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                        nesterov=nesterov, maximize=maximize, foreach=foreach,
+                        differentiable=differentiable, fused=fused,
+                        master_weights=master_weights, unscale_grads=unscale_grads)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                        nesterov=nesterov, maximize=maximize, master_weights=master_weights)
+        check_torch_flags(type(self).__name__, foreach, fused, differentiable)
         super().__init__(params, defaults)
 
     def _state_keys_for(self, group):
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
 
-    def _update(self, group, lists, lr, lr_tensor, inv_scale, found_inf):
+    def _update(self, group, lists, scalars, check_only):
         has_momentum = group["momentum"] != 0
         ops.sgd_step_(lists["params"], lists["grads"], lists["master_params"],
                       lists_or_empty(lists, "momentum_buffer", has_momentum),
-                      lists_or_empty(lists, "steps", has_momentum), lr=lr, lr_tensor=lr_tensor,
+                      lists_or_empty(lists, "steps", has_momentum),
                       momentum=group["momentum"], dampening=group["dampening"],
-                      weight_decay=group["weight_decay"], nesterov=group["nesterov"],
-                      maximize=group["maximize"], inv_scale=inv_scale, found_inf=found_inf)
+                      weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
+                      maximize=group["maximize"], check_only=check_only, **scalars)
 
     def _complete_loaded_state(self, p, state):
         super()._complete_loaded_state(p, state)

@@ -32,12 +32,13 @@ void fa_sim_unscale(int dtype, int n, void** ptrs, const int64_t* numels, float*
 
 void fa_sim_adam(int dtype, int has_master, int n, void** ptrs, const int64_t* numels,
                  const double* hyper, const int* flags, double lr, const float* lr_ptr,
-                 const float* inv_scale, const float* found_inf, int large) {
+                 const float* inv_scale, const float* found_inf, int write_grads, int large) {
   fused_amp_sim_large_args = large;
   const fused_amp::ops::AdamHyper h{hyper[0], hyper[1], hyper[2], hyper[3],
                                     flags[0] != 0, flags[1] != 0, flags[2] != 0};
   const auto list = tensors_of(n, 7, ptrs, numels);
-  adam(static_cast<Dtype>(dtype), has_master, list, h, {lr, lr_ptr, inv_scale, found_inf}, nullptr);
+  adam(static_cast<Dtype>(dtype), has_master, list, h,
+       {lr, lr_ptr, inv_scale, found_inf, write_grads != 0}, nullptr);
   std::vector<TensorPtrs> steps(n);
   for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kAdamStep]}, 1};
   increment_steps(steps, found_inf, nullptr);
@@ -45,11 +46,12 @@ void fa_sim_adam(int dtype, int has_master, int n, void** ptrs, const int64_t* n
 
 void fa_sim_sgd(int dtype, int has_master, int n, void** ptrs, const int64_t* numels,
                 const double* hyper, const int* flags, double lr, const float* inv_scale,
-                const float* found_inf, int large) {
+                const float* found_inf, int write_grads, int large) {
   fused_amp_sim_large_args = large;
   const fused_amp::ops::SgdHyper h{hyper[0], hyper[1], hyper[2], flags[0] != 0, flags[1] != 0};
   const auto list = tensors_of(n, 5, ptrs, numels);
-  sgd(static_cast<Dtype>(dtype), has_master, list, h, {lr, nullptr, inv_scale, found_inf}, nullptr);
+  sgd(static_cast<Dtype>(dtype), has_master, list, h, {lr, nullptr, inv_scale, found_inf, write_grads != 0},
+      nullptr);
   if (hyper[0] != 0.0) {
     std::vector<TensorPtrs> steps(n);
     for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kSgdStep]}, 1};
