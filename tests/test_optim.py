@@ -8,20 +8,9 @@ import torch
 import fused_amp
 from fused_amp.optim import SGD, Adam, AdamW, export_fp32
 from helpers import assert_bitwise_equal
+from optim_registry import CASES, IDS
 
 SHAPES = [(64, 33), (1000,), (7,), (3, 5, 9), (1,)]
-CASES = [
-    (Adam, torch.optim.Adam, dict(lr=1e-3)),
-    (Adam, torch.optim.Adam, dict(lr=1e-3, weight_decay=0.1, amsgrad=True)),
-    (Adam, torch.optim.Adam, dict(lr=1e-3, betas=(0.8, 0.99), eps=1e-6, maximize=True)),
-    (AdamW, torch.optim.AdamW, dict(lr=1e-2)),
-    (AdamW, torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.3, amsgrad=True, maximize=True)),
-    (SGD, torch.optim.SGD, dict(lr=1e-2)),
-    (SGD, torch.optim.SGD, dict(lr=1e-2, momentum=0.9, nesterov=True)),
-    (SGD, torch.optim.SGD, dict(lr=1e-2, momentum=0.9, dampening=0.1, weight_decay=1e-2)),
-    (SGD, torch.optim.SGD, dict(lr=1e-2, momentum=0.5, maximize=True)),
-]
-IDS = [f"{c.__name__}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for c, _, kw in CASES]
 
 
 def groups_of(params, kw):

@@ -64,6 +64,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
     """
 
     _step_supports_amp_scaling = True
+    # What a loaded group lacking an option gets (subclasses: as torch's __setstate__ sets it)
+    _group_defaults: Dict[str, Any] = {"master_weights": True, "unscale_grads": True}
 
     def __init__(self, params, defaults):
         self._lists_cache: Dict[int, _GroupLists] = {}
@@ -232,10 +234,10 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
     def __setstate__(self, state):
         super().__setstate__(state)
         self._forget_lists()
-        # options added in later versions (of torch or of ours) take their defaults, as torch's
-        # optimizers do for checkpoints that lack them
+        # options added in later versions (of torch or of ours) take torch's defaults for
+        # checkpoints that lack them, as torch's optimizers do
         for group in self.param_groups:
-            for key, value in self.defaults.items():
+            for key, value in self._group_defaults.items():
                 group.setdefault(key, value)
             self._fix_group(group)
 

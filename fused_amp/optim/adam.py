@@ -89,6 +89,10 @@ class Adam(MasterWeightOptimizer):
                         master_weights=master_weights, unscale_grads=unscale_grads)
         super().__init__(params, defaults)
 
+    _group_defaults = dict(MasterWeightOptimizer._group_defaults, amsgrad=False, maximize=False,
+                           foreach=None, capturable=False, differentiable=False,
+                           decoupled_weight_decay=False, fused=None)
+
     def _state_keys_for(self, group):
         return ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
 

@@ -60,6 +60,9 @@ class SGD(MasterWeightOptimizer):
         check_torch_flags(type(self).__name__, foreach, fused, differentiable)
         super().__init__(params, defaults)
 
+    _group_defaults = dict(MasterWeightOptimizer._group_defaults, nesterov=False, maximize=False,
+                           foreach=None, differentiable=False, fused=False)
+
     def _state_keys_for(self, group):
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
 

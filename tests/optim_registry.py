@@ -1,0 +1,46 @@
+"""Every optimizer fused_amp ships, with its torch counterpart and the option sets that the
+generic tests run it with. A new optimizer is covered by every generic test by adding one entry."""
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+import torch
+
+from fused_amp.optim import SGD, Adam, AdamW
+
+
+@dataclass(frozen=True)
+class OptimEntry:
+    ours: type
+    theirs: type
+    options: Tuple[Dict, ...]  # each covers some switches; the first is the plain case
+
+
+OPTIMIZERS: List[OptimEntry] = [
+    OptimEntry(Adam, torch.optim.Adam, (
+        dict(lr=1e-3),
+        dict(lr=1e-3, weight_decay=0.1, amsgrad=True),
+        dict(lr=1e-3, betas=(0.8, 0.99), eps=1e-6, maximize=True),
+        dict(lr=1e-3, weight_decay=0.1, decoupled_weight_decay=True),
+    )),
+    OptimEntry(AdamW, torch.optim.AdamW, (
+        dict(lr=1e-2),
+        dict(lr=1e-2, weight_decay=0.3, amsgrad=True, maximize=True),
+    )),
+    OptimEntry(SGD, torch.optim.SGD, (
+        dict(lr=1e-2),
+        dict(lr=1e-2, momentum=0.9, nesterov=True),
+        dict(lr=1e-2, momentum=0.9, dampening=0.1, weight_decay=1e-2),
+        dict(lr=1e-2, momentum=0.5, maximize=True),
+    )),
+]
+
+# (ours, theirs, options) for every option set of every optimizer, and readable test ids
+CASES = [(e.ours, e.theirs, kw) for e in OPTIMIZERS for kw in e.options]
+IDS = [f"{c.__name__}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for c, _, kw in CASES]
+# the plain option set of each optimizer
+PLAIN = [(e.ours, e.theirs, e.options[0]) for e in OPTIMIZERS]
+PLAIN_IDS = [e.ours.__name__ for e in OPTIMIZERS]
+# one option set with stateful switches on, per optimizer
+STATEFUL = [(e.ours, e.theirs, e.options[1]) for e in OPTIMIZERS]
+STATEFUL_IDS = [e.ours.__name__ for e in OPTIMIZERS]
+PARAM_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
