@@ -5,6 +5,7 @@ import os
 from collections import defaultdict
 from typing import Dict, List
 
+from benchmarks.impls import FUSED_AMP_SETTINGS
 from benchmarks.roofline import BYTES_PER_PARAM
 
 
@@ -96,6 +97,9 @@ def write_markdown(path: str, machine: Dict, ceiling: Dict, records: List[Dict])
              "Bandwidth ceiling measured in this run: " + ", ".join(f"{k} {v:.1f}" for k, v in ceiling.items()) + " GB/s.",
              "GB/s and 'of ceiling' credit every implementation with the roofline bytes of the operation "
              "(../shared/DESIGN.md): " + ", ".join(f"{op} {dt} {b} B/param" for (op, dt), b in BYTES_PER_PARAM.items()) + ".",
+             "fused_amp's optimizers run with " + ", ".join(f"{k}={v}" for k, v in FUSED_AMP_SETTINGS.items())
+             + ": p.grad is left unscaled after the step, as torch's fused optimizers leave it (2 bytes/param "
+             "for half grads beyond the roofline, written by torch_amp's fused optimizer too).",
              "Times are medians over the repetitions, implementations timed in turns (A B C A B C ...).", ""]
     for suite in ("unscale", "optimizer", "train", "scaling"):
         table = markdown_table(records, suite)

@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import harness, report  # noqa: E402
+from benchmarks import harness, impls, report  # noqa: E402
 from benchmarks.suites import SUITES  # noqa: E402
 
 
@@ -58,11 +58,13 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     machine = harness.machine_info(args.device)
     with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"machine": machine, "ceiling": ctx.ceiling, "records": records}, f, indent=1)
+        json.dump({"machine": machine, "ceiling": ctx.ceiling,
+                   "fused_amp_settings": impls.FUSED_AMP_SETTINGS, "records": records}, f, indent=1)
     report.write_markdown(os.path.join(args.out, "results.md"), machine, ctx.ceiling, records)
     plots = report.write_plots(args.out, records)
     print(f"\nceiling: {', '.join(f'{k} {v:.1f}' for k, v in ctx.ceiling.items())} GB/s")
-    print("fused_amp against stock PyTorch (median step time, speedups, fraction of the ceiling):")
+    print("fused_amp (optimizer settings: " + ", ".join(f"{k}={v}" for k, v in impls.FUSED_AMP_SETTINGS.items())
+          + ") against stock PyTorch (median step time, speedups, fraction of the ceiling):")
     print("\n".join(report.summary_lines(records)))
     print(f"\nwrote {args.out}/results.json, {args.out}/results.md" + "".join(f", {p}" for p in plots))
     return 0

@@ -103,4 +103,6 @@ def test_quick_run_end_to_end(tmp_path):
     assert impls == {"fused_amp", "torch_amp", "torch_master"}
     assert (out / "results.md").read_text().startswith("# fused_amp benchmark results")
     assert (out / "speedup.png").stat().st_size > 1000
-    assert "fused_amp against stock PyTorch" in proc.stdout
+    assert "fused_amp (optimizer settings: unscale_grads=True) against stock PyTorch" in proc.stdout
+    assert data["fused_amp_settings"] == {"unscale_grads": True}
+    assert "unscale_grads=True" in (out / "results.md").read_text()

@@ -3,7 +3,7 @@ transformer and an MLP, for the three implementations on the same batches."""
 import torch
 
 import fused_amp
-from benchmarks import harness, workloads
+from benchmarks import harness, impls, workloads
 from benchmarks.impls import INIT_SCALE, torch_best_optimizer
 
 
@@ -52,7 +52,7 @@ class Trainer:
         else:
             self.model = model.to(dtype)
             if impl == "fused_amp":
-                self.opt = fused_amp.optim.AdamW(self.model.parameters(), **kw)
+                self.opt = fused_amp.optim.AdamW(self.model.parameters(), **kw, **impls.FUSED_AMP_SETTINGS)
                 self.scaler = fused_amp.GradScaler(device, init_scale=INIT_SCALE)
             else:
                 self.masters = [torch.nn.Parameter(p.detach().float()) for p in self.model.parameters()]
