@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import numbers
+import operator
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ class _HostFlag:
 
 
 _INT32_MAX = 2 ** 31 - 1
+_GRAD, _IS_SPARSE, _DEVICE = (operator.attrgetter(a) for a in ("grad", "is_sparse", "device"))
 
 
 def _check_options(growth_interval, hysteresis, min_scale, max_scale):
@@ -138,13 +140,15 @@ class GradScaler(torch.amp.GradScaler):
     # ---- unscaling and the overflow check ---------------------------------------------------
     @staticmethod
     def _grads_per_device(optimizer) -> Dict[torch.device, List[torch.Tensor]]:
-        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        grads = [p.grad for p in params]
-        if not any(g.is_sparse for g in grads):
-            if grads and all(g.device == grads[0].device for g in grads):  # the usual case, fast
-                return {grads[0].device: grads}
+        grads = [g for group in optimizer.param_groups for g in map(_GRAD, group["params"])
+                 if g is not None]
+        # the usual case, in C-level passes: dense grads on one device
+        if grads and not any(map(_IS_SPARSE, grads)) and len(set(map(_DEVICE, grads))) == 1:
+            return {grads[0].device: grads}
         per_device = defaultdict(list)
-        for param in params:
+        for param in (p for group in optimizer.param_groups for p in group["params"]):
+            if param.grad is None:
+                continue
             if param.grad.is_sparse:
                 # unscale the values of a coalesced sparse grad, as torch does
                 if param.grad.dtype is torch.float16:

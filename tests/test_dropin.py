@@ -27,7 +27,7 @@ def make_params(dtype, shapes=SHAPES, seed=0):
 def set_grads(params, seed, scale=1.0):
     gen = torch.Generator().manual_seed(seed)
     for p in params:
-        p.grad = (torch.randn(p.shape, generator=gen) * scale).to(p.dtype)
+        p.grad = (torch.randn(p.shape, generator=gen) * scale).to(p.device, p.dtype)
 
 
 def value(opt, p):
@@ -617,3 +617,50 @@ def test_unscale_accepts_found_inf_that_requires_grad_and_inference_tensors():
         x, found, inv = torch.tensor([2.0, float("inf")]), torch.zeros(1), torch.tensor([0.5])
     ops.unscale_([x], found, inv)  # torch accepts inference tensors outside inference mode too
     assert found.item() == 1.0 and x[0].item() == 1.0
+
+
+@pytest.mark.parametrize("kind", ["transposed", "gaps"])
+def test_scaler_unscale_of_strided_grads_as_torch(kind):
+    grads = {}
+    for scaler_cls in (torch.amp.GradScaler, fused_amp.GradScaler):
+        params = make_params(torch.float32, [(6, 5), (4, 3)])
+        set_grads(params, 1, scale=1024.0)
+        params[0].grad = strided_like(params[0].grad, kind)
+        params[1].grad[1, 1] = float("inf") if scaler_cls is fused_amp.GradScaler else params[1].grad[1, 1]
+        opt = torch.optim.SGD(params, lr=0.1)
+        scaler = scaler_cls("cpu", init_scale=1024.0)
+        scaler.scale(torch.ones(()))
+        scaler.unscale_(opt)
+        grads[scaler_cls] = [p.grad for p in params]
+        found = sum(v.item() for v in scaler._per_optimizer_states[id(opt)]["found_inf_per_device"].values())
+        assert found == (1.0 if scaler_cls is fused_amp.GradScaler else 0.0)
+    for ours, theirs in zip(grads[fused_amp.GradScaler], grads[torch.amp.GradScaler]):
+        assert ours.stride() == theirs.stride()
+        mask = torch.isfinite(ours)
+        assert_bitwise_equal(ours[mask], theirs[mask])
+
+
+# ---- CUDA ---------------------------------------------------------------------------------
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("cls,torch_cls,kw", STATEFUL, ids=STATEFUL_IDS)
+def test_cuda_step_on_the_cpu_and_grads_unscaled(cls, torch_cls, kw):
+    """ZeroRedundancyOptimizer.load_state_dict moves 0-dim state (step) to the CPU; the step
+    still runs on the params' device. And the grads are unscaled on CUDA as torch leaves them."""
+    params = [p.cuda() for p in make_params(torch.bfloat16)]
+    params = [torch.nn.Parameter(p) for p in params]
+    opt = cls(params, **kw)
+    run_steps(opt, params, [1])
+    for p in params:
+        opt.state[p]["step"] = opt.state[p]["step"].cpu()
+    scaler = fused_amp.GradScaler("cuda", init_scale=512.0)
+    scaler.scale(torch.ones((), device="cuda"))
+    set_grads(params, 2, scale=512.0)
+    expected = [p.grad.clone() for p in params]
+    torch._amp_foreach_non_finite_check_and_unscale_(
+        expected, torch.zeros(1, device="cuda"), torch.full((1,), 1 / 512.0, device="cuda"))
+    scaler.step(opt)
+    scaler.update()
+    for p, e in zip(params, expected):
+        assert opt.state[p]["step"].device == p.device and opt.state[p]["step"].item() == 2.0
+        assert_bitwise_equal(p.grad, e)

@@ -98,11 +98,11 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
   if (!staging) return s;
   // Every check has passed: stage what the kernels cannot walk as it is.
   for (size_t i = 0; i < s.params.size(); ++i) {
-    const std::vector<int64_t> strides = Staging::reference_strides(s.params[i]);
-    s.params[i] = staging->input(s.params[i], strides, true);
-    s.grads[i] = staging->input(s.grads[i], strides, s.write_grads);
+    s.params[i] = staging->dense(s.params[i], true);
+    const at::Tensor& param = s.params[i];
+    s.grads[i] = staging->like(s.grads[i], param, s.write_grads);
     for (auto* list : {&s.masters, &s.states_a, &s.states_b, &s.aux}) {
-      if (!list->empty() && (*list)[i].defined()) (*list)[i] = staging->input((*list)[i], strides, true);
+      if (!list->empty() && (*list)[i].defined()) (*list)[i] = staging->like((*list)[i], param, true);
     }
   }
   return s;

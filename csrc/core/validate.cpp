@@ -1,8 +1,8 @@
 #include "core/validate.h"
 
 #include <ATen/MemoryOverlap.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
-#include <c10/util/strides.h>
 #include <c10/util/Exception.h>
 
 #include <cmath>
@@ -30,29 +30,32 @@ void check_no_overlap(const char* op, const char* name, size_t i, const at::Tens
                     "elements are distinct (.clone())");
 }
 
-// Dense, and the same strides wherever the size is > 1 (a size-1 dim may carry any stride).
-bool has_layout(const at::Tensor& t, at::IntArrayRef strides) {
+// Dense, with the strides of `like` wherever the size is > 1 (a size-1 dim may carry any stride).
+bool has_layout(const at::Tensor& t, const at::Tensor& like) {
   if (!t.is_non_overlapping_and_dense()) return false;
+  if (t.strides() == like.strides()) return true;
   for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) > 1 && t.stride(d) != strides[d]) return false;
+    if (t.size(d) > 1 && t.stride(d) != like.stride(d)) return false;
   }
   return true;
 }
 
 }  // namespace
 
-at::Tensor Staging::input(const at::Tensor& t, at::IntArrayRef strides, bool written) {
-  if (has_layout(t, strides)) return t;
-  at::Tensor staged = at::empty_strided(t.sizes(), strides, t.options());
+at::Tensor Staging::stage(const at::Tensor& t, at::Tensor staged, bool written) {
   staged.copy_(t);
   if (written) written_.emplace_back(t, staged);
   return staged;
 }
 
-std::vector<int64_t> Staging::reference_strides(const at::Tensor& param) {
-  if (param.is_non_overlapping_and_dense()) return param.strides().vec();
-  const auto strides = c10::contiguous_strides(param.sizes());
-  return {strides.begin(), strides.end()};
+at::Tensor Staging::dense(const at::Tensor& t, bool written) {
+  if (t.is_non_overlapping_and_dense()) return t;
+  return stage(t, at::empty(t.sizes(), t.options()), written);
+}
+
+at::Tensor Staging::like(const at::Tensor& t, const at::Tensor& like, bool written) {
+  if (has_layout(t, like)) return t;
+  return stage(t, at::empty_strided(t.sizes(), like.strides(), t.options()), written);
 }
 
 void Staging::copy_back() {
@@ -122,7 +125,7 @@ std::vector<at::Tensor> validate_unscale(const char* op, at::TensorList tensors,
   std::vector<at::Tensor> out;
   if (!staging) return out;
   out.reserve(tensors.size());
-  for (const auto& t : tensors) out.push_back(staging->input(t, Staging::reference_strides(t), written));
+  for (const auto& t : tensors) out.push_back(staging->dense(t, written));
   return out;
 }
 

@@ -35,13 +35,15 @@ void check_partner(const char* op, const char* name, size_t i, const at::Tensor&
 // The usual dense case costs a layout comparison and nothing more.
 class Staging {
  public:
-  // `t` itself when it already has the layout (sizes, strides), else a staged copy.
-  at::Tensor input(const at::Tensor& t, at::IntArrayRef strides, bool written);
-  // The layout the partners of `param` are walked in: its own when dense, else contiguous.
-  static std::vector<int64_t> reference_strides(const at::Tensor& param);
+  // `t` itself when it is dense, else a staged contiguous copy.
+  at::Tensor dense(const at::Tensor& t, bool written);
+  // `t` itself when it is dense and laid out as `like` (a dense tensor of its shape), else a
+  // staged copy in the layout of `like`.
+  at::Tensor like(const at::Tensor& t, const at::Tensor& like, bool written);
   void copy_back();
 
  private:
+  at::Tensor stage(const at::Tensor& t, at::Tensor staged, bool written);
   std::vector<std::pair<at::Tensor, at::Tensor>> written_;  // (user tensor, staged copy)
 };
 

@@ -68,10 +68,12 @@ float step_inv_scale(const core::StepTensors& s) {
 
 template <typename T>
 UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t e) {
+  // dtypes are validated: skip data_ptr<T>()'s check, a measurable cost with many small tensors
   auto at_b = [&](const std::vector<at::Tensor>& list) -> float* {
-    return list.empty() || !list[t].defined() ? nullptr : list[t].data_ptr<float>() + b;
+    return list.empty() || !list[t].defined() ? nullptr : static_cast<float*>(list[t].data_ptr()) + b;
   };
-  return UpdateRange<T>{s.params[t].data_ptr<T>() + b, s.grads[t].data_ptr<T>() + b,
+  return UpdateRange<T>{static_cast<T*>(s.params[t].data_ptr()) + b,
+                        static_cast<T*>(s.grads[t].data_ptr()) + b,
                         at_b(s.masters), at_b(s.states_a), at_b(s.states_b), at_b(s.aux), e - b,
                         s.write_grads};
 }
