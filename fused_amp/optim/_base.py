@@ -128,7 +128,9 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             lists["steps"].append(state["step"])
             for key in keys:
                 lists[key].append(state[key])
-        self._lists_cache.pop(id(group), None)
+        # drop what is kept for this group, and for groups no longer in the optimizer
+        live = {id(g) for g in self.param_groups}
+        self._lists_cache = {k: v for k, v in self._lists_cache.items() if k in live and k != id(group)}
         if all_grads:
             self._lists_cache[id(group)] = _GroupLists(
                 group, params, self.state, [self.state[p] for p in params], options,
