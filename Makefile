@@ -1,12 +1,16 @@
 # make test  : set everything up in .venv, build the extension, run the test suite
 # make bench : set everything up in .venv, build the extension, run the benchmark suite
+# make gpu-check : on a machine with an NVIDIA GPU and its own torch: build for that GPU, run the
+#                  CUDA tests, the rest of the suite and the CUDA benchmarks (tools/gpu_check.py)
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.14.1
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fused_amp-deps
 
-.PHONY: test bench build deps clean
+GPU_PYTHON ?= python3
+
+.PHONY: test bench build deps clean gpu-check
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +35,10 @@ test: build
 
 bench: build
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
+
+# No venv: the GPU machine's own interpreter and torch; results in $$FUSED_AMP_GPU_OUT.
+gpu-check:
+	$(GPU_PYTHON) tools/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf build *.egg-info fused_amp/_C*.so

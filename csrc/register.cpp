@@ -4,6 +4,9 @@
 
 #include "cpu/loops.h"
 #include "ops_impl.h"
+#ifdef FUSED_AMP_WITH_CUDA
+#include "cuda/launch.h"
+#endif
 
 TORCH_LIBRARY(fused_amp, m) {
   m.def("unscale_(Tensor(a!)[] tensors, Tensor(b!) found_inf, Tensor inv_scale) -> ()");
@@ -73,6 +76,24 @@ PyObject* build_info(PyObject*, PyObject*) {
                        fused_amp::cpu::loops().isa);
 }
 
+// For the CUDA tests: force the 4 KB or the 32 KB kernel-argument plan (0: automatic).
+PyObject* set_kernel_arg_bytes(PyObject*, PyObject* arg) {
+  const long bytes = PyLong_AsLong(arg);
+  if (bytes == -1 && PyErr_Occurred()) return nullptr;
+#ifdef FUSED_AMP_WITH_CUDA
+  try {
+    fused_amp::cuda::set_kernel_arg_bytes(static_cast<int>(bytes));
+  } catch (const std::invalid_argument& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+#else
+  PyErr_SetString(PyExc_RuntimeError, "fused_amp was built without CUDA kernels");
+  return nullptr;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused_amp, SparseCPU, m) { register_sparse_rejection(m); }
@@ -82,6 +103,8 @@ namespace {
 
 PyMethodDef methods[] = {
     {"build_info", build_info, METH_NOARGS, "How this extension was built and what it runs."},
+    {"_set_kernel_arg_bytes", set_kernel_arg_bytes, METH_O,
+     "Force the CUDA kernel-argument plan: 4096, 32768, or 0 for automatic (tests only)."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};

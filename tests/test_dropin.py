@@ -4,7 +4,6 @@ param dtypes, in the style of torch's own optimizer tests."""
 import copy
 import inspect
 import pickle
-import warnings
 from collections import defaultdict
 
 import pytest
@@ -12,9 +11,9 @@ import torch
 
 import fused_amp
 from fused_amp import ops
-from fused_amp.optim import SGD, Adam, AdamW
+from fused_amp.optim import Adam, AdamW
 from helpers import assert_bitwise_equal
-from optim_registry import CASES, IDS, OPTIMIZERS, PARAM_DTYPES, PLAIN, PLAIN_IDS, STATEFUL, STATEFUL_IDS
+from optim_registry import OPTIMIZERS, PARAM_DTYPES, PLAIN, PLAIN_IDS, STATEFUL, STATEFUL_IDS
 
 SHAPES = [(5, 7), (33,), (2, 3, 4)]
 

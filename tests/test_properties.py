@@ -9,7 +9,6 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import fused_amp
 from fused_amp import ops
 from helpers import assert_bitwise_equal
 from optim_registry import OPTIMIZERS

@@ -1,4 +1,7 @@
 // Loss-scaling kernels: unscale / non-finite check over tensor lists, and the scale update.
+#include <atomic>
+#include <stdexcept>
+
 #include "cuda/multi_tensor_apply.cuh"
 #include "ops/unscale.h"
 
@@ -73,10 +76,22 @@ FA_GLOBAL void update_scale_kernel(float* scale, int* growth_tracker, int* overf
 
 }  // namespace
 
+namespace {
+std::atomic<int> forced_kernel_arg_bytes{0};
+}  // namespace
+
+void set_kernel_arg_bytes(int bytes) {
+  if (bytes != 0 && bytes != 4096 && bytes != 32768) {
+    throw std::invalid_argument("kernel argument bytes must be 0 (auto), 4096 or 32768");
+  }
+  forced_kernel_arg_bytes = bytes;
+}
+
 bool large_kernel_args() {
 #if defined(FUSED_AMP_HOST_SIM)
   return fused_amp_sim_large_args;
 #else
+  if (const int forced = forced_kernel_arg_bytes.load()) return forced == 32768;
   static const bool ok = [] {
     int driver = 0, runtime = 0;
     if (cudaDriverGetVersion(&driver) != cudaSuccess) return false;

@@ -26,6 +26,10 @@ struct TensorPtrs {
 
 enum class Dtype : int { Float, Half, BFloat16, Double };
 
+// Which kernel-argument plan the launches use: 0 decides from the CUDA versions (32 KB where
+// runtime and driver allow it), 4096 or 32768 forces one (for the tests of both plans).
+void set_kernel_arg_bytes(int bytes);
+
 // unscale_ (inv_scale given) or non_finite_check_ (inv_scale null) over tensors of one dtype.
 void unscale(Dtype dtype, const std::vector<TensorPtrs>& tensors, float* found_inf,
              const float* inv_scale, cudaStream_t stream);

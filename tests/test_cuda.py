@@ -1,0 +1,233 @@
+"""What only a GPU can settle (make gpu-check runs these): the CUDA kernels bitwise against the
+CPU kernels, unscale_ against torch's CUDA kernel across both launch plans and at the edges of
+the plan, a whole training step without host syncs, captured in a CUDA graph, and grads on a
+second device. All skip without a GPU."""
+import pytest
+import torch
+
+import fused_amp
+from fused_amp import ops
+from helpers import assert_bitwise_equal
+from optim_registry import CASES, IDS, OPTIMIZERS, PARAM_DTYPES
+
+pytestmark = pytest.mark.cuda
+
+
+# ---- optimizer kernels: CUDA against CPU ------------------------------------------------------
+
+SHAPES = [(1000, 33), (65537,), (7,), (0,), (3, 5, 9)]
+
+
+def run_optimizer(cls, kw, dtype, master_weights, device, steps=5):
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s, generator=gen).to(device, dtype)) for s in SHAPES]
+    opt = cls(params, master_weights=master_weights, **kw)
+    for step in range(steps + 1):
+        for p in params:
+            p.grad = (torch.randn(p.shape, generator=gen) * 256).to(device, dtype)
+        overflow = step == 2  # one skipped step in the middle
+        opt.grad_scale = torch.full((), 256.0, device=device)
+        opt.found_inf = torch.full((), float(overflow), device=device)
+        opt.step()
+        del opt.grad_scale, opt.found_inf
+    out = []
+    for p in params:
+        out += [p.detach(), p.grad] + [v for _, v in sorted(opt.state[p].items())]
+    return [t.cpu() for t in out]
+
+
+def pow_agrees(betas, steps=5):
+    """Whether CUDA's and the CPU's double pow agree on the bias corrections these steps need."""
+    t = torch.arange(1, steps + 1, dtype=torch.float64)
+    for beta in betas:
+        cpu = torch.full_like(t, beta).pow(t)
+        gpu = torch.full_like(t, beta, device="cuda").pow(t.cuda()).cpu()
+        if not torch.equal(cpu, gpu):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("master_weights", [True, False])
+@pytest.mark.parametrize("dtype", PARAM_DTYPES)
+@pytest.mark.parametrize("cls,torch_cls,kw", CASES, ids=IDS)
+def test_optimizer_cuda_bitwise_equal_to_cpu(cls, torch_cls, kw, dtype, master_weights):
+    """The shared math (csrc/ops) is compiled without contraction on both sides, with the same
+    explicit FMAs: params, masters, state and the unscaled grads must agree bit for bit. The
+    step-dependent coefficients use double pow (libm on the CPU, CUDA's on the GPU); sqrt and
+    division are IEEE on both. If this fails, the message says whether pow is the cause."""
+    cpu = run_optimizer(cls, kw, dtype, master_weights, "cpu")
+    gpu = run_optimizer(cls, kw, dtype, master_weights, "cuda")
+    for i, (a, b) in enumerate(zip(gpu, cpu)):
+        if not torch.equal(torch.isnan(a), torch.isnan(b)) or not torch.equal(
+                a.nan_to_num(), b.nan_to_num()):
+            if cls is fused_amp.optim.SGD:
+                cause = "SGD uses no pow: the element-wise math differs"
+            elif pow_agrees(kw.get("betas", (0.9, 0.999))):
+                cause = "double pow agrees: the element-wise math differs"
+            else:
+                cause = "double pow differs between CUDA and the CPU for these betas"
+            diff = (a.double() - b.double()).abs().max().item()
+            pytest.fail(f"tensor {i} differs (max abs diff {diff:g}); {cause}")
+
+
+# ---- unscale_ and non_finite_check_ against torch's CUDA kernel ------------------------------
+
+def edge_list(gen):
+    """Every edge of the launch plan: empty tensors, sizes around the 65,536-element chunk,
+    more tensors than either plan holds (110/770 for one list), more blocks than either holds
+    (320/2240), unaligned starts (views at offset 1), and the three half and float dtypes."""
+    sizes = [0, 1, 65535, 65536, 65537, 0, 131073] + [333] * 900 + [150_000_000]
+    dtypes = [torch.float32, torch.float16, torch.bfloat16]
+    out = []
+    for i, n in enumerate(sizes):
+        dtype = dtypes[i % 3]
+        if i % 5 == 1 and n > 0:  # one element past an aligned start
+            base = (torch.randn(n + 1, generator=gen) * 1000).to("cuda", dtype)
+            out.append(base[1:])
+        else:
+            out.append((torch.randn(n, generator=gen) * 1000).to("cuda", dtype))
+    return out
+
+
+@pytest.fixture(params=[4096, 32768], ids=["4KB-plan", "32KB-plan"])
+def launch_plan(request):
+    fused_amp._C._set_kernel_arg_bytes(request.param)
+    yield request.param
+    fused_amp._C._set_kernel_arg_bytes(0)
+
+
+@pytest.mark.parametrize("inv_scale", [0.5, 2.0 ** -16, 0.1])
+def test_unscale_bitwise_equal_to_torch_at_every_edge(launch_plan, inv_scale):
+    gen = torch.Generator().manual_seed(3)
+    ours = edge_list(gen)
+    theirs = [t.clone() for t in ours]
+    found_ours, found_theirs = torch.zeros(1, device="cuda"), torch.zeros(1, device="cuda")
+    inv = torch.full((1,), inv_scale, device="cuda")
+    ops.unscale_(ours, found_ours, inv)
+    torch._amp_foreach_non_finite_check_and_unscale_(theirs, found_theirs, inv)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert_bitwise_equal(a, b, f"tensor {i}")
+    assert found_ours.item() == found_theirs.item() == 0.0
+    for where in (-1, 7, -900):  # an inf in the huge tensor's last element, and elsewhere
+        t = ours[where]
+        t[-1] = float("inf")
+        found = torch.zeros(1, device="cuda")
+        ops.non_finite_check_(ours, found)
+        assert found.item() == 1.0, where
+        t[-1] = 0.0
+
+
+def test_unscale_beyond_2_31_elements():
+    """64-bit offsets: a bf16 tensor of more than 2^31 elements (4 GiB)."""
+    n = 2 ** 31 + 4097
+    x = torch.full((n,), 3.0, dtype=torch.bfloat16, device="cuda")
+    x[-1] = 5.0
+    found = torch.zeros(1, device="cuda")
+    ops.unscale_([x], found, torch.full((1,), 0.5, device="cuda"))
+    assert found.item() == 0.0
+    assert x[-1].item() == 2.5 and x[0].item() == 1.5 and x[2 ** 31].item() == 1.5
+    assert bool((x[:-1] == 1.5).all())
+    x[-2] = float("nan")
+    ops.non_finite_check_([x], found)
+    assert found.item() == 1.0
+
+
+# ---- a whole training step: no host sync, CUDA graph capture ------------------------------
+
+def optimizer_factories():
+    """Our optimizers on fp16 params, and torch's fused ones on fp32 params, each with our scaler."""
+    out = [(e.ours.__name__, torch.float16, lambda ps, e=e: e.ours(ps, **e.options[-1])) for e in OPTIMIZERS]
+    out += [(f"torch-{e.theirs.__name__}-fused", torch.float32,
+             lambda ps, e=e: e.theirs(ps, fused=True, **e.options[-1])) for e in OPTIMIZERS]
+    return out
+
+
+FACTORIES = optimizer_factories()
+
+
+def setup(dtype, make_opt):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(),
+                                torch.nn.Linear(128, 8)).cuda().to(dtype)
+    opt = make_opt(list(model.parameters()))
+    scaler = fused_amp.GradScaler("cuda", init_scale=2.0 ** 12)
+    x = torch.randn(32, 64, device="cuda", dtype=dtype)
+    return model, opt, scaler, x
+
+
+def train_step(model, opt, scaler, x):
+    opt.zero_grad(set_to_none=False)
+    scaler.scale(model(x).float().pow(2).mean()).backward()
+    scaler.step(opt)
+    scaler.update()
+
+
+@pytest.mark.parametrize("name,dtype,make_opt", FACTORIES, ids=[f[0] for f in FACTORIES])
+def test_training_step_has_no_host_sync(name, dtype, make_opt):
+    model, opt, scaler, x = setup(dtype, make_opt)
+    train_step(model, opt, scaler, x)  # state is created on the first step
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            train_step(model, opt, scaler, x)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("name,dtype,make_opt", FACTORIES[:len(OPTIMIZERS)],
+                         ids=[f[0] for f in FACTORIES[:len(OPTIMIZERS)]])
+def test_training_step_captured_in_a_cuda_graph_equals_eager(name, dtype, make_opt):
+    model, opt, scaler, x = setup(dtype, make_opt)
+    ref_model, ref_opt, ref_scaler, _ = setup(dtype, make_opt)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            train_step(model, opt, scaler, x)
+            train_step(ref_model, ref_opt, ref_scaler, x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        train_step(model, opt, scaler, x)
+    clean = x.clone()
+    for i in range(6):
+        x.copy_(clean)
+        if i == 3:  # an overflow inside the replays: both skip, both back off
+            x[0, 0] = float("inf")
+        graph.replay()
+        train_step(ref_model, ref_opt, ref_scaler, x)
+    torch.cuda.synchronize()
+    for a, b in zip(model.parameters(), ref_model.parameters()):
+        assert_bitwise_equal(a.detach(), b.detach())
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        for key, v in opt.state[p].items():
+            assert_bitwise_equal(v, ref_opt.state[q][key], key)
+    assert scaler._scale.item() == ref_scaler._scale.item()
+
+
+# ---- several devices ------------------------------------------------------------------------
+
+def test_grads_on_a_second_device():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(100, generator=gen).to(f"cuda:{i % 2}", torch.bfloat16))
+              for i in range(4)]
+    twins = [torch.nn.Parameter(p.detach().cpu()) for p in params]
+    opt, twin_opt = fused_amp.optim.AdamW(params, lr=1e-2), fused_amp.optim.AdamW(twins, lr=1e-2)
+    for step in range(3):
+        for p, t in zip(params, twins):
+            t.grad = (torch.randn(100, generator=gen) * 64).bfloat16()
+            p.grad = t.grad.to(p.device)
+        if step == 1:
+            params[1].grad[0] = float("inf")
+            twins[1].grad[0] = float("inf")
+        for o, ps, dev in ((opt, params, "cuda"), (twin_opt, twins, "cpu")):
+            scaler = fused_amp.GradScaler(dev, init_scale=64.0)
+            scaler.scale(torch.ones((), device=ps[0].device))
+            scaler.step(o)
+            scaler.update()
+    for p, t in zip(params, twins):
+        assert_bitwise_equal(p.detach().cpu(), t.detach())
+        assert_bitwise_equal(opt.state[p]["master_param"].cpu(), twin_opt.state[t]["master_param"])
