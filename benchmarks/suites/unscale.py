@@ -19,8 +19,8 @@ def cases(ctx):
 def run(ctx, name, shapes, dtype_name):
     dtype = getattr(torch, dtype_name)
     shapes = workloads.scaled(shapes, ctx.scale)
-    gen = torch.Generator().manual_seed(0)
-    base = [torch.randn(s, generator=gen).to(ctx.device, dtype) for s in shapes]
+    gen = torch.Generator(ctx.device).manual_seed(0)
+    base = [torch.randn(s, generator=gen, device=ctx.device).to(dtype) for s in shapes]
     ours, theirs = base, [t.clone() for t in base]
     found = torch.zeros((), device=ctx.device)
     # alternate 2^-16 and 2^16 so that the values never drift into subnormals over the reps,
