@@ -16,7 +16,7 @@ RECORD_FIELDS = {
     "gparams_per_s": float, "gbytes_per_s": (float, type(None)), "ceiling_frac": (float, type(None)),
     "bytes_per_param": (int, type(None)), "peak_mem_bytes": (int, type(None)),
     "state_bytes": (int, type(None)), "host_syncs_per_step": (int, type(None)),
-    "speedup_vs": dict, "loss": (float, type(None)),
+    "speedup_vs": dict, "speedup_range": dict, "repeats": int, "loss": (float, type(None)),
 }
 
 
@@ -61,22 +61,34 @@ def time_alternating(impls: Sequence[Impl], device: str, reps: int, warmup: int 
     return times
 
 
+# The streaming kernels of the ceiling, with the bytes each moves per fp32 element: a read-only
+# reduction, a copy, an in-place scale (what unscale_ does), an in-place add, a triad, and
+# torch's fused Adam (4 reads, 3 writes, as an optimizer step streams them). The ceiling is the best of them: on some machines the add alone
+# is well below what torch's own Adam reaches.
+STREAM_BYTES = {"read": 4, "copy": 8, "scale": 8, "add": 12, "triad": 12, "adam": 28}
+
+
 def measure_ceiling(device: str, n_bytes: int = 1 << 30, reps: int = 5) -> Dict[str, float]:
-    """The device's memory bandwidth in GB/s, measured now: on CPU the better of an in-place
-    a.add_(b) (12 bytes/element) and a copy (8 bytes/element) over tensors far larger than the
-    caches; on GPU a device-to-device copy. Each is the median over ``reps`` runs, as the
-    kernels' times are, so that a fraction of the ceiling compares like with like."""
+    """The device's memory bandwidth in GB/s, measured now over arrays of ``n_bytes`` each (far
+    larger than the caches): every kernel of STREAM_BYTES, each the median of ``reps`` runs (as
+    the kernels' times are, so that a fraction compares like with like), and their best as
+    ``ceiling_gbps``."""
     n = n_bytes // 4
-    a = torch.rand(n, device=device)
-    b = torch.rand(n, device=device)
+    a, b, c = (torch.rand(n, device=device) for _ in range(3))
+    p = torch.nn.Parameter(torch.rand(n, device=device))
+    p.grad = torch.rand(n, device=device) * 1e-3
+    adam = torch.optim.Adam([p], lr=1e-6, fused=True)
+    adam.step()  # creates the moments: later steps stream p, grad, m, v
+    kernels = {"read": lambda: a.sum(), "copy": lambda: a.copy_(b),
+               "scale": lambda: c.mul_(-1.0),  # exact: no drift into subnormals over the reps
+               "add": lambda: a.add_(b),
+               "triad": lambda: torch.add(b, c, alpha=3.0, out=a), "adam": adam.step}
 
     def gbps(fn, bytes_per_element):
         fn()  # warm-up
         return bytes_per_element * n / statistics.median(time_once(fn, device) for _ in range(reps)) / 1e9
 
-    out = {"copy_gbps": gbps(lambda: a.copy_(b), 8)}
-    if device == "cpu":
-        out["add_gbps"] = gbps(lambda: a.add_(b), 12)
+    out = {f"{name}_gbps": gbps(fn, STREAM_BYTES[name]) for name, fn in kernels.items()}
     out["ceiling_gbps"] = max(out.values())
     return out
 
@@ -110,7 +122,8 @@ def tensor_bytes(tensors) -> int:
 def make_records(suite: str, case: str, device: str, dtype: str, n_params: int, n_tensors: int,
                  times: Dict[str, List[float]], ceiling_gbps: float, bytes_per_param: Optional[int],
                  extra: Optional[Dict[str, Dict]] = None) -> List[Dict]:
-    """One record per implementation, with the speedups against every other one."""
+    """One record per implementation, with the speedups against every other one: the ratio of
+    the medians, and the range of the ratios of the repetitions timed in the same turn."""
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     records = []
     for name, ts in times.items():
@@ -123,7 +136,10 @@ def make_records(suite: str, case: str, device: str, dtype: str, n_params: int, 
                    ceiling_frac=gbps / ceiling_gbps if gbps else None,
                    bytes_per_param=bytes_per_param, peak_mem_bytes=None, state_bytes=None,
                    host_syncs_per_step=None, loss=None,
-                   speedup_vs={other: medians[other] / t for other in medians if other != name})
+                   speedup_vs={other: medians[other] / t for other in medians if other != name},
+                   repeats=1)
+        paired = {other: [a / b for a, b in zip(times[other], ts)] for other in rec["speedup_vs"]}
+        rec["speedup_range"] = {k: [min(v), max(v)] for k, v in paired.items()}
         rec.update((extra or {}).get(name, {}))
         records.append(rec)
     return records

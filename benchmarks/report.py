@@ -2,11 +2,62 @@
 import json
 import math
 import os
+import statistics
 from collections import defaultdict
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from benchmarks.impls import FUSED_AMP_SETTINGS
-from benchmarks.roofline import BYTES_PER_PARAM
+from benchmarks.roofline import BYTES_PER_PARAM, RECIPE_BYTES_ADAM
+
+
+def aggregate(runs: List[Dict], ceiling_gbps: Optional[float]) -> List[Dict]:
+    """One record per (suite, case, impl) from the records of every repeat: the median of the
+    repeats' median times and their range, the speedups' median and range, and the fraction
+    of the ceiling (the best over all repeats) at the median time. With a single repeat the
+    ranges are those of the repetitions within it (ratios: of the repetitions timed in turn)."""
+    groups = defaultdict(list)
+    for r in runs:
+        groups[(r["suite"], r["case"], r["impl"])].append(r)
+    out = []
+    for rs in groups.values():
+        rec = {k: v for k, v in rs[0].items() if k != "repeat"}
+        times = [r["time_ms"] for r in rs]
+        t = statistics.median(times)
+        rec.update(time_ms=t, repeats=len(rs), gparams_per_s=rec["n_params"] / t * 1e3 / 1e9)
+        if len(rs) > 1:
+            rec.update(time_ms_min=min(times), time_ms_max=max(times))
+        if rec["bytes_per_param"] and ceiling_gbps:
+            rec["gbytes_per_s"] = rec["bytes_per_param"] * rec["n_params"] / t * 1e3 / 1e9
+            rec["ceiling_frac"] = rec["gbytes_per_s"] / ceiling_gbps
+        if len(rs) > 1:  # else the range of the paired repetitions of the one run stays
+            ratios = {o: [r["speedup_vs"][o] for r in rs] for o in rs[0]["speedup_vs"]}
+            rec["speedup_vs"] = {o: statistics.median(v) for o, v in ratios.items()}
+            rec["speedup_range"] = {o: [min(v), max(v)] for o, v in ratios.items()}
+        out.append(rec)
+    return out
+
+
+def over_ceiling(records: List[Dict]) -> List[str]:
+    """The results that moved more bytes per second than the ceiling: the ceiling is wrong."""
+    return [f"{r['suite']} {r['case']} {r['impl']} ({r['gbytes_per_s']:.1f} GB/s)"
+            for r in records if r["ceiling_frac"] is not None and r["ceiling_frac"] > 1.0]
+
+
+def _frac(r) -> str:
+    if r["ceiling_frac"] is None:
+        return "–"
+    if r["ceiling_frac"] > 1.0:
+        return "above the ceiling (the ceiling is wrong)"
+    return f"{r['ceiling_frac'] * 100:.0f}%"
+
+
+def verdict(low: float, high: float) -> str:
+    """faster / slower only when every repeat agrees."""
+    if low > 1.0:
+        return "faster"
+    if high < 1.0:
+        return "SLOWER"
+    return "within noise"
 
 
 def _fmt(value, digits=2):
@@ -23,7 +74,7 @@ def markdown_table(records: List[Dict], suite: str) -> str:
     if not rows:
         return ""
     others = sorted({o for r in rows for o in r["speedup_vs"]})
-    head = ["case", "impl", "time ms (min–max)", "Gparam/s", "GB/s", "of ceiling"]
+    head = ["case", "impl", "time ms (range)", "Gparam/s", "GB/s", "of ceiling"]
     head += [f"× vs {o}" for o in others]
     extra = [k for k in ("loss", "tokens_per_s", "host_syncs_per_step", "peak_mem_bytes", "state_bytes")
              if any(r.get(k) is not None for r in rows)]
@@ -32,9 +83,9 @@ def markdown_table(records: List[Dict], suite: str) -> str:
     for r in rows:
         cells = [r["case"], r["impl"],
                  f"{r['time_ms']:.2f} ({r['time_ms_min']:.2f}–{r['time_ms_max']:.2f})",
-                 _fmt(r["gparams_per_s"], 3), _fmt(r["gbytes_per_s"], 1),
-                 _fmt(r["ceiling_frac"] * 100, 0) + "%" if r["ceiling_frac"] is not None else "–"]
-        cells += [_fmt(r["speedup_vs"].get(o)) for o in others]
+                 _fmt(r["gparams_per_s"], 3), _fmt(r["gbytes_per_s"], 1), _frac(r)]
+        cells += [f"{r['speedup_vs'][o]:.2f} ({r['speedup_range'][o][0]:.2f}–{r['speedup_range'][o][1]:.2f})"
+                  if o in r["speedup_vs"] else "–" for o in others]
         for k in extra:
             v = r.get(k)
             cells.append(_fmt(v / 2 ** 20, 0) + " MiB" if k.endswith("bytes") and v is not None
@@ -44,16 +95,50 @@ def markdown_table(records: List[Dict], suite: str) -> str:
 
 
 def summary_lines(records: List[Dict]) -> List[str]:
-    """fused_amp against each other implementation, per case: where it wins and where it loses."""
+    """fused_amp against each other implementation, per case: median ratio, its range over the
+    repeats, and a verdict only where every repeat agrees."""
     out = []
     for r in records:
         if r["impl"] != "fused_amp" or not r["speedup_vs"]:
             continue
-        ratios = ", ".join(f"{v:.2f}x vs {k}" for k, v in sorted(r["speedup_vs"].items()))
-        frac = f", {r['ceiling_frac'] * 100:.0f}% of ceiling" if r["ceiling_frac"] is not None else ""
-        loses = [k for k, v in r["speedup_vs"].items() if v < 1.0]
-        verdict = f"  SLOWER than {', '.join(loses)}" if loses else ""
-        out.append(f"{r['suite']:>9} {r['case']:<28} {r['time_ms']:9.2f} ms  {ratios}{frac}{verdict}")
+        parts = []
+        for other in sorted(r["speedup_vs"]):
+            low, high = r["speedup_range"][other]
+            parts.append(f"{r['speedup_vs'][other]:.2f}x ({low:.2f}–{high:.2f}) vs {other}: "
+                         f"{verdict(low, high)}")
+        out.append(f"{r['suite']:>9} {r['case']:<28} {r['time_ms']:9.2f} ms  " + "; ".join(parts)
+                   + f"; {_frac(r)} of ceiling")
+    return out
+
+
+def user_lines(records: List[Dict], machine: Dict, repeat: int) -> List[str]:
+    """The user's question first: for the model size measured, the step time and the memory of
+    fused_amp against torch's AMP recipe and the hand-written master recipe."""
+    mains = [r for r in records if r["suite"] == "optimizer" and r["case"].startswith("adam/")
+             and "-x-" not in r["case"]]
+    if not mains:
+        return []
+    case = next((r["case"] for r in mains if "bfloat16" in r["case"]), mains[0]["case"])
+    rows = {r["impl"]: r for r in mains if r["case"] == case}
+    isa = machine["fused_amp_build"].get("cpu_isa")
+    where = machine.get("gpu") or f"{machine['cpu']} ({isa}, {machine['threads']} threads)"
+    n = next(iter(rows.values()))["n_params"]
+    out = [f"Adam step with GradScaler, {n / 1e6:.0f}M params, {case.split('/')[1]} (fp32 for torch_amp), "
+           f"on {where}, torch {machine['torch']}; median of {repeat} run(s):",
+           f"  {'':<13} {'step time (range)':<24} {'moves':<13} holds (params, grads, optimizer state)"]
+    for impl in ("fused_amp", "torch_amp", "torch_master"):
+        r = rows.get(impl)
+        if r is None:
+            continue
+        held = r.get("state_bytes")
+        held_text = f"{held / 2 ** 30:.2f} GiB ({held / n:.1f} B/param)" if held else "–"
+        out.append(f"  {impl:<13} {r['time_ms']:8.1f} ms ({r['time_ms_min']:.1f}–{r['time_ms_max']:.1f})"
+                   f"{'':<3} {RECIPE_BYTES_ADAM[impl]:>3} B/param  {held_text}")
+    ours = rows.get("fused_amp")
+    if ours:
+        out.append("  fused_amp: " + "; ".join(
+            f"{ours['speedup_vs'][o]:.2f}x ({lo:.2f}–{hi:.2f}) vs {o}, {verdict(lo, hi)}"
+            for o, (lo, hi) in sorted(ours["speedup_range"].items())))
     return out
 
 
@@ -89,8 +174,9 @@ def scaling_fit(records: List[Dict]) -> Dict[str, Dict[str, float]]:
     return dict(fits)
 
 
-def write_markdown(path: str, machine: Dict, ceiling: Dict, records: List[Dict]) -> None:
-    parts = ["# fused_amp benchmark results", "",
+def write_markdown(path: str, machine: Dict, ceiling: Dict, records: List[Dict], repeat: int = 1,
+                   skipped: Optional[List[Dict]] = None) -> None:
+    parts = ["# fused_amp benchmark results", "", *user_lines(records, machine, repeat), "",
              f"Machine: {machine.get('gpu') or machine['cpu']} ({machine['threads']} threads), "
              f"torch {machine['torch']}, {machine['date']}; fused_amp build "
              f"{json.dumps(machine['fused_amp_build'])}.", "",
@@ -100,7 +186,14 @@ def write_markdown(path: str, machine: Dict, ceiling: Dict, records: List[Dict])
              "fused_amp's optimizers run with " + ", ".join(f"{k}={v}" for k, v in FUSED_AMP_SETTINGS.items())
              + ": p.grad is left unscaled after the step, as torch's fused optimizers leave it (2 bytes/param "
              "for half grads beyond the roofline, written by torch_amp's fused optimizer too).",
-             "Times are medians over the repetitions, implementations timed in turns (A B C A B C ...).", ""]
+             f"The whole plan ran {repeat} time(s), implementations timed in turns (A B C A B C ...) "
+             "within each: times are the median of the runs' medians with their range "
+             + ("over the runs" if repeat > 1 else "over the repetitions") + "; ratios likewise. "
+             "A case is called faster or slower only when every run agrees.", ""]
+    if over_ceiling(records):
+        parts += ["**The ceiling is wrong:** " + ", ".join(over_ceiling(records)) + " moved more than it.", ""]
+    if skipped:
+        parts += ["Skipped: " + "; ".join(f"{s['suite']} {s['case']} ({s['reason']})" for s in skipped), ""]
     for suite in ("unscale", "optimizer", "train", "scaling"):
         table = markdown_table(records, suite)
         if table:

@@ -21,3 +21,16 @@ BYTES_PER_PARAM = {
 def bytes_per_param(op: str, dtype: str) -> int:
     """Roofline bytes per parameter of ``op`` ("unscale", "adam", "adamw", "sgd")."""
     return BYTES_PER_PARAM[("adam" if op == "adamw" else op, dtype)]
+
+
+# What each implementation of a whole scaler step moves per param, for Adam on half params
+# (fp32 params for torch_amp), counted pass by pass: the numbers the user summary reports.
+RECIPE_BYTES_ADAM = {
+    # inf/NaN check of the half grads (2), the fused update (28), the unscaled grad written back (2)
+    "fused_amp": 2 + 28 + 2,
+    # torch.amp.GradScaler's check of the fp32 grads (4), fused Adam (28) writing the unscaled grad (4)
+    "torch_amp": 4 + 28 + 4,
+    # unscale the half grads in place (4), copy them to fp32 master grads (6), fused Adam on the
+    # masters (28), copy the masters back to the half params (6)
+    "torch_master": 4 + 6 + 28 + 6,
+}
