@@ -74,9 +74,9 @@ def measure_ceiling(device: str, n_bytes: int = 1 << 30, reps: int = 5) -> Dict[
     the kernels' times are, so that a fraction compares like with like), and their best as
     ``ceiling_gbps``."""
     n = n_bytes // 4
-    a, b, c = (torch.rand(n, device=device) for _ in range(3))
-    p = torch.nn.Parameter(torch.rand(n, device=device))
-    p.grad = torch.rand(n, device=device) * 1e-3
+    a, b, c = (torch.full((n,), v, device=device) for v in (1.0, 2.0, 3.0))  # fills: fast to make
+    p = torch.nn.Parameter(torch.full((n,), 0.5, device=device))
+    p.grad = torch.full((n,), 1e-3, device=device)
     adam = torch.optim.Adam([p], lr=1e-6, fused=True)
     adam.step()  # creates the moments: later steps stream p, grad, m, v
     kernels = {"read": lambda: a.sum(), "copy": lambda: a.copy_(b),

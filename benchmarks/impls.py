@@ -99,8 +99,12 @@ def param_dtype(impl: str, half_dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if impl == "torch_amp" else half_dtype
 
 
-def make_params(shapes, dtype, device, generator) -> List[torch.nn.Parameter]:
-    return [torch.nn.Parameter(torch.randn(s, generator=generator, device=device).to(dtype)) for s in shapes]
+def random_values(shapes, device, seed=0):
+    """fp32 param values and scaled grads for ``shapes``, drawn on the device."""
+    gen = torch.Generator(device).manual_seed(seed)
+    values = [torch.randn(s, generator=gen, device=device) for s in shapes]
+    grads = [torch.randn(s, generator=gen, device=device).mul_(INIT_SCALE) for s in shapes]
+    return values, grads
 
 
 def build_steps(shapes, opt_name: str, half_dtype: torch.dtype, device: str, impls=IMPLS) -> Dict:
@@ -108,11 +112,11 @@ def build_steps(shapes, opt_name: str, half_dtype: torch.dtype, device: str, imp
     ``prepare`` copies into .grad before every timed step (the unscale happens in place in
     torch's implementations, so a timed step never sees an already-unscaled grad)."""
     out = {}
+    values, grads = random_values(shapes, device)  # drawn once: the same data for every impl
     for impl in impls:
-        gen = torch.Generator(device).manual_seed(0)  # on the device: fast for 300M params
         dtype = param_dtype(impl, half_dtype)
-        params = make_params(shapes, dtype, device, gen)
-        pristine = [(torch.randn(s, generator=gen, device=device) * INIT_SCALE).to(dtype) for s in shapes]
+        params = [torch.nn.Parameter(v.to(dtype, copy=True)) for v in values]
+        pristine = [g.to(dtype, copy=True) for g in grads]
         for p, g in zip(params, pristine):
             p.grad = g.clone()
         out[impl] = (STEP_CLASSES[impl](params, opt_name, device), pristine)

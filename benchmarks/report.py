@@ -176,7 +176,7 @@ def scaling_fit(records: List[Dict]) -> Dict[str, Dict[str, float]]:
 
 def write_markdown(path: str, machine: Dict, ceiling: Dict, records: List[Dict], repeat: int = 1,
                    skipped: Optional[List[Dict]] = None) -> None:
-    parts = ["# fused_amp benchmark results", "", *user_lines(records, machine, repeat), "",
+    parts = ["# fused_amp benchmark results", "", "```", *user_lines(records, machine, repeat), "```", "",
              f"Machine: {machine.get('gpu') or machine['cpu']} ({machine['threads']} threads), "
              f"torch {machine['torch']}, {machine['date']}; fused_amp build "
              f"{json.dumps(machine['fused_amp_build'])}.", "",
