@@ -111,9 +111,11 @@ def summary_lines(records: List[Dict]) -> List[str]:
     return out
 
 
-def user_lines(records: List[Dict], machine: Dict, repeat: int) -> List[str]:
+def user_lines(records: List[Dict], machine: Dict, repeat: int,
+               model_params: Optional[int] = None) -> List[str]:
     """The user's question first: for the model size measured, the step time and the memory of
-    fused_amp against torch's AMP recipe and the hand-written master recipe."""
+    fused_amp against torch's AMP recipe and the hand-written master recipe; with
+    ``model_params``, the same predicted for that size from the scaling fit."""
     mains = [r for r in records if r["suite"] == "optimizer" and r["case"].startswith("adam/")
              and "-x-" not in r["case"]]
     if not mains:
@@ -139,6 +141,18 @@ def user_lines(records: List[Dict], machine: Dict, repeat: int) -> List[str]:
         out.append("  fused_amp: " + "; ".join(
             f"{ours['speedup_vs'][o]:.2f}x ({lo:.2f}–{hi:.2f}) vs {o}, {verdict(lo, hi)}"
             for o, (lo, hi) in sorted(ours["speedup_range"].items())))
+    fits = scaling_fit(records)
+    if model_params and fits:
+        predicted = []
+        for impl, r in rows.items():
+            fit = fits.get(impl, {})
+            if "ns_per_param" in fit and r.get("state_bytes"):
+                t = fit["overhead_ms"] + fit["ns_per_param"] * model_params / 1e6
+                held = r["state_bytes"] / n * model_params
+                predicted.append(f"{impl} {t:.1f} ms, holds {held / 2 ** 30:.2f} GiB")
+        if predicted:
+            out.append(f"  predicted for {model_params / 1e6:.0f}M params (scaling fit of this run): "
+                       + "; ".join(predicted))
     return out
 
 
@@ -175,8 +189,9 @@ def scaling_fit(records: List[Dict]) -> Dict[str, Dict[str, float]]:
 
 
 def write_markdown(path: str, machine: Dict, ceiling: Dict, records: List[Dict], repeat: int = 1,
-                   skipped: Optional[List[Dict]] = None) -> None:
-    parts = ["# fused_amp benchmark results", "", "```", *user_lines(records, machine, repeat), "```", "",
+                   skipped: Optional[List[Dict]] = None, model_params: Optional[int] = None) -> None:
+    parts = ["# fused_amp benchmark results", "", "```", *user_lines(records, machine, repeat, model_params),
+             "```", "",
              f"Machine: {machine.get('gpu') or machine['cpu']} ({machine['threads']} threads), "
              f"torch {machine['torch']}, {machine['date']}; fused_amp build "
              f"{json.dumps(machine['fused_amp_build'])}.", "",

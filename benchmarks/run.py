@@ -1,7 +1,7 @@
 """The fused_amp benchmark suite against stock PyTorch.
 
     python benchmarks/run.py [--device cpu|cuda] [--quick] [--repeat N] [--out DIR]
-                             [--suite NAME ...] [--time-budget SECONDS]
+                             [--suite NAME ...] [--params N] [--time-budget SECONDS]
 
 Suites: ceiling (always first: every ceiling_frac refers to it), unscale, optimizer, train,
 scaling. The whole plan runs --repeat times (3 in a full run, 1 in a quick one), implementations
@@ -49,6 +49,9 @@ def parse_args(argv=None):
     parser.add_argument("--quick", action="store_true", help="smaller cases and fewer repetitions")
     parser.add_argument("--repeat", type=int, default=None,
                         help="runs of the whole plan (default: 3, or 1 with --quick)")
+    parser.add_argument("--params", type=float, default=None,
+                        help="your model's parameter count: the summary predicts its step time and "
+                             "memory from the scaling fit (e.g. 1.3e9)")
     parser.add_argument("--time-budget", type=float, default=None,
                         help="fail (exit 3) when the run takes longer than this many seconds")
     parser.add_argument("--out", default="bench-results", help="output folder (default: bench-results)")
@@ -89,11 +92,12 @@ def main(argv=None):
         json.dump({"machine": machine, "ceiling": ctx.ceiling, "repeat": repeat,
                    "fused_amp_settings": impls.FUSED_AMP_SETTINGS, "skipped": ctx.skipped,
                    "ceiling_exceeded_by": over_ceiling, "records": records, "runs": runs}, f, indent=1)
+    model_params = int(args.params) if args.params else None
     report.write_markdown(os.path.join(args.out, "results.md"), machine, ctx.ceiling, records,
-                          repeat, ctx.skipped)
+                          repeat, ctx.skipped, model_params)
     plots = report.write_plots(args.out, records)
     print()
-    print("\n".join(report.user_lines(records, machine, repeat)))
+    print("\n".join(report.user_lines(records, machine, repeat, model_params)))
     print(f"\nceiling: {', '.join(f'{k} {v:.1f}' for k, v in ctx.ceiling.items())} GB/s")
     if over_ceiling:
         print("the ceiling is wrong: " + ", ".join(over_ceiling) + " moved more than it")

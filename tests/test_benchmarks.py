@@ -160,3 +160,20 @@ def test_quick_run_end_to_end_within_its_minute(tmp_path):
     assert "fused_amp (optimizer settings: unscale_grads=True) against stock PyTorch" in proc.stdout
     assert data["fused_amp_settings"] == {"unscale_grads": True}
     assert "unscale_grads=True" in (out / "results.md").read_text()
+
+
+def test_user_summary_first_and_predicted_for_the_users_size():
+    recs = []
+    for impl_times in ({"fused_amp": [0.010], "torch_amp": [0.012], "torch_master": [0.015]},):
+        recs += harness.make_records("optimizer", "adam/bfloat16/1M", "cpu", "bfloat16", 1_000_000, 3,
+                                     impl_times, 10.0, 28, {k: {"state_bytes": 16_000_000} for k in impl_times})
+    for n in (1_000_000, 4_000_000):  # 1 ms + 2 ns/param for every impl
+        recs += harness.make_records("scaling", f"params/{n // 1_000_000}M", "cpu", "bfloat16", n, 3,
+                                     {k: [(1.0 + 2e-6 * n) / 1e3] for k in ("fused_amp", "torch_amp", "torch_master")},
+                                     10.0, 28)
+    machine = dict(cpu="x", threads=2, torch="t", fused_amp_build={"cpu_isa": "AVX2"})
+    lines = report.user_lines(recs, machine, 1, model_params=10_000_000)
+    assert lines[0].startswith("Adam step with GradScaler, 1M params, bfloat16")
+    assert "fused_amp" in lines[2] and "32 B/param" in lines[2] and "16.0 B/param" in lines[2]
+    assert "1.20x" in lines[5] and "vs torch_amp" in lines[5]
+    assert "predicted for 10M params" in lines[6] and "fused_amp 21.0 ms, holds 0.15 GiB" in lines[6]
