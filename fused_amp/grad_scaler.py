@@ -14,6 +14,11 @@ from torch.amp.grad_scaler import OptState
 
 from fused_amp import ops
 
+try:  # torch builds without distributed support lack it
+    from torch.distributed.optim import ZeroRedundancyOptimizer as _ZeroRedundancyOptimizer
+except ImportError:  # pragma: no cover
+    _ZeroRedundancyOptimizer = None
+
 __all__ = ["GradScaler", "OverflowReport"]
 
 
@@ -191,8 +196,22 @@ class GradScaler(torch.amp.GradScaler):
         return combined
 
     # ---- step -------------------------------------------------------------------------------
+    @staticmethod
+    def _scaled_step_target(optimizer):
+        """The optimizer that takes ``grad_scale`` and ``found_inf`` into its step: the optimizer
+        itself, or the local optimizer of a torch ``ZeroRedundancyOptimizer`` (which does not
+        say so itself); None for any other optimizer."""
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            return optimizer
+        local = getattr(optimizer, "optim", None)
+        if (_ZeroRedundancyOptimizer is not None and isinstance(optimizer, _ZeroRedundancyOptimizer)
+                and getattr(local, "_step_supports_amp_scaling", False)):
+            return local
+        return None
+
     def step(self, optimizer, *args, **kwargs):
-        if not self._enabled or not getattr(optimizer, "_step_supports_amp_scaling", False):
+        target = self._scaled_step_target(optimizer) if self._enabled else None
+        if target is None:
             return super().step(optimizer, *args, **kwargs)
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
@@ -217,15 +236,17 @@ class GradScaler(torch.amp.GradScaler):
         found_infs = list(optimizer_state["found_inf_per_device"].values())
         found_inf = (self._combined_found_inf(found_infs, scale.device) if found_infs
                      else torch.zeros((), dtype=torch.float32, device=scale.device))
-        optimizer.grad_scale = (getattr(optimizer, "grad_scale", None)
-                                if optimizer_state["stage"] is OptState.UNSCALED
-                                else scale * getattr(optimizer, "grad_scale", 1))
-        optimizer.found_inf = found_inf
+        # the overflow check read every grad of the optimizer's groups (with ZeRO: all params, whose
+        # grads DDP made identical on every rank), so every rank gets the same flag without a collective
+        target.grad_scale = (getattr(target, "grad_scale", None)
+                             if optimizer_state["stage"] is OptState.UNSCALED
+                             else scale * getattr(target, "grad_scale", 1))
+        target.found_inf = found_inf
         try:
             retval = optimizer.step(*args, **kwargs)
         finally:
-            del optimizer.grad_scale
-            del optimizer.found_inf
+            del target.grad_scale
+            del target.found_inf
         optimizer_state["stage"] = OptState.STEPPED
         return retval
 

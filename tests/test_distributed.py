@@ -1,0 +1,140 @@
+"""torch.distributed on CPU (gloo, several processes): DDP and ZeRO-1 with our optimizers and
+scaler. Each test spawns its ranks with a free port and a deadline, so that a hang fails."""
+import copy
+import os
+import socket
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import fused_amp
+
+DEADLINE_S = 120
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(fn, world, *args):
+    """Runs fn(rank, world, out_dir, *args) in ``world`` processes; returns what each rank saved
+    to out_dir/rank{r}.pt. A rank that fails or a run past the deadline fails the test."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as out:
+        ctx = mp.start_processes(_entry, args=(fn, world, port, out, args), nprocs=world,
+                                 join=False, start_method="spawn")
+        try:
+            while not ctx.join(timeout=DEADLINE_S):
+                pass
+        except mp.ProcessExitedException as e:
+            pytest.fail(f"a rank failed: {e}")
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+        return [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(world)]
+
+
+def _entry(rank, fn, world, port, out, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.save(fn(rank, world, *args), os.path.join(out, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).bfloat16()
+
+
+def batch(rank, step, overflow_at):
+    gen = torch.Generator().manual_seed(100 * step + rank)
+    x = torch.randn(8, 16, generator=gen).bfloat16()
+    if step == overflow_at and rank == 1:  # an inf on one rank only
+        x[0, 0] = float("inf")
+    return x
+
+
+def train(rank, model, opt, steps, overflow_at):
+    scaler = fused_amp.GradScaler("cpu", init_scale=256.0)
+    losses = []
+    for step in range(steps):
+        opt.zero_grad()
+        loss = model(batch(rank, step, overflow_at)).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    return scaler
+
+
+def ddp_run(rank, world, steps, overflow_at):
+    model = torch.nn.parallel.DistributedDataParallel(make_model())
+    opt = fused_amp.optim.AdamW(model.parameters(), lr=1e-2)
+    scaler = train(rank, model, opt, steps, overflow_at)
+    return dict(params=[p.detach().clone() for p in model.parameters()],
+                masters=[opt.state[p]["master_param"].clone() for p in model.parameters()],
+                steps=[opt.state[p]["step"].item() for p in model.parameters()],
+                scale=scaler.get_scale())
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ddp_ranks_stay_bitwise_equal_through_an_overflow_on_one_rank(world):
+    results = run_ranks(ddp_run, world, 6, 3)
+    for other in results[1:]:
+        for key in ("params", "masters"):
+            for a, b in zip(other[key], results[0][key]):
+                assert torch.equal(a, b), key
+        assert other["steps"] == results[0]["steps"] and other["scale"] == results[0]["scale"]
+    assert results[0]["steps"] == [5.0] * 4  # every rank skipped the overflow step
+    assert results[0]["scale"] == 128.0
+
+
+def zero_run(rank, world, steps, overflow_at):
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    # the generic path (a host sync, grads unscaled in place) must not be taken
+    def refuse(*args, **kwargs):
+        raise AssertionError("GradScaler took the generic path with ZeRO")
+    fused_amp.GradScaler._maybe_opt_step = refuse
+    model = torch.nn.parallel.DistributedDataParallel(make_model())
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=fused_amp.optim.AdamW, lr=1e-2)
+    train(rank, model, opt, steps, overflow_at)
+    owned = [p for p in model.parameters() if p in opt.optim.state]
+    opt.consolidate_state_dict(to=0)
+    # a checkpoint's copy: on the CPU, ZeRO's state_dict() shares the live state tensors
+    full = copy.deepcopy(opt.state_dict()) if rank == 0 else None
+    # reload the consolidated state into a fresh ZeRO on every rank, and both continue alike
+    objs = [full]
+    dist.broadcast_object_list(objs, src=0)
+    twin_model = torch.nn.parallel.DistributedDataParallel(make_model())
+    with torch.no_grad():
+        for a, b in zip(twin_model.parameters(), model.parameters()):
+            a.copy_(b)
+    twin = ZeroRedundancyOptimizer(twin_model.parameters(), optimizer_class=fused_amp.optim.AdamW, lr=1e-2)
+    twin.load_state_dict(objs[0])
+    train(rank, model, opt, 2, None)
+    train(rank, twin_model, twin, 2, None)
+    return dict(params=[p.detach().clone() for p in model.parameters()],
+                twin=[p.detach().clone() for p in twin_model.parameters()],
+                owned=len(owned), n_params=len(list(model.parameters())),
+                masters_owned=sum("master_param" in opt.optim.state[p] for p in owned))
+
+
+def test_zero1_takes_the_sync_free_path_shards_state_and_round_trips():
+    results = run_ranks(zero_run, 2, 5, 2)
+    for r in results:
+        for a, b in zip(r["params"], results[0]["params"]):
+            assert torch.equal(a, b)  # ranks equal, through an overflow on one rank
+        for a, b in zip(r["twin"], r["params"]):
+            assert torch.equal(a, b)  # consolidate + state_dict + load_state_dict continues alike
+        assert 0 < r["owned"] < r["n_params"] and r["masters_owned"] == r["owned"]
+    assert sum(r["owned"] for r in results) == results[0]["n_params"]  # each param on one rank
