@@ -14,10 +14,11 @@ from torch.amp.grad_scaler import OptState
 
 from fused_amp import ops
 
-try:  # torch builds without distributed support lack it
+try:  # torch builds without distributed support lack these
     from torch.distributed.optim import ZeroRedundancyOptimizer as _ZeroRedundancyOptimizer
+    from torch.distributed.tensor import DTensor as _DTensor
 except ImportError:  # pragma: no cover
-    _ZeroRedundancyOptimizer = None
+    _ZeroRedundancyOptimizer = _DTensor = None
 
 __all__ = ["GradScaler", "OverflowReport"]
 
@@ -144,47 +145,59 @@ class GradScaler(torch.amp.GradScaler):
 
     # ---- unscaling and the overflow check ---------------------------------------------------
     @staticmethod
-    def _grads_per_device(optimizer) -> Dict[torch.device, List[torch.Tensor]]:
-        grads = [g for group in optimizer.param_groups for g in map(_GRAD, group["params"])
-                 if g is not None]
+    def _grads_per_device(optimizer):
+        """The grads to check, per device (local shards of DTensor grads), and the process
+        groups of the DTensors' meshes, across which the overflow flag must be combined."""
+        pairs = [(p, g) for group in optimizer.param_groups for p in group["params"]
+                 for g in (p.grad,) if g is not None]
+        grads = [g for _, g in pairs]
+        groups = []
+        if _DTensor is not None and _DTensor in set(map(type, grads)):  # FSDP2 and the like
+            meshes = {id(g.device_mesh): g.device_mesh for g in grads if isinstance(g, _DTensor)}
+            groups = list({id(pg): pg for m in meshes.values() for pg in m.get_all_groups()}.values())
+            pairs = [(p, g.to_local() if isinstance(g, _DTensor) else g) for p, g in pairs]
+            grads = [g for _, g in pairs]
         # the usual case, in C-level passes: dense grads on one device
         if grads and not any(map(_IS_SPARSE, grads)) and len(set(map(_DEVICE, grads))) == 1:
-            return {grads[0].device: grads}
+            return {grads[0].device: grads}, groups
         per_device = defaultdict(list)
-        for param in (p for group in optimizer.param_groups for p in group["params"]):
-            if param.grad is None:
-                continue
-            if param.grad.is_sparse:
+        for param, grad in pairs:
+            if grad.is_sparse:
                 # unscale the values of a coalesced sparse grad, as torch does
-                if param.grad.dtype is torch.float16:
-                    param.grad = param.grad.coalesce()
-                per_device[param.grad.device].append(param.grad._values())
+                if grad.dtype is torch.float16:
+                    param.grad = grad = grad.coalesce()
+                per_device[grad.device].append(grad._values())
             else:
-                per_device[param.grad.device].append(param.grad)
-        return per_device
+                per_device[grad.device].append(grad)
+        return per_device, groups
 
-    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
-        # allow_fp16 is ignored: fp16 grads are what half-precision training produces.
+    def _flags_per_device(self, optimizer, check) -> Dict[torch.device, torch.Tensor]:
+        """Runs ``check(grads, found_inf)`` per device; with DTensor grads the flags are then
+        combined with a MAX all-reduce over their meshes (as torch's sharding strategy for its
+        unscale op does), so every rank skips or steps together. On the device with NCCL; on
+        gloo/CPU the all-reduce is a wait, inherent to it."""
         per_device_found_inf = {}
+        grads_per_device, groups = self._grads_per_device(optimizer)
         with torch.no_grad():
-            for device, grads in self._grads_per_device(optimizer).items():
-                found = found_inf.to(device, copy=True, non_blocking=True)
-                ops.unscale_(grads, found, inv_scale.to(device, non_blocking=True))
+            for device, grads in grads_per_device.items():
+                found = torch.zeros((), dtype=torch.float32, device=device)
+                check(grads, found)
+                for group in groups:
+                    torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX, group=group)
                 per_device_found_inf[device] = found
         self._record_overflow_params(optimizer)
         return per_device_found_inf
 
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+        # allow_fp16 is ignored: fp16 grads are what half-precision training produces.
+        return self._flags_per_device(
+            optimizer, lambda grads, found: ops.unscale_(grads, found, inv_scale.to(found.device)))
+
     def _check_inf_per_device(self, optimizer):
         """The overflow check that precedes a step taking ``grad_scale``: reads the grads only."""
-        _scale, _ = self._check_scale_growth_tracker("_check_inf_per_device")
-        per_device_found_inf = {}
-        with torch.no_grad():
-            for device, grads in self._grads_per_device(optimizer).items():
-                found = torch.zeros((), dtype=torch.float32, device=device)
-                ops.non_finite_check_(grads, found)
-                per_device_found_inf[device] = found
+        self._check_scale_growth_tracker("_check_inf_per_device")
+        per_device_found_inf = self._flags_per_device(optimizer, ops.non_finite_check_)
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = per_device_found_inf
-        self._record_overflow_params(optimizer)
         return per_device_found_inf
 
     def _combined_found_inf(self, found_infs, device) -> torch.Tensor:

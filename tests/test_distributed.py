@@ -1,5 +1,6 @@
-"""torch.distributed on CPU (gloo, several processes): DDP and ZeRO-1 with our optimizers and
-scaler. Each test spawns its ranks with a free port and a deadline, so that a hang fails."""
+"""torch.distributed on CPU (gloo, several processes): DDP, ZeRO-1 and FSDP2 with our
+optimizers and scaler. Each test spawns its ranks with a free port and a deadline, so that a
+hang fails."""
 import copy
 import os
 import socket
@@ -46,6 +47,7 @@ def _entry(rank, fn, world, port, out, args):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         torch.save(fn(rank, world, *args), os.path.join(out, f"rank{rank}.pt"))
+        dist.barrier()  # no rank tears gloo down while another still talks to it
     finally:
         dist.destroy_process_group()
 
@@ -138,3 +140,69 @@ def test_zero1_takes_the_sync_free_path_shards_state_and_round_trips():
             assert torch.equal(a, b)  # consolidate + state_dict + load_state_dict continues alike
         assert 0 < r["owned"] < r["n_params"] and r["masters_owned"] == r["owned"]
     assert sum(r["owned"] for r in results) == results[0]["n_params"]  # each param on one rank
+
+
+# ---- FSDP2 (fully_shard: DTensor params and grads) ---------------------------------------------
+
+def fsdp_run(rank, world, recipe, dtype, overflow_at):
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).to(dtype)
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    params = list(model.parameters())
+    optimizer, scaler_cls = {
+        "ours": (lambda: fused_amp.optim.Adam(params, lr=1e-2), fused_amp.GradScaler),
+        "torch_opt_our_scaler": (lambda: torch.optim.Adam(params, lr=1e-2, fused=True), fused_amp.GradScaler),
+        "torch": (lambda: torch.optim.Adam(params, lr=1e-2, fused=True), torch.amp.GradScaler),
+        "torch_foreach": (lambda: torch.optim.Adam(params, lr=1e-2, foreach=True), torch.amp.GradScaler),
+    }[recipe]
+    opt, scaler = optimizer(), scaler_cls("cpu", init_scale=256.0)
+    for step in range(5):
+        opt.zero_grad()
+        x = batch(rank, step, overflow_at).to(dtype)
+        scaler.scale(model(x).float().pow(2).mean()).backward()
+        scaler.step(opt)
+        scaler.update()
+    out = dict(local=[p.to_local().clone() for p in params], full=[p.full_tensor() for p in params],
+               scale=scaler.get_scale(), steps=[float(opt.state[p]["step"]) for p in params])
+    if "master_param" in opt.state[params[0]]:
+        masters = [opt.state[p]["master_param"] for p in params]
+        out["masters_sharded_like_params"] = all(
+            isinstance(m, DTensor) and m.placements == p.placements and m.device_mesh == p.device_mesh
+            for m, p in zip(masters, params))
+        out["params_are_rounded_masters"] = all(
+            torch.equal(p.full_tensor(), m.full_tensor().to(p.dtype)) for m, p in zip(masters, params))
+    return out
+
+
+@pytest.mark.parametrize("recipe", ["ours", "torch_opt_our_scaler"])
+def test_fsdp2_fp32_shards_step_as_torch_and_skip_together(recipe):
+    """fp32 sharded params, through an overflow on one rank that every rank skips. torch's fused
+    Adam under our scaler gives torch's results bitwise; our Adam stays as close to torch's
+    fused Adam as torch's foreach Adam is (at least one fp32 ulp), the optimizers' contract."""
+    ours = run_ranks(fsdp_run, 2, recipe, torch.float32, 2)
+    theirs = run_ranks(fsdp_run, 2, "torch", torch.float32, None)
+    clean = run_ranks(fsdp_run, 2, recipe, torch.float32, None)
+    foreach = run_ranks(fsdp_run, 2, "torch_foreach", torch.float32, None) if recipe == "ours" else theirs
+    for o, c, t, f in zip(ours, clean, theirs, foreach):
+        for a, b, fe in zip(c["local"], t["local"], f["local"]):
+            # the rule of test_optim.py's parity test: max distance within torch's own spread
+            spread = max((fe - b).abs().max().item(), torch.finfo(torch.float32).eps * b.abs().max().item())
+            assert (a - b).abs().max().item() <= spread if recipe == "ours" else torch.equal(a, b)
+        assert o["steps"] == [4.0] * len(o["steps"]) and o["scale"] == 128.0  # both ranks skipped once
+        for a, b in zip(o["full"], ours[0]["full"]):
+            assert torch.equal(a, b)
+
+
+def test_fsdp2_bf16_shards_with_fp32_masters_sharded_like_the_params():
+    results = run_ranks(fsdp_run, 2, "ours", torch.bfloat16, 3)
+    for r in results:
+        assert r["masters_sharded_like_params"] and r["params_are_rounded_masters"]
+        assert r["steps"] == [4.0] * len(r["steps"]) and r["scale"] == 128.0
+        for a, b in zip(r["full"], results[0]["full"]):
+            assert torch.equal(a, b)

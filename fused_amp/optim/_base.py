@@ -7,6 +7,11 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+try:  # torch builds without distributed support lack it
+    from torch.distributed.tensor import DTensor as _DTensor
+except ImportError:  # pragma: no cover
+    _DTensor = None
+
 _HALF = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 _MASTER = "master_param"
@@ -21,8 +26,9 @@ class _GroupLists:
     that decide which state exists. Checking that is a handful of C-level passes over the params.
     """
 
-    def __init__(self, group, params, state, state_dicts, options, keys, by_device):
+    def __init__(self, group, params, state, state_dicts, options, keys, by_device, sharded):
         self.group = group
+        self.sharded = sharded  # DTensor params: the lists hold their local shards
         self.param_ids = list(map(id, params))
         self.state = state
         self.state_dicts = state_dicts
@@ -113,7 +119,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         cached = self._lists_cache.get(id(group))
         if all_grads and cached is not None and cached.still_valid(group, params, self.state, options):
             for lists, indices in cached.by_device.values():
-                lists["grads"] = [grads[i] for i in indices]
+                lists["grads"] = [_local(grads[i]) for i in indices] if cached.sharded else [grads[i] for i in indices]
             return {device: lists for device, (lists, _) in cached.by_device.items()}
         by_device: Dict[torch.device, Any] = defaultdict(lambda: (defaultdict(list), []))
         for i, p in enumerate(params):
@@ -128,13 +134,21 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             lists["steps"].append(state["step"])
             for key in keys:
                 lists[key].append(state[key])
+        # DTensor params (FSDP2): the kernels run on the local shards of param, grad, master and
+        # state, which share the param's placement; the state itself stays DTensor
+        sharded = _DTensor is not None and any(isinstance(p, _DTensor) for p in params)
+        if sharded:
+            for lists, _ in by_device.values():
+                for key in lists:
+                    if key != "steps":
+                        lists[key] = [_local(t) for t in lists[key]]
         # drop what is kept for this group, and for groups no longer in the optimizer
         live = {id(g) for g in self.param_groups}
         self._lists_cache = {k: v for k, v in self._lists_cache.items() if k in live and k != id(group)}
         if all_grads:
             self._lists_cache[id(group)] = _GroupLists(
                 group, params, self.state, [self.state[p] for p in params], options,
-                keys + ("step",), dict(by_device))
+                keys + ("step",), dict(by_device), sharded)
         return {device: lists for device, (lists, _) in by_device.items()}
 
     def _forget_lists(self):
@@ -245,6 +259,11 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
     def _fix_group(self, group):
         """Group options a subclass forces whatever the checkpoint says (AdamW: decoupled)."""
+
+
+def _local(t):
+    """The local shard of a DTensor; any other tensor (or None) as it is."""
+    return t.to_local() if _DTensor is not None and isinstance(t, _DTensor) else t
 
 
 def _fp32_like(value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
