@@ -144,16 +144,18 @@ def test_zero1_takes_the_sync_free_path_shards_state_and_round_trips():
 
 # ---- FSDP2 (fully_shard: DTensor params and grads) ---------------------------------------------
 
-def fsdp_run(rank, world, recipe, dtype, overflow_at):
-    from torch.distributed.fsdp import fully_shard
+def fsdp_run(rank, world, recipe, dtype, overflow_at, mixed=False):
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import DTensor
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).to(dtype)
+    # mixed: fp32 shards, computed in bf16, grads reduced in fp32
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed else None
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
+            fully_shard(layer, **({"mp_policy": policy} if mixed else {}))
+    fully_shard(model, **({"mp_policy": policy} if mixed else {}))
     params = list(model.parameters())
     optimizer, scaler_cls = {
         "ours": (lambda: fused_amp.optim.Adam(params, lr=1e-2), fused_amp.GradScaler),
@@ -164,7 +166,7 @@ def fsdp_run(rank, world, recipe, dtype, overflow_at):
     opt, scaler = optimizer(), scaler_cls("cpu", init_scale=256.0)
     for step in range(5):
         opt.zero_grad()
-        x = batch(rank, step, overflow_at).to(dtype)
+        x = batch(rank, step, overflow_at).to(torch.bfloat16 if mixed else dtype)
         scaler.scale(model(x).float().pow(2).mean()).backward()
         scaler.step(opt)
         scaler.update()
@@ -199,6 +201,19 @@ def test_fsdp2_fp32_shards_step_as_torch_and_skip_together(recipe):
             assert torch.equal(a, b)
 
 
+def test_fsdp2_mixed_precision_policy_fp32_shards():
+    """MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) over fp32 shards: our Adam and
+    scaler stay within torch's own fused/foreach spread of torch's fused Adam, ranks agree."""
+    ours, fused, foreach = (run_ranks(fsdp_run, 2, recipe, torch.float32, None, True)
+                            for recipe in ("ours", "torch", "torch_foreach"))
+    for o, t, f in zip(ours, fused, foreach):
+        for a, b, fe in zip(o["local"], t["local"], f["local"]):
+            spread = max((fe - b).abs().max().item(), torch.finfo(torch.float32).eps * b.abs().max().item())
+            assert (a - b).abs().max().item() <= spread
+        for a, b in zip(o["full"], ours[0]["full"]):
+            assert torch.equal(a, b)
+
+
 def test_fsdp2_bf16_shards_with_fp32_masters_sharded_like_the_params():
     results = run_ranks(fsdp_run, 2, "ours", torch.bfloat16, 3)
     for r in results:
@@ -206,3 +221,61 @@ def test_fsdp2_bf16_shards_with_fp32_masters_sharded_like_the_params():
         assert r["steps"] == [4.0] * len(r["steps"]) and r["scale"] == 128.0
         for a, b in zip(r["full"], results[0]["full"]):
             assert torch.equal(a, b)
+
+
+def dcp_run(rank, world, path, phase):
+    """bf16 params with fp32 masters under FSDP2; every rank trains on the same batch, so the
+    averaged grads are exact for any world size and runs on 4 and 2 ranks can be compared bit
+    for bit. "save": 3 steps, a DCP checkpoint (model, optimizer) and the scaler's state, 2 more
+    steps. "load": the checkpoint loaded, the same 2 steps."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).bfloat16()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = fused_amp.optim.AdamW(model.parameters(), lr=1e-2)
+    scaler = fused_amp.GradScaler("cpu", init_scale=256.0, hysteresis=2)
+
+    def steps(which):
+        for step in which:
+            opt.zero_grad()
+            x = batch(0, step, None)  # the same batch on every rank
+            scaler.scale(model(x).float().pow(2).mean()).backward()
+            scaler.step(opt)
+            scaler.update()
+
+    if phase == "save":
+        steps(range(3))
+        model_sd, optim_sd = get_state_dict(model, opt)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+        if rank == 0:
+            torch.save(scaler.state_dict(), os.path.join(path, "scaler.pt"))
+        dist.barrier()
+    else:
+        model_sd, optim_sd = get_state_dict(model, opt)  # the structure to load into
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=path)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        scaler.load_state_dict(torch.load(os.path.join(path, "scaler.pt")))
+    steps(range(3, 5))
+    params = list(model.parameters())
+    return dict(params=[p.full_tensor() for p in params],
+                masters=[opt.state[p]["master_param"].full_tensor() for p in params],
+                exp_avg=[opt.state[p]["exp_avg"].full_tensor() for p in params],
+                steps=[float(opt.state[p]["step"]) for p in params], scale=scaler.get_scale())
+
+
+def test_fsdp2_dcp_checkpoint_saved_on_4_ranks_continues_on_2():
+    with tempfile.TemporaryDirectory() as path:
+        saved = run_ranks(dcp_run, 4, path, "save")
+        loaded = run_ranks(dcp_run, 2, path, "load")
+    for r in loaded:
+        for key in ("params", "masters", "exp_avg"):
+            for a, b in zip(r[key], saved[0][key]):
+                assert torch.equal(a, b), key
+        assert r["steps"] == saved[0]["steps"] == [5.0] * 4 and r["scale"] == saved[0]["scale"]
