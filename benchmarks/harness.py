@@ -1,6 +1,9 @@
 """Timing, the bandwidth ceiling, host-sync counting and the record schema."""
 import datetime
+import os
 import platform
+import socket
+import tempfile
 import statistics
 import time
 import warnings
@@ -178,3 +181,42 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+def run_ranks(fn: Callable, world: int, *args, deadline_s: float = 300.0) -> List:
+    """Runs ``fn(rank, world, *args)`` in ``world`` processes joined in a gloo process group on
+    a free local port, and returns each rank's result (saved with torch.save). A rank that fails,
+    or a run past the deadline, raises RuntimeError instead of hanging."""
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out:
+        ctx = mp.start_processes(_rank_entry, args=(fn, world, port, out, args), nprocs=world,
+                                 join=False, start_method="spawn")
+        start = time.monotonic()
+        try:
+            while not ctx.join(timeout=5):
+                if time.monotonic() - start > deadline_s:
+                    raise RuntimeError(f"the {world} ranks ran past {deadline_s:.0f} s")
+        except mp.ProcessExitedException as e:
+            raise RuntimeError(f"a rank failed: {e}") from e
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+        return [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(world)]
+
+
+def _rank_entry(rank, fn, world, port, out, args):
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.save(fn(rank, world, *args), os.path.join(out, f"rank{rank}.pt"))
+        dist.barrier()  # no rank tears gloo down while another still talks to it
+    finally:
+        dist.destroy_process_group()

@@ -189,7 +189,8 @@ def scaling_fit(records: List[Dict]) -> Dict[str, Dict[str, float]]:
 
 
 def write_markdown(path: str, machine: Dict, ceiling: Dict, records: List[Dict], repeat: int = 1,
-                   skipped: Optional[List[Dict]] = None, model_params: Optional[int] = None) -> None:
+                   skipped: Optional[List[Dict]] = None, model_params: Optional[int] = None,
+                   notes: Optional[Dict[str, str]] = None) -> None:
     parts = ["# fused_amp benchmark results", "", "```", *user_lines(records, machine, repeat, model_params),
              "```", "",
              f"Machine: {machine.get('gpu') or machine['cpu']} ({machine['threads']} threads), "
@@ -209,7 +210,8 @@ def write_markdown(path: str, machine: Dict, ceiling: Dict, records: List[Dict],
         parts += ["**The ceiling is wrong:** " + ", ".join(over_ceiling(records)) + " moved more than it.", ""]
     if skipped:
         parts += ["Skipped: " + "; ".join(f"{s['suite']} {s['case']} ({s['reason']})" for s in skipped), ""]
-    for suite in ("unscale", "optimizer", "train", "scaling"):
+    parts += [f"{suite}: {text}" for suite, text in (notes or {}).items()] + ([""] if notes else [])
+    for suite in ("unscale", "optimizer", "train", "scaling", "distributed"):
         table = markdown_table(records, suite)
         if table:
             parts += [f"## {suite}", "", table, ""]

@@ -4,7 +4,7 @@
                              [--suite NAME ...] [--params N] [--time-budget SECONDS]
 
 Suites: ceiling (always first: every ceiling_frac refers to it), unscale, optimizer, train,
-scaling. The whole plan runs --repeat times (3 in a full run, 1 in a quick one), implementations
+scaling, distributed. The whole plan runs --repeat times (3 in a full run, 1 in a quick one), implementations
 timed in turns within each; a case is reported by the median of the repeats' medians and their
 range, and fused_amp is called faster or slower only when every repeat agrees. Writes
 DIR/results.json, DIR/results.md and PNG plots, and ends with a summary.
@@ -31,12 +31,16 @@ class Context:
         self.ceiling = {}
         self.native = native.probe(device)  # dtype -> (matmul slowdown vs fp32, native?)
         self.skipped = []  # cases not run, with why
+        self.notes = {}  # suite -> a line for the summary (the latest run's)
 
     def add_ceiling(self, measured):
         """Keep the best of every kernel over the repeats; the ceiling is the best of all."""
         for key, value in measured.items():
             self.ceiling[key] = max(value, self.ceiling.get(key, 0.0))
         self.ceiling_gbps = self.ceiling["ceiling_gbps"]
+
+    def note(self, suite, text):
+        self.notes[suite] = text
 
     def skip(self, suite, case, reason):
         self.skipped.append(dict(suite=suite, case=case, reason=reason))
@@ -91,10 +95,11 @@ def main(argv=None):
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"machine": machine, "ceiling": ctx.ceiling, "repeat": repeat,
                    "fused_amp_settings": impls.FUSED_AMP_SETTINGS, "skipped": ctx.skipped,
+                   "notes": ctx.notes,
                    "ceiling_exceeded_by": over_ceiling, "records": records, "runs": runs}, f, indent=1)
     model_params = int(args.params) if args.params else None
     report.write_markdown(os.path.join(args.out, "results.md"), machine, ctx.ceiling, records,
-                          repeat, ctx.skipped, model_params)
+                          repeat, ctx.skipped, model_params, ctx.notes)
     plots = report.write_plots(args.out, records)
     print()
     print("\n".join(report.user_lines(records, machine, repeat, model_params)))
@@ -106,6 +111,8 @@ def main(argv=None):
     print("\n".join(report.summary_lines(records)))
     for s in ctx.skipped:
         print(f"  skipped {s['suite']} {s['case']}: {s['reason']}")
+    for suite, text in ctx.notes.items():
+        print(f"  {suite}: {text}")
     elapsed = time.monotonic() - started
     print(f"\nwrote {args.out}/results.json, {args.out}/results.md" + "".join(f", {p}" for p in plots)
           + f" ({elapsed:.0f} s)")

@@ -149,7 +149,7 @@ def test_quick_run_end_to_end_within_its_minute(tmp_path):
     assert data["machine"]["fused_amp_build"]["cpu_isa"]
     assert data["ceiling"]["ceiling_gbps"] > 0
     suites = {r["suite"] for r in data["records"]} | {s["suite"] for s in data["skipped"]}
-    assert suites == {"unscale", "optimizer", "train", "scaling"}
+    assert suites == {"unscale", "optimizer", "train", "scaling", "distributed"}
     assert proc.stdout.lstrip().startswith("Adam step with GradScaler")
     for rec in data["records"]:
         harness.validate_record(rec)
@@ -177,3 +177,17 @@ def test_user_summary_first_and_predicted_for_the_users_size():
     assert "fused_amp" in lines[2] and "32 B/param" in lines[2] and "16.0 B/param" in lines[2]
     assert "1.20x" in lines[5] and "vs torch_amp" in lines[5]
     assert "predicted for 10M params" in lines[6] and "fused_amp 21.0 ms, holds 0.15 GiB" in lines[6]
+
+
+def test_distributed_suite_reports_time_per_rank_and_bytes_held(tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), "--device", "cpu",
+                           "--repeat", "1", "--size-scale", "0.05", "--suite", "distributed",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    assert {r["impl"] for r in data["records"]} == {"fused_amp", "torch_fused"}
+    note = data["notes"]["distributed"]
+    for label in ("FSDP2 fp32 shards", "FSDP2 bf16 shards + fp32 masters", "ZeRO-1", "DDP", "6 + 12/d"):
+        assert label in note
+    assert "DDP bf16 + masters 16.0" in note  # replicated: 2 + 2 + 4 + 4 + 4 bytes per param

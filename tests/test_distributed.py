@@ -3,53 +3,25 @@ optimizers and scaler. Each test spawns its ranks with a free port and a deadlin
 hang fails."""
 import copy
 import os
-import socket
 import tempfile
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import fused_amp
+from benchmarks import harness
 
 DEADLINE_S = 120
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(fn, world, *args):
-    """Runs fn(rank, world, out_dir, *args) in ``world`` processes; returns what each rank saved
-    to out_dir/rank{r}.pt. A rank that fails or a run past the deadline fails the test."""
-    port = free_port()
-    with tempfile.TemporaryDirectory() as out:
-        ctx = mp.start_processes(_entry, args=(fn, world, port, out, args), nprocs=world,
-                                 join=False, start_method="spawn")
-        try:
-            while not ctx.join(timeout=DEADLINE_S):
-                pass
-        except mp.ProcessExitedException as e:
-            pytest.fail(f"a rank failed: {e}")
-        finally:
-            for p in ctx.processes:
-                if p.is_alive():
-                    p.kill()
-        return [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(world)]
-
-
-def _entry(rank, fn, world, port, out, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    """fn(rank, world, *args) in ``world`` gloo ranks (benchmarks.harness.run_ranks); a rank
+    that fails or a run past the deadline fails the test."""
     try:
-        torch.save(fn(rank, world, *args), os.path.join(out, f"rank{rank}.pt"))
-        dist.barrier()  # no rank tears gloo down while another still talks to it
-    finally:
-        dist.destroy_process_group()
+        return harness.run_ranks(fn, world, *args, deadline_s=DEADLINE_S)
+    except RuntimeError as e:
+        pytest.fail(str(e))
 
 
 def make_model():

@@ -1,0 +1,112 @@
+"""Under torch.distributed (CPU, gloo, 2 ranks): the optimizer step per rank on FSDP2 shards,
+fused_amp against torch's fused Adam on the same DTensors, and the bytes per param each rank
+holds for params, grads and optimizer state under FSDP2, ZeRO-1 and DDP."""
+import statistics
+
+import torch
+
+from benchmarks import harness, workloads
+
+WORLD = 2
+INIT_SCALE = 1024.0
+
+
+def cases(ctx):
+    n = 16_000_000
+    case = f"fsdp2-adam/{n // 1_000_000}M"
+    if ctx.device != "cpu":  # gloo on the CPU; a GPU session would measure NCCL instead
+        ctx.skip("distributed", case, "CPU (gloo) only so far")
+        return []
+    if ctx.quick:  # starting two ranks alone takes about 15 s on 2 cores
+        ctx.skip("distributed", case, "not in a quick run (starting the ranks takes about 15 s)")
+        return []
+    return [(case, lambda c: run(c, n))]
+
+
+def run(ctx, n):
+    shapes = workloads.scaled(workloads.model_like_shapes(n), ctx.scale)
+    rank0 = harness.run_ranks(_worker, WORLD, shapes, ctx.reps)[0]
+    total = workloads.n_params(shapes)
+    records = harness.make_records("distributed", f"fsdp2-adam/{total // 1_000_000}M", "cpu", "bfloat16",
+                                   total, len(shapes), rank0["times"], ctx.ceiling_gbps, None,
+                                   {k: {"state_bytes": v} for k, v in rank0["state_bytes"].items()})
+    d = WORLD
+    held = {k: v / total for k, v in rank0["held"].items()}
+    ctx.note("distributed", f"bytes per param held by each of {d} ranks (params, grads, optimizer state; "
+             "measured): " + ", ".join(f"{k} {v:.1f}" for k, v in held.items())
+             + f"; Megatron's distributed optimizer (bf16 params, fp32 grads): 6 + 12/d = {6 + 12 / d:.1f}")
+    return records
+
+
+def _shard(full, mesh, requires_grad):
+    from torch.distributed.tensor import Shard, distribute_tensor
+    t = distribute_tensor(full, mesh, [Shard(0)])
+    return torch.nn.Parameter(t, requires_grad=requires_grad) if requires_grad else t
+
+
+def _local_bytes(tensors):
+    from torch.distributed.tensor import DTensor
+    return harness.tensor_bytes(t.to_local() if isinstance(t, DTensor) else t for t in tensors)
+
+
+def _held(params, opt):
+    return _local_bytes(list(params) + [p.grad for p in params] +
+                        [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)])
+
+
+def _worker(rank, world, shapes, reps):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    import fused_amp
+
+    mesh = init_device_mesh("cpu", (world,))
+    gen = torch.Generator().manual_seed(0)
+    values = [torch.randn(s, generator=gen) for s in shapes]
+    grads = [torch.randn(s, generator=gen) * INIT_SCALE for s in shapes]
+
+    def build(kind):
+        """(step, params, optimizer) of one setting; grads scaled by INIT_SCALE."""
+        if kind in ("fused_amp", "torch_fused"):
+            dtype = torch.bfloat16 if kind == "fused_amp" else torch.float32
+            params = [_shard(v.to(dtype), mesh, True) for v in values]
+            for p, g in zip(params, grads):
+                p.grad = _shard(g.to(dtype), mesh, False)
+            opt = (fused_amp.optim.Adam(params, lr=1e-3) if kind == "fused_amp"
+                   else torch.optim.Adam(params, lr=1e-3, fused=True))
+            scaler = (fused_amp.GradScaler if kind == "fused_amp" else torch.amp.GradScaler)(
+                "cpu", init_scale=INIT_SCALE)
+        else:  # zero1 / ddp: full bf16 params on every rank, our masters
+            params = [torch.nn.Parameter(v.bfloat16()) for v in values]
+            for p, g in zip(params, grads):
+                p.grad = g.bfloat16()
+            opt = (ZeroRedundancyOptimizer(params, optimizer_class=fused_amp.optim.Adam, lr=1e-3)
+                   if kind == "zero1" else fused_amp.optim.Adam(params, lr=1e-3))
+            scaler = fused_amp.GradScaler("cpu", init_scale=INIT_SCALE)
+        scaler.scale(torch.ones(()))
+
+        def step():
+            scaler.step(opt)
+            scaler.update()
+        return step, params, opt
+
+    steps = {k: build(k) for k in ("fused_amp", "torch_fused")}
+    times = {k: [] for k in steps}
+    for rep in range(2 + reps):  # in turns, the first two as warm-up
+        for kind, (step, _, _) in steps.items():
+            dist.barrier()
+            t = harness.time_once(step, "cpu")
+            if rep >= 2:
+                times[kind].append(t)
+    held = {"FSDP2 fp32 shards (torch Adam)": _held(steps["torch_fused"][1], steps["torch_fused"][2]),
+            "FSDP2 bf16 shards + fp32 masters": _held(steps["fused_amp"][1], steps["fused_amp"][2])}
+    state_bytes = {"fused_amp": held["FSDP2 bf16 shards + fp32 masters"],
+                   "torch_fused": held["FSDP2 fp32 shards (torch Adam)"]}
+    del steps
+    for kind, label in (("zero1", "ZeRO-1 bf16 + masters"), ("ddp", "DDP bf16 + masters")):
+        step, params, opt = build(kind)
+        step()  # creates the state (ZeRO: on the owning rank only)
+        held[label] = _held(params, opt.optim if kind == "zero1" else opt)
+    return dict(times={k: v for k, v in times.items()}, held=held, state_bytes=state_bytes,
+                median_ms={k: statistics.median(v) * 1e3 for k, v in times.items()})
