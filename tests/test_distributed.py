@@ -37,12 +37,14 @@ def batch(rank, step, overflow_at):
     return x
 
 
-def train(rank, model, opt, steps, overflow_at):
+def train(rank, model, opt, steps, overflow_at, data_rank=None):
+    """``data_rank``: every rank trains on that rank's batches (an exact average in DDP)."""
     scaler = fused_amp.GradScaler("cpu", init_scale=256.0)
     losses = []
     for step in range(steps):
         opt.zero_grad()
-        loss = model(batch(rank, step, overflow_at)).float().pow(2).mean()
+        x = batch(rank if data_rank is None else data_rank, step, overflow_at)
+        loss = model(x).float().pow(2).mean()
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
@@ -50,10 +52,10 @@ def train(rank, model, opt, steps, overflow_at):
     return scaler
 
 
-def ddp_run(rank, world, steps, overflow_at):
+def ddp_run(rank, world, steps, overflow_at, data_rank=None):
     model = torch.nn.parallel.DistributedDataParallel(make_model())
     opt = fused_amp.optim.AdamW(model.parameters(), lr=1e-2)
-    scaler = train(rank, model, opt, steps, overflow_at)
+    scaler = train(rank, model, opt, steps, overflow_at, data_rank)
     return dict(params=[p.detach().clone() for p in model.parameters()],
                 masters=[opt.state[p]["master_param"].clone() for p in model.parameters()],
                 steps=[opt.state[p]["step"].item() for p in model.parameters()],
@@ -70,6 +72,20 @@ def test_ddp_ranks_stay_bitwise_equal_through_an_overflow_on_one_rank(world):
         assert other["steps"] == results[0]["steps"] and other["scale"] == results[0]["scale"]
     assert results[0]["steps"] == [5.0] * 4  # every rank skipped the overflow step
     assert results[0]["scale"] == 128.0
+
+
+def test_ddp_equals_a_single_process_run_of_the_same_global_batch():
+    """Every rank gets the same half of a global batch made of two equal halves: the averaged
+    grad is then exact, so 2 ranks must give the single-process run's params bit for bit."""
+    ranks = run_ranks(ddp_run, 2, 4, None, 0)
+    model = make_model()
+    opt = fused_amp.optim.AdamW(model.parameters(), lr=1e-2)
+    train(0, model, opt, 4, None)
+    for r in ranks:
+        for a, b in zip(r["params"], model.parameters()):
+            assert torch.equal(a, b.detach())
+        for a, b in zip(r["masters"], model.parameters()):
+            assert torch.equal(a, opt.state[b]["master_param"])
 
 
 def zero_run(rank, world, steps, overflow_at):
@@ -251,3 +267,14 @@ def test_fsdp2_dcp_checkpoint_saved_on_4_ranks_continues_on_2():
             for a, b in zip(r[key], saved[0][key]):
                 assert torch.equal(a, b), key
         assert r["steps"] == saved[0]["steps"] == [5.0] * 4 and r["scale"] == saved[0]["scale"]
+
+
+def test_the_fsdp2_example_runs_and_learns():
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, os.path.join(root, "examples", "fsdp2_train.py")],
+                          capture_output=True, text=True, timeout=DEADLINE_S, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = [float(line.split()[-1]) for line in proc.stdout.splitlines() if "loss" in line]
+    assert losses[-1] < losses[0] / 10
