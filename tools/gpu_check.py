@@ -145,7 +145,7 @@ def main(argv=None):
         extra = args.pytest_args.split()
         pytest = [python, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider"]
         check.run("cuda-tests", pytest + ["-m", "cuda"] + extra, 150, env, keep=pytest_tail)
-        check.run("tests", pytest + ["-m", "not cuda"] + extra, 150, env, keep=pytest_tail)
+        check.run("tests", pytest + ["-m", "not cuda"] + extra, 240, env, keep=pytest_tail)
         bench = ([python, "benchmarks/run.py", "--device", "cpu", "--quick", "--size-scale", "0.002",
                   "--suite", "unscale"] if args.dry_run else
                  [python, "benchmarks/run.py", "--device", "cuda", "--quick"])
