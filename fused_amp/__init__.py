@@ -2,9 +2,10 @@
 import torch  # noqa: F401  (loads libtorch before the extension)
 
 from fused_amp import _C, ops, optim  # noqa: F401
+from fused_amp.check import Finding, check_model
 from fused_amp.grad_scaler import GradScaler, OverflowReport
 
-__all__ = ["GradScaler", "OverflowReport", "build_info", "ops", "optim"]
+__all__ = ["Finding", "GradScaler", "OverflowReport", "build_info", "check_model", "ops", "optim"]
 
 
 def build_info():

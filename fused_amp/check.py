@@ -1,0 +1,126 @@
+"""Half-precision pitfalls found before training instead of after a NaN (``check_model``).
+
+Each kind of finding predicts a failure that torch really shows (tests/test_check.py shows each
+one happening): nothing is reported on a guess about how an op computes."""
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+import torch
+
+__all__ = ["Finding", "check_model"]
+
+_HALF = (torch.float16, torch.bfloat16)
+# torch optimizers whose non-fused implementations do their arithmetic, eps included, in the
+# param dtype (fused=True computes in fp32)
+_EPS_IN_PARAM_DTYPE = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "RMSprop", "Adadelta")
+
+
+@dataclass
+class Finding:
+    """One pitfall: where it is, the value, what goes wrong and what to do."""
+    kind: str
+    where: str
+    value: Any
+    problem: str
+    fix: str
+
+    def __str__(self):
+        return f"[{self.kind}] {self.where}: {self.value!r}: {self.problem}; {self.fix}"
+
+
+def _in_dtype(x: float, dtype: torch.dtype) -> float:
+    return torch.tensor(x, dtype=torch.float64).to(dtype).item()
+
+
+def _check_optimizer(optimizer, dtype, names) -> List[Finding]:
+    """A torch optimizer that updates fp16/bf16 params without fp32 masters and computes in the
+    param dtype (not fused), with an eps that is 0 in that dtype: where the second moment is 0
+    (a grad that is 0 from the start, e.g. an unused embedding row) the update is 0/0 = NaN."""
+    from fused_amp.optim._base import MasterWeightOptimizer
+    if (isinstance(optimizer, MasterWeightOptimizer) or type(optimizer).__name__ not in _EPS_IN_PARAM_DTYPE
+            or not type(optimizer).__module__.startswith("torch.optim")):
+        return []
+    out = []
+    for i, group in enumerate(optimizer.param_groups):
+        eps = group.get("eps")
+        if not eps or group.get("fused"):
+            continue
+        for p in group["params"]:
+            # the model's float params train in `dtype` (or already are half)
+            pdtype = p.dtype if p.dtype in _HALF else (dtype if p.is_floating_point() else None)
+            if pdtype in _HALF and _in_dtype(eps, pdtype) == 0.0:
+                out.append(Finding(
+                    "eps-vanishes", f"{type(optimizer).__name__} param group {i} ({names.get(p, 'a param')})",
+                    eps, f"eps is 0 in {pdtype}, and {type(optimizer).__name__} without fused=True "
+                    "computes in the param dtype: where the second moment is 0 the update is 0/0 = NaN",
+                    "use fused_amp.optim (fp32 masters and math), fused=True, or eps >= "
+                    f"{torch.finfo(pdtype).tiny:g}"))
+                break
+    return out
+
+
+def _check_values(model, dtype) -> List[Finding]:
+    """Params and buffers whose values are beyond ``dtype``'s range: inf after the cast."""
+    out = []
+    limit = torch.finfo(dtype).max
+    for kind, items in (("param", model.named_parameters()), ("buffer", model.named_buffers())):
+        for name, t in items:
+            if not t.is_floating_point() or t.numel() == 0:
+                continue
+            biggest = t.detach().abs().max().item()
+            if biggest > limit:
+                out.append(Finding(
+                    "overflows-dtype", f"{kind} {name}", biggest,
+                    f"beyond {dtype}'s largest value {limit:g}: it becomes inf when cast",
+                    f"keep this {kind} in float32, rescale it, or train in bfloat16"))
+    return out
+
+
+def _check_first_backward(model, dtype, example_input, loss_fn, init_scale) -> List[Finding]:
+    """The first backward of the scaled loss, in ``dtype``: inf/NaN grads there mean the first
+    steps are skipped while the scale backs off (or, where the loss itself is inf, forever)."""
+    import copy
+    trial = copy.deepcopy(model).to(dtype)
+    inputs = example_input if isinstance(example_input, tuple) else (example_input,)
+    inputs = tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                   for x in inputs)
+    out = trial(*inputs)
+    loss = loss_fn(out) if loss_fn is not None else out.float().sum()
+    if not torch.isfinite(loss).all():
+        return [Finding("loss-not-finite", "the loss of the example input", loss.item(),
+                        f"the forward pass in {dtype} already gives a non-finite loss; no loss "
+                        "scale can help", "find the op that overflows in the forward pass")]
+    (loss.float() * init_scale).backward()
+    biggest = max((p.grad.detach().abs().max().item() for p in trial.parameters() if p.grad is not None),
+                  default=0.0)
+    if biggest == float("inf") or biggest != biggest:
+        return [Finding("init-scale-overflows", "GradScaler init_scale", init_scale,
+                        f"the first backward in {dtype} overflows: the first steps are skipped "
+                        "while the scale backs off",
+                        "start from a smaller init_scale (e.g. 2**10), the scaler then grows it")]
+    return []
+
+
+def check_model(model: torch.nn.Module, dtype: torch.dtype = torch.float16,
+                optimizer: Optional[torch.optim.Optimizer] = None, *,
+                example_input: Any = None, loss_fn=None,
+                init_scale: Optional[float] = None) -> List[Finding]:
+    """Half-precision pitfalls of training ``model`` in ``dtype`` (float16 or bfloat16), found
+    before training; an empty list when there are none. Each finding names where it is, the
+    value, what goes wrong and what to do, and prints as one line.
+
+    * ``optimizer`` (optional): a torch optimizer that would update fp16/bf16 params in that
+      dtype, without fp32 masters, with an eps that is 0 there (0/0 = NaN where a grad is 0).
+    * params and buffers beyond the dtype's range (inf once cast).
+    * with ``example_input`` and ``init_scale``: a loss scale whose first backward overflows,
+      and a forward pass whose loss is already inf/NaN (``loss_fn(output)``, default the sum).
+    """
+    if dtype not in _HALF:
+        raise ValueError(f"check_model: dtype must be torch.float16 or torch.bfloat16, got {dtype}")
+    names = {p: n for n, p in model.named_parameters()}
+    findings = _check_values(model, dtype)
+    if optimizer is not None:
+        findings += _check_optimizer(optimizer, dtype, names)
+    if example_input is not None and init_scale is not None:
+        findings += _check_first_backward(model, dtype, example_input, loss_fn, init_scale)
+    return findings

@@ -1,0 +1,80 @@
+"""fused_amp.check_model: every kind of finding comes with a test that the failure it predicts
+happens in torch; healthy models give no findings."""
+import pytest
+import torch
+
+import fused_amp
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(),
+                               torch.nn.Linear(16, 4))
+
+
+def test_healthy_models_give_no_findings():
+    for dtype in (torch.float16, torch.bfloat16):
+        model = mlp()
+        assert fused_amp.check_model(model, dtype) == []
+        assert fused_amp.check_model(model, dtype, fused_amp.optim.AdamW(model.parameters())) == []
+        assert fused_amp.check_model(model, dtype, torch.optim.Adam(model.parameters(), fused=True)) == []
+        assert fused_amp.check_model(model, dtype, torch.optim.SGD(model.parameters(), lr=0.1)) == []
+        assert fused_amp.check_model(model, dtype, example_input=torch.randn(4, 8), init_scale=2.0 ** 16,
+                                     loss_fn=lambda out: out.float().pow(2).mean()) == []
+    # eps 1e-8 is representable in bf16: no finding there (and LayerNorm's eps is never one)
+    model = mlp().bfloat16()
+    assert fused_amp.check_model(model, torch.bfloat16, torch.optim.Adam(model.parameters())) == []
+
+
+def test_eps_that_vanishes_in_fp16_is_found_and_torch_really_gives_nan():
+    model = mlp().half()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)  # eps=1e-8: 0 in fp16
+    findings = fused_amp.check_model(model, torch.float16, opt)
+    assert [f.kind for f in findings] == ["eps-vanishes"]
+    line = str(findings[0])
+    assert "Adam param group 0" in line and "0/0 = NaN" in line and "fused_amp.optim" in line
+    assert "\n" not in line
+    # what it predicts: a param whose grad is 0 gets NaN from torch's Adam in fp16
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    assert all(torch.isnan(p).all() for p in model.parameters())
+
+
+def test_values_beyond_the_dtype_are_found_and_become_inf():
+    model = mlp()
+    with torch.no_grad():
+        model[0].weight[0, 0] = 1e5  # beyond fp16's 65504, fine in bf16
+    model.register_buffer("big", torch.tensor([7e4]))
+    findings = fused_amp.check_model(model, torch.float16)
+    assert {f.where for f in findings} == {"param 0.weight", "buffer big"}
+    assert all(f.kind == "overflows-dtype" for f in findings)
+    assert fused_amp.check_model(model, torch.bfloat16) == []
+    assert torch.isinf(model[0].weight.half()).any() and torch.isinf(model.big.half()).all()
+
+
+def test_init_scale_that_overflows_the_first_backward_is_found():
+    model, x = mlp(), torch.randn(64, 8) * 30
+    findings = fused_amp.check_model(model, torch.float16, example_input=x, init_scale=2.0 ** 24)
+    assert [f.kind for f in findings] == ["init-scale-overflows"]
+    # what it predicts: the scaled backward in fp16 gives inf grads (the step is skipped)
+    half = mlp().half()
+    (half(x.half()).float().sum() * 2.0 ** 24).backward()
+    assert any(not torch.isfinite(p.grad).all() for p in half.parameters())
+    assert fused_amp.check_model(model, torch.float16, example_input=x, init_scale=1.0) == []
+
+
+def test_a_forward_that_already_overflows_is_found():
+    model, x = mlp(), torch.full((2, 8), 3e4)
+    with torch.no_grad():
+        model[0].weight.fill_(1.0)
+    findings = fused_amp.check_model(model, torch.float16, example_input=x, init_scale=1.0,
+                                     loss_fn=lambda out: out.float().sum())
+    assert findings and findings[0].kind == "loss-not-finite"
+    with torch.no_grad():  # what it predicts: torch's fp16 forward gives a non-finite loss
+        assert not torch.isfinite(model.half()(x.half()).float().sum())
+
+
+def test_dtype_must_be_half():
+    with pytest.raises(ValueError, match="dtype must be"):
+        fused_amp.check_model(mlp(), torch.float32)
