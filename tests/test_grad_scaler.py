@@ -312,59 +312,6 @@ def test_seed_recipe_runs_by_changing_only_the_import():
 
 # ---- CUDA ---------------------------------------------------------------------------------
 
-def cuda_setup(dtype=torch.float16):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 8)).cuda().to(dtype)
-    opt = fused_amp.optim.AdamW(model.parameters(), lr=1e-3)
-    scaler = GradScaler("cuda", init_scale=2.0 ** 12)
-    x = torch.randn(32, 64, device="cuda", dtype=dtype)
-    return model, opt, scaler, x
-
-
-def cuda_step(model, opt, scaler, x):
-    opt.zero_grad(set_to_none=False)
-    loss = model(x).float().pow(2).mean()
-    scaler.scale(loss).backward()
-    scaler.step(opt)
-    scaler.update()
-
-
-@pytest.mark.cuda
-def test_cuda_step_has_no_host_sync():
-    model, opt, scaler, x = cuda_setup()
-    cuda_step(model, opt, scaler, x)  # state is created on the first step
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(3):
-            cuda_step(model, opt, scaler, x)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-
-
-@pytest.mark.cuda
-def test_cuda_graph_capture_of_the_whole_step():
-    model, opt, scaler, x = cuda_setup()
-    ref_model, ref_opt, ref_scaler, _ = cuda_setup()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            cuda_step(model, opt, scaler, x)
-            cuda_step(ref_model, ref_opt, ref_scaler, x)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        cuda_step(model, opt, scaler, x)
-    for _ in range(5):
-        graph.replay()
-        cuda_step(ref_model, ref_opt, ref_scaler, x)
-    torch.cuda.synchronize()
-    for a, b in zip(model.parameters(), ref_model.parameters()):
-        assert torch.equal(a, b)
-    assert scaler._scale.item() == ref_scaler._scale.item()
-
-
 def test_sparse_grads_unscaled_like_torch():
     def run(scaler_cls):
         torch.manual_seed(0)
