@@ -237,7 +237,6 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 if isinstance(value, torch.Tensor):
                     state[key] = _fp32_like(value, p)
             self._complete_loaded_state(p, state)
-        self._forget_lists()
         for post_hook in post_hooks.values():
             post_hook(self)
 
