@@ -6,8 +6,13 @@
 * torch_master: half params with fp32 masters kept by hand: unscale + inf check of the half
                 grads (what GradScaler.unscale_ runs), the .item() check, copies into fp32
                 master grads, torch's fused optimizer on the masters, copy back, scale update.
+
+With ``max_grad_norm`` each clips by the global grad norm as its users would: fused_amp through
+the optimizer's ``max_grad_norm`` (norm in the overflow-check pass, clip in the step),
+torch_amp with ``scaler.unscale_`` + ``torch.nn.utils.clip_grad_norm_``, torch_master with
+``clip_grad_norm_`` on the fp32 master grads.
 """
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -37,13 +42,18 @@ class ScalerStep:
     """A GradScaler and an optimizer that takes the scale into its step (fused_amp's, or
     torch's best); ``step`` is scaler.step + scaler.update, as a training loop runs them."""
 
-    def __init__(self, params: List[torch.nn.Parameter], optimizer, scaler_cls, device: str):
+    def __init__(self, params: List[torch.nn.Parameter], optimizer, scaler_cls, device: str,
+                 clip_max_norm: Optional[float] = None):
         self.params = params
         self.optimizer = optimizer
+        self.clip_max_norm = clip_max_norm  # torch's recipe: unscale_, then clip_grad_norm_
         self.scaler = scaler_cls(device, init_scale=INIT_SCALE)
         self.scaler.scale(torch.ones((), device=device))  # creates the scale, as backward of a scaled loss would
 
     def step(self):
+        if self.clip_max_norm is not None:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.params, self.clip_max_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
 
@@ -52,20 +62,24 @@ class ScalerStep:
                 + [t for s in self.optimizer.state.values() for t in s.values()])
 
 
-def fused_amp_step(params, opt_name, device):
+def fused_amp_step(params, opt_name, device, max_grad_norm=None):
     cls, _, kw = OPTIMIZERS[opt_name]
-    return ScalerStep(params, cls(params, **kw, **FUSED_AMP_SETTINGS), fused_amp.GradScaler, device)
+    optimizer = cls(params, **kw, **FUSED_AMP_SETTINGS, max_grad_norm=max_grad_norm)
+    return ScalerStep(params, optimizer, fused_amp.GradScaler, device)
 
 
-def torch_amp_step(params, opt_name, device):
+def torch_amp_step(params, opt_name, device, max_grad_norm=None):
     _, cls, kw = OPTIMIZERS[opt_name]
-    return ScalerStep(params, torch_best_optimizer(cls, params, kw), torch.amp.GradScaler, device)
+    return ScalerStep(params, torch_best_optimizer(cls, params, kw), torch.amp.GradScaler, device,
+                      clip_max_norm=max_grad_norm)
 
 
 class TorchMasterStep:
-    def __init__(self, params: List[torch.nn.Parameter], opt_name: str, device: str):
+    def __init__(self, params: List[torch.nn.Parameter], opt_name: str, device: str,
+                 max_grad_norm=None):
         _, cls, kw = OPTIMIZERS[opt_name]
         self.params = params
+        self.max_grad_norm = max_grad_norm
         self.masters = [torch.nn.Parameter(p.detach().float()) for p in params]
         for m in self.masters:
             m.grad = torch.zeros_like(m)
@@ -81,6 +95,8 @@ class TorchMasterStep:
         torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found_inf, inv_scale)
         if self.found_inf.item() == 0:  # the host sync
             torch._foreach_copy_([m.grad for m in self.masters], grads)
+            if self.max_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(self.masters, self.max_grad_norm)
             self.optimizer.step()
             with torch.no_grad():
                 torch._foreach_copy_(self.params, self.masters)
@@ -107,7 +123,8 @@ def random_values(shapes, device, seed=0):
     return values, grads
 
 
-def build_steps(shapes, opt_name: str, half_dtype: torch.dtype, device: str, impls=IMPLS) -> Dict:
+def build_steps(shapes, opt_name: str, half_dtype: torch.dtype, device: str, impls=IMPLS,
+                max_grad_norm: Optional[float] = None) -> Dict:
     """For each implementation: its step object, and the pristine scaled grads that its
     ``prepare`` copies into .grad before every timed step (the unscale happens in place in
     torch's implementations, so a timed step never sees an already-unscaled grad)."""
@@ -119,7 +136,7 @@ def build_steps(shapes, opt_name: str, half_dtype: torch.dtype, device: str, imp
         pristine = [g.to(dtype, copy=True) for g in grads]
         for p, g in zip(params, pristine):
             p.grad = g.clone()
-        out[impl] = (STEP_CLASSES[impl](params, opt_name, device), pristine)
+        out[impl] = (STEP_CLASSES[impl](params, opt_name, device, max_grad_norm), pristine)
     return out
 
 

@@ -117,7 +117,7 @@ def user_lines(records: List[Dict], machine: Dict, repeat: int,
     fused_amp against torch's AMP recipe and the hand-written master recipe; with
     ``model_params``, the same predicted for that size from the scaling fit."""
     mains = [r for r in records if r["suite"] == "optimizer" and r["case"].startswith("adam/")
-             and "-x-" not in r["case"]]
+             and "-x-" not in r["case"] and not r["case"].endswith("/clip")]
     if not mains:
         return []
     case = next((r["case"] for r in mains if "bfloat16" in r["case"]), mains[0]["case"])
@@ -141,6 +141,13 @@ def user_lines(records: List[Dict], machine: Dict, repeat: int,
         out.append("  fused_amp: " + "; ".join(
             f"{ours['speedup_vs'][o]:.2f}x ({lo:.2f}–{hi:.2f}) vs {o}, {verdict(lo, hi)}"
             for o, (lo, hi) in sorted(ours["speedup_range"].items())))
+    clipped = {r["impl"]: r for r in records if r["suite"] == "optimizer" and r["case"] == case + "/clip"}
+    if ours and "fused_amp" in clipped:
+        c = clipped["fused_amp"]
+        out.append(f"  with clipping (max_norm 1.0): fused_amp {c['time_ms']:.1f} ms, "
+                   f"{c['time_ms'] / ours['time_ms']:.2f}x its step without; " + "; ".join(
+                       f"{c['speedup_vs'][o]:.2f}x ({lo:.2f}–{hi:.2f}) vs {o}, {verdict(lo, hi)}"
+                       for o, (lo, hi) in sorted(c["speedup_range"].items())))
     fits = scaling_fit(records)
     if model_params and fits:
         predicted = []

@@ -15,11 +15,14 @@ BYTES_PER_PARAM = {
     ("sgd", "bfloat16"): 20, ("sgd", "float16"): 20,
     # ... with fp32 params: read g 4, p 4, buf 4; write p 4, buf 4
     ("sgd", "float32"): 20,
+    # Adam with gradient clipping: the global norm must be known before any update, so the grads
+    # are read once more (half 2, fp32 4) before the fused update above
+    ("adam_clip", "bfloat16"): 30, ("adam_clip", "float16"): 30, ("adam_clip", "float32"): 32,
 }
 
 
 def bytes_per_param(op: str, dtype: str) -> int:
-    """Roofline bytes per parameter of ``op`` ("unscale", "adam", "adamw", "sgd")."""
+    """Roofline bytes per parameter of ``op`` ("unscale", "adam", "adamw", "sgd", "adam_clip")."""
     return BYTES_PER_PARAM[("adam" if op == "adamw" else op, dtype)]
 
 

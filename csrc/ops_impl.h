@@ -3,6 +3,8 @@
 // a device, which implements
 //   static void unscale(at::TensorList, const at::Tensor& found_inf, const at::Tensor* inv_scale);
 //       (inv_scale null: non_finite_check_)
+//   static void grad_norm(at::TensorList, const at::Tensor& found_inf, const at::Tensor& norm,
+//                         const at::Tensor* inv_scale, ops::NormKind kind);
 //   static void update_scale(const core::ScaleTensors&, const ops::ScaleUpdateArgs&);
 //   static void adam(const core::AdamArgs&);
 //   static void sgd(const core::SgdArgs&);
@@ -32,7 +34,7 @@ struct Entry {
   static void unscale_(at::TensorList tensors, at::Tensor& found_inf, const at::Tensor& inv_scale) {
     BelowAutograd below;
     core::Staging staging;
-    const auto walked = core::validate_unscale("unscale_", tensors, found_inf, &inv_scale, &staging);
+    const auto walked = core::validate_unscale("unscale_", tensors, found_inf, &inv_scale, true, &staging);
     Device::unscale(walked, found_inf, &inv_scale);
     staging.copy_back();
   }
@@ -40,8 +42,19 @@ struct Entry {
   static void non_finite_check_(at::TensorList tensors, at::Tensor& found_inf) {
     BelowAutograd below;
     core::Staging staging;
-    const auto walked = core::validate_unscale("non_finite_check_", tensors, found_inf, nullptr, &staging);
+    const auto walked = core::validate_unscale("non_finite_check_", tensors, found_inf, nullptr, false, &staging);
     Device::unscale(walked, found_inf, nullptr);
+  }
+
+  static void grad_norm_(at::TensorList tensors, at::Tensor& found_inf, at::Tensor& norm,
+                         const std::optional<at::Tensor>& inv_scale, double norm_type) {
+    BelowAutograd below;
+    core::Staging staging;
+    const char* op = "grad_norm_";
+    const at::Tensor* inv = inv_scale && inv_scale->defined() ? &*inv_scale : nullptr;
+    const auto walked = core::validate_unscale(op, tensors, found_inf, inv, false, &staging);
+    const ops::NormKind kind = core::validate_grad_norm(op, norm, found_inf, norm_type);
+    Device::grad_norm(walked, found_inf, norm, inv, kind);
   }
 
   static void update_scale_(at::Tensor& scale, at::Tensor& growth_tracker,
@@ -68,15 +81,17 @@ struct Entry {
                          const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,
                          double eps, double weight_decay, bool amsgrad, bool maximize,
                          bool decoupled_weight_decay, const std::optional<at::Tensor>& inv_scale,
-                         const std::optional<at::Tensor>& found_inf, bool unscale_grads,
+                         const std::optional<at::Tensor>& found_inf,
+                         const std::optional<at::Tensor>& grad_norm,
+                         std::optional<double> max_grad_norm, bool unscale_grads,
                          bool check_only) {
     BelowAutograd below;
     core::Staging staging;
     const core::AdamArgs a{
         core::validate_step("adam_step_", params, grads, master_params, exp_avgs, "exp_avgs",
                             exp_avg_sqs, "exp_avg_sqs", max_exp_avg_sqs, "max_exp_avg_sqs", amsgrad,
-                            steps, true, lr, lr_tensor, inv_scale, found_inf, unscale_grads,
-                            check_only ? nullptr : &staging),
+                            steps, true, lr, lr_tensor, inv_scale, found_inf, grad_norm,
+                            max_grad_norm, unscale_grads, check_only ? nullptr : &staging),
         {beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad, maximize}};
     if (check_only || params.empty()) return;
     Device::adam(a);
@@ -89,7 +104,9 @@ struct Entry {
                         const std::optional<at::Tensor>& lr_tensor, double momentum,
                         double dampening, double weight_decay, bool nesterov, bool maximize,
                         const std::optional<at::Tensor>& inv_scale,
-                        const std::optional<at::Tensor>& found_inf, bool unscale_grads,
+                        const std::optional<at::Tensor>& found_inf,
+                        const std::optional<at::Tensor>& grad_norm,
+                        std::optional<double> max_grad_norm, bool unscale_grads,
                         bool check_only) {
     BelowAutograd below;
     core::Staging staging;
@@ -97,8 +114,8 @@ struct Entry {
     const core::SgdArgs a{
         core::validate_step("sgd_step_", params, grads, master_params, {}, nullptr, {}, nullptr,
                             momentum_buffers, "momentum_buffers", has_momentum, steps, has_momentum,
-                            lr, lr_tensor, inv_scale, found_inf, unscale_grads,
-                            check_only ? nullptr : &staging),
+                            lr, lr_tensor, inv_scale, found_inf, grad_norm, max_grad_norm,
+                            unscale_grads, check_only ? nullptr : &staging),
         {momentum, dampening, weight_decay, nesterov, maximize},
         has_momentum};
     if (check_only || params.empty()) return;
@@ -112,6 +129,7 @@ template <class Device>
 void register_entries(torch::Library& m) {
   m.impl("unscale_", &Entry<Device>::unscale_);
   m.impl("non_finite_check_", &Entry<Device>::non_finite_check_);
+  m.impl("grad_norm_", &Entry<Device>::grad_norm_);
   m.impl("update_scale_", &Entry<Device>::update_scale_);
   m.impl("adam_step_", &Entry<Device>::adam_step_);
   m.impl("sgd_step_", &Entry<Device>::sgd_step_);
@@ -120,6 +138,8 @@ void register_entries(torch::Library& m) {
 namespace cpu {
 struct Device {
   static void unscale(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor* inv_scale);
+  static void grad_norm(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor& norm,
+                        const at::Tensor* inv_scale, ops::NormKind kind);
   static void update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args);
   static void adam(const core::AdamArgs& a);
   static void sgd(const core::SgdArgs& a);
@@ -129,6 +149,8 @@ struct Device {
 namespace cuda {
 struct Device {
   static void unscale(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor* inv_scale);
+  static void grad_norm(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor& norm,
+                        const at::Tensor* inv_scale, ops::NormKind kind);
   static void update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args);
   static void adam(const core::AdamArgs& a);
   static void sgd(const core::SgdArgs& a);

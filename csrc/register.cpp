@@ -12,6 +12,9 @@ TORCH_LIBRARY(fused_amp, m) {
   m.def("unscale_(Tensor(a!)[] tensors, Tensor(b!) found_inf, Tensor inv_scale) -> ()");
   m.def("non_finite_check_(Tensor[] tensors, Tensor(a!) found_inf) -> ()");
   m.def(
+      "grad_norm_(Tensor[] tensors, Tensor(a!) found_inf, Tensor(b!) norm, Tensor? inv_scale=None, "
+      "float norm_type=2.0) -> ()");
+  m.def(
       "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor found_inf, "
       "float growth_factor, float backoff_factor, int growth_interval, int hysteresis=1, "
       "Tensor(c!)? hysteresis_tracker=None, float? min_scale=None, float? max_scale=None) -> ()");
@@ -20,14 +23,14 @@ TORCH_LIBRARY(fused_amp, m) {
       "Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, "
       "Tensor(f!)[] steps, *, float lr, Tensor? lr_tensor=None, float beta1, float beta2, "
       "float eps, float weight_decay, bool amsgrad, bool maximize, bool decoupled_weight_decay, "
-      "Tensor? inv_scale=None, Tensor? found_inf=None, bool unscale_grads=True, "
-      "bool check_only=False) -> ()");
+      "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
+      "float? max_grad_norm=None, bool unscale_grads=True, bool check_only=False) -> ()");
   m.def(
       "sgd_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
       "Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, *, float lr, Tensor? lr_tensor=None, "
       "float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
-      "Tensor? inv_scale=None, Tensor? found_inf=None, bool unscale_grads=True, "
-      "bool check_only=False) -> ()");
+      "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
+      "float? max_grad_norm=None, bool unscale_grads=True, bool check_only=False) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(fused_amp, CPU, m) { fused_amp::register_entries<fused_amp::cpu::Device>(m); }
@@ -57,7 +60,8 @@ void reject_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 void register_sparse_rejection(torch::Library& m) {
-  for (const char* op : {"unscale_", "non_finite_check_", "update_scale_", "adam_step_", "sgd_step_"}) {
+  for (const char* op : {"unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "adam_step_",
+                         "sgd_step_"}) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&reject_sparse>());
   }
 }

@@ -5,6 +5,7 @@ import inspect
 import numbers
 import operator
 import warnings
+import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -13,6 +14,7 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 from fused_amp import ops
+from fused_amp.optim._grad_norm import total_grad_norm
 
 try:  # torch builds without distributed support lack these
     from torch.distributed.optim import ZeroRedundancyOptimizer as _ZeroRedundancyOptimizer
@@ -137,6 +139,22 @@ class GradScaler(torch.amp.GradScaler):
         self._overflow_flags: Dict[int, Any] = {}
         self._last_overflow: Dict[int, Any] = {}
 
+    # Which scaler's scale is in an optimizer's grads, for a norm taken before the step
+    # (optimizer.clip_grad_norm_): the one that stepped it last, else the latest to scale a loss.
+    _stepped_by: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+    _latest_scaling: Optional["weakref.ref"] = None
+
+    @classmethod
+    def _scaling_for(cls, optimizer) -> Optional["GradScaler"]:
+        ref = cls._stepped_by.get(optimizer) or cls._latest_scaling
+        scaler = ref() if ref is not None else None
+        return scaler if scaler is not None and scaler._enabled else None
+
+    def scale(self, outputs):
+        if self._enabled:
+            GradScaler._latest_scaling = weakref.ref(self)
+        return super().scale(outputs)
+
     # ---- the scale and its trackers ---------------------------------------------------------
     def _lazy_init_scale_growth_tracker(self, dev: torch.device) -> None:
         super()._lazy_init_scale_growth_tracker(dev)
@@ -200,6 +218,19 @@ class GradScaler(torch.amp.GradScaler):
         self._per_optimizer_states[id(optimizer)]["found_inf_per_device"] = per_device_found_inf
         return per_device_found_inf
 
+    def _grad_norm_pass(self, optimizer, norm_type) -> torch.Tensor:
+        """The total norm of ``optimizer``'s unscaled grads, for clipping. While its grads are
+        still scaled, the same read-only pass is the overflow check of the coming step."""
+        optimizer_state = self._per_optimizer_states[id(optimizer)]
+        if not self._enabled or optimizer_state["stage"] is not OptState.READY:
+            return total_grad_norm(optimizer, norm_type, None)[0]  # unscaled already
+        self._check_scale_growth_tracker("clip_grad_norm_")
+        inv_scale = self._scale.double().reciprocal().float()
+        norm, found_infs = total_grad_norm(optimizer, norm_type, inv_scale)
+        optimizer_state["found_inf_per_device"] = found_infs
+        self._record_overflow_params(optimizer)
+        return norm
+
     def _combined_found_inf(self, found_infs, device) -> torch.Tensor:
         """1.0 if any device overflowed, else 0.0; never a count."""
         found_infs = [f.to(device, non_blocking=True) for f in found_infs]
@@ -243,8 +274,12 @@ class GradScaler(torch.amp.GradScaler):
             optimizer_state["stage"] = OptState.STEPPED
             return retval
         # The step takes the scale and the overflow flag and skips on the device: no sync.
-        if optimizer_state["stage"] is OptState.READY:
-            self._check_inf_per_device(optimizer)
+        GradScaler._stepped_by[target] = weakref.ref(self)
+        if optimizer_state["stage"] is OptState.READY and not optimizer_state["found_inf_per_device"]:
+            # a norm pass for clipping (ours) doubles as the overflow check
+            clip = getattr(target, "_clip_before_step", None)
+            if target is not optimizer or clip is None or not clip(self):
+                self._check_inf_per_device(optimizer)
         scale = self._get_scale_async()
         found_infs = list(optimizer_state["found_inf_per_device"].values())
         found_inf = (self._combined_found_inf(found_infs, scale.device) if found_infs

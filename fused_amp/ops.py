@@ -5,7 +5,7 @@ import torch
 
 from fused_amp import _fake
 
-__all__ = ["unscale_", "non_finite_check_", "update_scale_", "adam_step_", "sgd_step_"]
+__all__ = ["unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "adam_step_", "sgd_step_"]
 
 _ops = torch.ops.fused_amp
 
@@ -42,6 +42,22 @@ def non_finite_check_(tensors: Sequence[torch.Tensor], found_inf: torch.Tensor) 
                            _tensor("non_finite_check_", "found_inf", found_inf))
 
 
+def grad_norm_(tensors: Sequence[torch.Tensor], found_inf: torch.Tensor, norm: torch.Tensor,
+               inv_scale: Optional[torch.Tensor] = None, norm_type: float = 2.0) -> None:
+    r"""Write into ``norm`` the total norm of ``tensors * inv_scale`` and flag inf/NaN; reads only.
+
+    The norm is ``torch.nn.utils.get_total_norm``'s (``norm_type`` 1.0, 2.0 or inf), formed in
+    fp32 (fp64 for fp64 tensors) from each element times ``inv_scale`` (1 when None), with a
+    fixed summation order: the same bits for any thread count and on every run. An inf or NaN
+    element sets ``found_inf`` to 1.0, as :func:`non_finite_check_` does, and makes the norm
+    inf or NaN as torch's would be. ``norm`` and ``found_inf`` are one-element fp32 tensors on
+    the tensors' device.
+    """
+    op = "grad_norm_"
+    _ops.grad_norm_(_tensors(op, "tensors", tensors), _tensor(op, "found_inf", found_inf),
+                    _tensor(op, "norm", norm), inv_scale, float(norm_type))
+
+
 def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: torch.Tensor,
                   growth_factor: float, backoff_factor: float, growth_interval: int, *,
                   hysteresis: int = 1, hysteresis_tracker: Optional[torch.Tensor] = None,
@@ -68,7 +84,8 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
                beta1: float, beta2: float, eps: float, weight_decay: float, amsgrad: bool,
                maximize: bool, decoupled_weight_decay: bool,
                inv_scale: Optional[torch.Tensor] = None,
-               found_inf: Optional[torch.Tensor] = None, unscale_grads: bool = True,
+               found_inf: Optional[torch.Tensor] = None, grad_norm: Optional[torch.Tensor] = None,
+               max_grad_norm: Optional[float] = None, unscale_grads: bool = True,
                check_only: bool = False) -> None:
     """One fused Adam/AdamW step over all params; see ``fused_amp.optim.Adam`` for the rule.
 
@@ -76,7 +93,11 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
     ``master.to(dtype)``; ``None`` (or an empty list) updates the param in place. Grads are
     multiplied by ``inv_scale`` when given and, with ``unscale_grads``, left unscaled in place
     (as torch's fused optimizers leave them). When ``found_inf`` is nonzero nothing is written
-    and ``steps`` stay as they are; otherwise each step is incremented. ``check_only`` validates
+    and ``steps`` stay as they are; otherwise each step is incremented. With ``grad_norm`` (the
+    total norm of the unscaled grads, from :func:`grad_norm_`) and ``max_grad_norm`` the grads
+    are also clipped, as ``torch.nn.utils.clip_grad_norm_`` clips them: multiplied by
+    ``min(1, max_grad_norm / (grad_norm + 1e-6))``, which the kernels form on the device; with
+    ``unscale_grads`` they are left so in place. ``check_only`` validates
     the arguments and returns, so that a caller can check several calls before running any.
     Tensors in other layouts than their param (or not dense) are handled through copies.
     """
@@ -88,7 +109,8 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
                     lr=lr, lr_tensor=lr_tensor, beta1=beta1, beta2=beta2, eps=eps,
                     weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
                     decoupled_weight_decay=decoupled_weight_decay, inv_scale=inv_scale,
-                    found_inf=found_inf, unscale_grads=unscale_grads, check_only=check_only)
+                    found_inf=found_inf, grad_norm=grad_norm, max_grad_norm=max_grad_norm,
+                    unscale_grads=unscale_grads, check_only=check_only)
 
 
 def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
@@ -96,13 +118,15 @@ def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
               steps: List[torch.Tensor], *, lr: float, lr_tensor: Optional[torch.Tensor] = None,
               momentum: float, dampening: float, weight_decay: float, nesterov: bool,
               maximize: bool, inv_scale: Optional[torch.Tensor] = None,
-              found_inf: Optional[torch.Tensor] = None, unscale_grads: bool = True,
+              found_inf: Optional[torch.Tensor] = None, grad_norm: Optional[torch.Tensor] = None,
+              max_grad_norm: Optional[float] = None, unscale_grads: bool = True,
               check_only: bool = False) -> None:
     """One fused SGD step over all params; see ``fused_amp.optim.SGD`` for the rule.
 
     With ``momentum != 0``, ``momentum_buffers`` and ``steps`` are required: a param whose step
     is 0 starts its buffer from its gradient, as torch does. Masters, ``inv_scale``,
-    ``found_inf``, ``unscale_grads`` and ``check_only`` as in :func:`adam_step_`.
+    ``found_inf``, ``grad_norm``, ``max_grad_norm``, ``unscale_grads`` and ``check_only`` as in
+    :func:`adam_step_`.
     """
     op = "sgd_step_"
     _ops.sgd_step_(_tensors(op, "params", params), _tensors(op, "grads", grads),
@@ -110,8 +134,8 @@ def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
                    _tensors(op, "momentum_buffers", momentum_buffers), _tensors(op, "steps", steps),
                    lr=lr, lr_tensor=lr_tensor, momentum=momentum, dampening=dampening,
                    weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
-                   inv_scale=inv_scale, found_inf=found_inf, unscale_grads=unscale_grads,
-                   check_only=check_only)
+                   inv_scale=inv_scale, found_inf=found_inf, grad_norm=grad_norm,
+                   max_grad_norm=max_grad_norm, unscale_grads=unscale_grads, check_only=check_only)
 
 
 _fake.register(__all__)

@@ -132,11 +132,63 @@ def test_unscale_beyond_2_31_elements():
     assert found.item() == 1.0
 
 
+# ---- the grad norm and the clipped step ----------------------------------------------------
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, float("inf")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_grad_norm_cuda_is_as_close_to_the_exact_norm_as_torch_and_deterministic(dtype, norm_type):
+    gen = torch.Generator().manual_seed(0)
+    grads = [(torch.randn(n, generator=gen) * 3).to(dtype) for n in (1, 1000, 65536, 65537, 3_000_001)]
+    grads.append(torch.randn(64, 64, generator=gen).to(dtype).t())  # staged: not dense in order
+    inv = torch.tensor(2.0 ** -7, device="cuda")
+    runs = []
+    for _ in range(3):
+        found = torch.zeros((), device="cuda")
+        norm = torch.empty((), device="cuda")
+        ops.grad_norm_([g.cuda() for g in grads], found, norm, inv, norm_type)
+        runs.append((norm.cpu(), found.item()))
+    unscaled = [g.double().flatten() * 2.0 ** -7 for g in grads]
+    exact = torch.linalg.vector_norm(torch.cat(unscaled), norm_type)
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    torch_error = max((torch.nn.utils.get_total_norm([u.to(work).cuda() for u in unscaled], norm_type,
+                                                     foreach=f).double().cpu() - exact).abs().item()
+                      for f in (True, False))
+    norm, found = runs[0]
+    assert (norm.double() - exact).abs().item() <= max(torch_error, torch.finfo(torch.float32).eps * exact.item())
+    assert found == 0.0
+    for other, _ in runs[1:]:
+        assert_bitwise_equal(other, norm)
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e9])
+@pytest.mark.parametrize("dtype", PARAM_DTYPES)
+def test_clipped_adam_step_cuda_bitwise_equal_to_cpu(dtype, max_norm):
+    """Given the same norm, the clip coefficient and the step agree bit for bit."""
+    out = []
+    for device in ("cpu", "cuda"):
+        gen = torch.Generator().manual_seed(0)
+        params = [torch.randn(s, generator=gen).to(device, dtype) for s in SHAPES]
+        grads = [(torch.randn(s, generator=gen) * 256).to(device, dtype) for s in SHAPES]
+        masters = [p.float() if dtype != torch.float32 else None for p in params]
+        m, v = ([torch.zeros(s, device=device) for s in SHAPES] for _ in range(2))
+        steps = [torch.zeros((), device=device) for _ in SHAPES]
+        ops.adam_step_(params, grads, masters, m, v, [], steps, lr=1e-3, beta1=0.9, beta2=0.999,
+                       eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False,
+                       decoupled_weight_decay=True, inv_scale=torch.full((), 1 / 256, device=device),
+                       grad_norm=torch.full((), 3.25, device=device), max_grad_norm=max_norm)
+        out.append([t.cpu() for t in params + grads + m + v])
+    for a, b in zip(*out):
+        assert_bitwise_equal(b, a)
+
+
 # ---- a whole training step: no host sync, CUDA graph capture ------------------------------
 
 def optimizer_factories():
-    """Our optimizers on fp16 params, and torch's fused ones on fp32 params, each with our scaler."""
+    """Our optimizers on fp16 params (plain, then clipping every step), and torch's fused ones on
+    fp32 params, each with our scaler."""
     out = [(e.ours.__name__, torch.float16, lambda ps, e=e: e.ours(ps, **e.options[-1])) for e in OPTIMIZERS]
+    out += [(f"{e.ours.__name__}-max_grad_norm", torch.float16,
+             lambda ps, e=e: e.ours(ps, max_grad_norm=0.05, **e.options[-1])) for e in OPTIMIZERS]
     out += [(f"torch-{e.theirs.__name__}-fused", torch.float32,
              lambda ps, e=e: e.theirs(ps, fused=True, **e.options[-1])) for e in OPTIMIZERS]
     return out
@@ -175,8 +227,8 @@ def test_training_step_has_no_host_sync(name, dtype, make_opt):
         torch.cuda.set_sync_debug_mode("default")
 
 
-@pytest.mark.parametrize("name,dtype,make_opt", FACTORIES[:len(OPTIMIZERS)],
-                         ids=[f[0] for f in FACTORIES[:len(OPTIMIZERS)]])
+@pytest.mark.parametrize("name,dtype,make_opt", FACTORIES[:2 * len(OPTIMIZERS)],
+                         ids=[f[0] for f in FACTORIES[:2 * len(OPTIMIZERS)]])
 def test_training_step_captured_in_a_cuda_graph_equals_eager(name, dtype, make_opt):
     model, opt, scaler, x = setup(dtype, make_opt)
     ref_model, ref_opt, ref_scaler, _ = setup(dtype, make_opt)

@@ -5,6 +5,7 @@ flushes when tensors or blocks run out, a tensor continued in the next launch, e
 chunk tails, aligned and unaligned vector paths. Results are compared with torch (unscale) and
 with the CPU ops (optimizers): an element skipped or updated twice shows up at once."""
 import ctypes
+import math
 import os
 import shutil
 import subprocess
@@ -112,7 +113,7 @@ def test_adam_matches_cpu_op(sim, large, dtype, master, aligned, amsgrad):
             params, grads, masters, state["m"], state["v"], state["vmax"], state["step"])]
         sim.fa_sim_adam(DTYPE_CODE[dtype], int(master), len(params), ptr_array(rows),
                         numel_array(params), hyper, flags, ctypes.c_double(1e-2), None,
-                        fptr(inv), None, 1, large)
+                        fptr(inv), None, 1, None, ctypes.c_float(0), large)
         ops.adam_step_(ref_params, ref_grads, ref_masters if master else [], ref["m"], ref["v"],
                        ref["vmax"] if amsgrad else [], ref["step"], lr=1e-2, beta1=0.9, beta2=0.99,
                        eps=1e-8, weight_decay=0.01, amsgrad=amsgrad, maximize=False,
@@ -142,7 +143,7 @@ def test_sgd_matches_cpu_op(sim, large, momentum, nesterov):
     for _ in range(3):
         rows = [[p, g, m, b, s] for p, g, m, b, s in zip(params, grads, masters, bufs, steps)]
         sim.fa_sim_sgd(2, 1, len(params), ptr_array(rows), numel_array(params), hyper, flags,
-                       ctypes.c_double(0.1), None, None, 0, large)
+                       ctypes.c_double(0.1), None, None, 0, None, ctypes.c_float(0), large)
         ops.sgd_step_(ref_params, grads, ref_masters, ref_bufs, ref_steps, lr=0.1,
                       momentum=momentum, dampening=0.1, weight_decay=1e-3, nesterov=nesterov,
                       maximize=False)
@@ -161,6 +162,72 @@ def test_overflow_step_changes_nothing(sim):
     hyper = (ctypes.c_double * 4)(0.9, 0.999, 1e-8, 0.0)
     flags = (ctypes.c_int * 3)(0, 0, 0)
     sim.fa_sim_adam(1, 1, len(params), ptr_array(rows), numel_array(params), hyper, flags,
-                    ctypes.c_double(1e-3), None, fptr(torch.tensor([0.5])), fptr(torch.ones(1)), 1, 0)
+                    ctypes.c_double(1e-3), None, fptr(torch.tensor([0.5])), fptr(torch.ones(1)), 1,
+                    fptr(torch.tensor([3.0])), ctypes.c_float(1.0), 0)
     for a, b in zip(params + grads + masters + state[0] + state[1] + steps, snapshot):
         assert torch.equal(a, b)
+
+
+NORM_KIND = {math.inf: 0, 1.0: 1, 2.0: 2}
+
+
+@pytest.mark.parametrize("large", [0, 1])
+@pytest.mark.parametrize("dtype", list(DTYPE_CODE))
+@pytest.mark.parametrize("aligned", [True, False])
+@pytest.mark.parametrize("norm_type", list(NORM_KIND))
+def test_grad_norm_is_as_close_to_the_exact_norm_as_torch(sim, large, dtype, aligned, norm_type):
+    """Chunks of 20 and blocks of 2 threads: every chunk tail, block tree and launch boundary of
+    the two-stage reduction. The rule of tests/test_clip.py: no further from the float64 norm
+    than torch's own norms (or one fp32 ulp); the same bits on a second run; inf/NaN flagged."""
+    gen = torch.Generator().manual_seed(DTYPE_CODE[dtype] + 7 * NORM_KIND[norm_type])
+    tensors = ([torch.randn(n, generator=gen).to(dtype) for n in SIZES] if aligned
+               else unaligned_views(SIZES, dtype, gen))
+    inv = torch.tensor([0.25])
+
+    def run():
+        partials = torch.empty(sum(sim.fa_sim_norm_chunks(ctypes.c_int64(t.numel())) for t in tensors) + 1,
+                               dtype=torch.float64)
+        found, norm = torch.zeros(1), torch.zeros(1)
+        sim.fa_sim_grad_norm(DTYPE_CODE[dtype], len(tensors), ptr_array([[t] for t in tensors]),
+                             numel_array(tensors), fptr(partials), fptr(found), fptr(inv),
+                             NORM_KIND[norm_type], fptr(norm), large)
+        return norm, found
+
+    sim.fa_sim_norm_chunks.restype = ctypes.c_int64
+    norm, found = run()
+    unscaled = [t.double() * 0.25 for t in tensors]
+    exact = torch.linalg.vector_norm(torch.cat(unscaled), norm_type)
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    torch_error = max((torch.nn.utils.get_total_norm([u.to(work) for u in unscaled if u.numel()],
+                                                     norm_type, foreach=f).double() - exact).abs().item()
+                      for f in (True, False))
+    assert (norm.double() - exact).abs().item() <= max(torch_error, torch.finfo(torch.float32).eps * exact.item())
+    assert found.item() == 0.0
+    assert_bitwise_equal(run()[0], norm)
+    tensors[-1][-1] = float("inf")
+    norm, found = run()
+    assert found.item() == 1.0 and norm.isinf().item()
+
+
+@pytest.mark.parametrize("large", [0, 1])
+@pytest.mark.parametrize("max_norm", [1.0, 1e6])  # clips; does not clip (grads stay as they are)
+def test_clipped_adam_matches_cpu_op(sim, large, max_norm):
+    gen = torch.Generator().manual_seed(4)
+    params, grads, masters = optimizer_lists(torch.bfloat16, True, gen, aligned=True)
+    state = [[torch.zeros(p.shape) for p in params] for _ in range(2)]
+    steps = [torch.zeros(1) for _ in params]
+    ref = [[t.clone() for t in ts] for ts in (params, grads, masters, *state, steps)]
+    inv, norm = torch.tensor([0.5]), torch.tensor([7.5])
+    rows = [[p, g, m, a, b, None, s] for p, g, m, a, b, s in zip(params, grads, masters, *state, steps)]
+    hyper = (ctypes.c_double * 4)(0.9, 0.999, 1e-8, 0.0)
+    flags = (ctypes.c_int * 3)(0, 0, 0)
+    sim.fa_sim_adam(2, 1, len(params), ptr_array(rows), numel_array(params), hyper, flags,
+                    ctypes.c_double(1e-3), None, fptr(inv), None, 1, fptr(norm),
+                    ctypes.c_float(max_norm), large)
+    ops.adam_step_(ref[0], ref[1], ref[2], ref[3], ref[4], [], ref[5], lr=1e-3, beta1=0.9,
+                   beta2=0.999, eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False,
+                   decoupled_weight_decay=False, inv_scale=inv, grad_norm=norm.reshape(()),
+                   max_grad_norm=max_norm)
+    for i in range(len(params)):
+        assert_bitwise_equal(grads[i], ref[1][i])  # unscaled and clipped, as the CPU op leaves them
+        torch.testing.assert_close(masters[i], ref[2][i], rtol=2e-6, atol=1e-7)

@@ -132,7 +132,7 @@ def test_zero1_takes_the_sync_free_path_shards_state_and_round_trips():
 
 # ---- FSDP2 (fully_shard: DTensor params and grads) ---------------------------------------------
 
-def fsdp_run(rank, world, recipe, dtype, overflow_at, mixed=False):
+def fsdp_run(rank, world, recipe, dtype, overflow_at, mixed=False, max_norm=None):
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.tensor import DTensor
 
@@ -146,20 +146,28 @@ def fsdp_run(rank, world, recipe, dtype, overflow_at, mixed=False):
     fully_shard(model, **({"mp_policy": policy} if mixed else {}))
     params = list(model.parameters())
     optimizer, scaler_cls = {
-        "ours": (lambda: fused_amp.optim.Adam(params, lr=1e-2), fused_amp.GradScaler),
+        "ours": (lambda: fused_amp.optim.Adam(params, lr=1e-2, max_grad_norm=max_norm), fused_amp.GradScaler),
         "torch_opt_our_scaler": (lambda: torch.optim.Adam(params, lr=1e-2, fused=True), fused_amp.GradScaler),
         "torch": (lambda: torch.optim.Adam(params, lr=1e-2, fused=True), torch.amp.GradScaler),
         "torch_foreach": (lambda: torch.optim.Adam(params, lr=1e-2, foreach=True), torch.amp.GradScaler),
     }[recipe]
     opt, scaler = optimizer(), scaler_cls("cpu", init_scale=256.0)
+    norms = []
     for step in range(5):
         opt.zero_grad()
         x = batch(rank, step, overflow_at).to(torch.bfloat16 if mixed else dtype)
         scaler.scale(model(x).float().pow(2).mean()).backward()
+        if max_norm is not None and recipe != "ours":  # torch's recipe
+            scaler.unscale_(opt)
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=recipe == "torch_foreach")
+            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         scaler.step(opt)
         scaler.update()
+        if max_norm is not None and recipe == "ours":
+            norms.append(opt.last_grad_norm)
     out = dict(local=[p.to_local().clone() for p in params], full=[p.full_tensor() for p in params],
-               scale=scaler.get_scale(), steps=[float(opt.state[p]["step"]) for p in params])
+               scale=scaler.get_scale(), steps=[float(opt.state[p]["step"]) for p in params],
+               norms=[float(n) for n in norms])
     if "master_param" in opt.state[params[0]]:
         masters = [opt.state[p]["master_param"] for p in params]
         out["masters_sharded_like_params"] = all(
@@ -187,6 +195,23 @@ def test_fsdp2_fp32_shards_step_as_torch_and_skip_together(recipe):
         assert o["steps"] == [4.0] * len(o["steps"]) and o["scale"] == 128.0  # both ranks skipped once
         for a, b in zip(o["full"], ours[0]["full"]):
             assert torch.equal(a, b)
+
+
+def test_fsdp2_clipping_by_the_global_norm_of_the_shards():
+    """max_grad_norm on FSDP2 shards: every rank computes the norm of the whole model (its
+    shards' sums combined over the mesh), the one torch's clip_grad_norm_ gives, and the params
+    stay within torch's own fused/foreach spread of torch's fused recipe, with a floor of two
+    fp32 ulps: two norms each within an ulp of the exact one clip by coefficients that far apart."""
+    ours, fused, foreach = (run_ranks(fsdp_run, 2, recipe, torch.float32, None, False, 0.05)
+                            for recipe in ("ours", "torch", "torch_foreach"))
+    assert ours[0]["norms"] == ours[1]["norms"]
+    for a, b, c in zip(ours[0]["norms"], fused[0]["norms"], foreach[0]["norms"]):
+        assert b > 0.05  # every step clips
+        assert abs(a - b) <= max(abs(b - c), 2 * torch.finfo(torch.float32).eps * b)
+    for o, t, f in zip(ours, fused, foreach):
+        for a, b, fe in zip(o["local"], t["local"], f["local"]):
+            spread = max((fe - b).abs().max().item(), 2 * torch.finfo(torch.float32).eps * b.abs().max().item())
+            assert (a - b).abs().max().item() <= spread
 
 
 def test_fsdp2_mixed_precision_policy_fp32_shards():

@@ -350,7 +350,7 @@ def test_signature_is_torchs_plus_our_keywords(entry):
         assert ours[name].kind == param.kind, name
         if param.default is not inspect.Parameter.empty:
             assert ours[name].default == param.default, name
-    assert set(ours) - set(theirs) == {"master_weights", "unscale_grads"}
+    assert set(ours) - set(theirs) == {"master_weights", "unscale_grads", "max_grad_norm", "grad_norm_type"}
 
 
 @pytest.mark.parametrize("flags", [dict(foreach=True), dict(foreach=False), dict(fused=True),

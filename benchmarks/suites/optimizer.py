@@ -16,14 +16,18 @@ def cases(ctx):
     out = [(f"{opt}/{dtype}/{n // 1_000_000}M",
             lambda c, o=opt, d=dtype, n=n: run(c, o, d, workloads.model_like_shapes(n)))
            for opt, dtype in combos]
+    # the usual recipe with clipping (max_norm 1.0; these random grads always clip)
+    out.append((f"adam/bfloat16/{n // 1_000_000}M/clip",
+                lambda c: run(c, "adam", "bfloat16", workloads.model_like_shapes(n), max_grad_norm=1.0)))
     out.append(("adam/bfloat16/10k-x-1k",
                 lambda c: run(c, "adam", "bfloat16", workloads.many_small_shapes())))
     return out
 
 
-def run(ctx, opt_name, dtype_name, shapes, suite="optimizer", case=None):
+def run(ctx, opt_name, dtype_name, shapes, suite="optimizer", case=None, max_grad_norm=None):
     shapes = workloads.scaled(shapes, ctx.scale)
-    steps = impls.build_steps(shapes, opt_name, getattr(torch, dtype_name), ctx.device)
+    steps = impls.build_steps(shapes, opt_name, getattr(torch, dtype_name), ctx.device,
+                              max_grad_norm=max_grad_norm)
     timed = [harness.Impl(name, step.step, (lambda s=step, p=pristine: impls.refresh_grads(s, p)))
              for name, (step, pristine) in steps.items()]
     times = harness.time_alternating(timed, ctx.device, ctx.reps)
@@ -34,9 +38,11 @@ def run(ctx, opt_name, dtype_name, shapes, suite="optimizer", case=None):
         extra[t.name] = {"host_syncs_per_step": harness.count_host_syncs(t.run, ctx.device),
                          "state_bytes": harness.tensor_bytes(step.tensors())}
     n = workloads.n_params(shapes)
-    case = case or f"{opt_name}/{dtype_name}/{_size_label(shapes, n)}"
+    clip = "/clip" if max_grad_norm is not None else ""
+    case = case or f"{opt_name}/{dtype_name}/{_size_label(shapes, n)}{clip}"
+    op = opt_name + ("_clip" if clip else "")
     return harness.make_records(suite, case, ctx.device, dtype_name, n, len(shapes), times,
-                                ctx.ceiling_gbps, bytes_per_param(opt_name, dtype_name), extra)
+                                ctx.ceiling_gbps, bytes_per_param(op, dtype_name), extra)
 
 
 def _size_label(shapes, n):

@@ -40,7 +40,9 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
                           at::TensorList steps, bool need_steps, double lr,
                           const std::optional<at::Tensor>& lr_tensor,
                           const std::optional<at::Tensor>& inv_scale,
-                          const std::optional<at::Tensor>& found_inf, bool unscale_grads,
+                          const std::optional<at::Tensor>& found_inf,
+                          const std::optional<at::Tensor>& grad_norm,
+                          std::optional<double> max_grad_norm, bool unscale_grads,
                           Staging* staging) {
   StepTensors s;
   s.lr = lr;
@@ -66,7 +68,15 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
     check_lr_tensor(op, *lr_tensor, device);
     s.lr_tensor = *lr_tensor;
   }
-  s.write_grads = unscale_grads && s.inv_scale.has_value();
+  const bool has_norm = grad_norm.has_value() && grad_norm->defined();
+  TORCH_CHECK_VALUE(has_norm == max_grad_norm.has_value(), op,
+                    ": grad_norm and max_grad_norm go together (clipping needs both)");
+  if (has_norm) {
+    check_scalar(op, "grad_norm", *grad_norm, device);
+    s.grad_norm = *grad_norm;
+    s.max_grad_norm = *max_grad_norm;
+  }
+  s.write_grads = unscale_grads && (s.inv_scale.has_value() || has_norm);
   check_list(op, "params", params, device, is_reduced_or_float, "float32, float16 and bfloat16",
              true);
   for (size_t i = 0; i < grads.size(); ++i) {

@@ -18,12 +18,17 @@ struct StepTensors {
   // masters[i] is undefined where params[i] is updated in place; states_* and aux follow the op:
   // Adam: exp_avgs, exp_avg_sqs, max_exp_avg_sqs (amsgrad); SGD: momentum_buffers in aux.
   std::optional<at::Tensor> lr_tensor, inv_scale, found_inf;
+  // With grad_norm (the total norm of the unscaled grads) the grads are clipped in the step:
+  // multiplied by ops::clip_coef(grad_norm, max_grad_norm) on top of inv_scale.
+  std::optional<at::Tensor> grad_norm;
+  double max_grad_norm = 0.0;
   double lr = 0.0;
-  bool write_grads = false;  // leave the grads unscaled (by inv_scale), as torch's fused steps do
+  // leave the grads as the step used them (unscaled, clipped), as torch's recipe leaves them
+  bool write_grads = false;
 };
 
 // Checks every list against params (length, device, shape, dtype) and the scalars (lr_tensor,
-// inv_scale, found_inf); raises before anything is touched. `need_*` says which lists the
+// inv_scale, found_inf, grad_norm); raises before anything is touched. `need_*` says which lists the
 // update reads: a list that is not needed must be empty. With `staging`, tensors whose layout
 // the kernels cannot walk are replaced by staged copies (core::Staging); without, only checks.
 StepTensors validate_step(const char* op, at::TensorList params, at::TensorList grads,
@@ -34,7 +39,9 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
                           at::TensorList steps, bool need_steps, double lr,
                           const std::optional<at::Tensor>& lr_tensor,
                           const std::optional<at::Tensor>& inv_scale,
-                          const std::optional<at::Tensor>& found_inf, bool unscale_grads,
+                          const std::optional<at::Tensor>& found_inf,
+                          const std::optional<at::Tensor>& grad_norm,
+                          std::optional<double> max_grad_norm, bool unscale_grads,
                           Staging* staging);
 
 // The validated arguments of adam_step_ and sgd_step_, as the devices take them (ops_impl.h).

@@ -116,10 +116,9 @@ namespace fused_amp::core {
 
 std::vector<at::Tensor> validate_unscale(const char* op, at::TensorList tensors,
                                          const at::Tensor& found_inf, const at::Tensor* inv_scale,
-                                         Staging* staging) {
+                                         bool written, Staging* staging) {
   check_scalar(op, "found_inf", found_inf, found_inf.device());
   if (inv_scale) check_scalar(op, "inv_scale", *inv_scale, found_inf.device());
-  const bool written = inv_scale != nullptr;
   check_list(op, "tensors", tensors, found_inf.device(), is_floating_with_double,
              "float32, float16, bfloat16 and float64", written);
   std::vector<at::Tensor> out;
@@ -127,6 +126,16 @@ std::vector<at::Tensor> validate_unscale(const char* op, at::TensorList tensors,
   out.reserve(tensors.size());
   for (const auto& t : tensors) out.push_back(staging->dense(t, written));
   return out;
+}
+
+ops::NormKind validate_grad_norm(const char* op, const at::Tensor& norm, const at::Tensor& found_inf,
+                                 double norm_type) {
+  check_scalar(op, "norm", norm, found_inf.device());
+  if (norm_type == 2.0) return ops::NormKind::L2;
+  if (norm_type == 1.0) return ops::NormKind::L1;
+  TORCH_CHECK_VALUE(std::isinf(norm_type) && norm_type > 0, op,
+                    ": norm_type must be 1.0, 2.0 or inf, got ", norm_type);
+  return ops::NormKind::Inf;
 }
 
 ops::ScaleUpdateArgs update_scale_args(const at::Tensor& scale, const at::Tensor& growth_tracker,

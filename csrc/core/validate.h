@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "ops/grad_norm.h"
 #include "ops/update_scale.h"
 
 namespace fused_amp::core {
@@ -57,11 +58,16 @@ at::Device list_device(const char* op, const char* name, at::TensorList list);
 
 namespace fused_amp::core {
 
-// unscale_ / non_finite_check_: tensors on found_inf's device, fp32/fp16/bf16/fp64, strided.
-// Returns the tensors the kernel walks (staged where not dense); none when `staging` is null.
+// unscale_ / non_finite_check_ / grad_norm_: tensors on found_inf's device, fp32/fp16/bf16/fp64,
+// strided (and without overlap when `written`). Returns the tensors the kernel walks (staged
+// where not dense); none when `staging` is null.
 std::vector<at::Tensor> validate_unscale(const char* op, at::TensorList tensors,
                                          const at::Tensor& found_inf, const at::Tensor* inv_scale,
-                                         Staging* staging);
+                                         bool written, Staging* staging);
+
+// grad_norm_'s output (one fp32 element on found_inf's device) and its norm type.
+ops::NormKind validate_grad_norm(const char* op, const at::Tensor& norm, const at::Tensor& found_inf,
+                                 double norm_type);
 
 // The tensors update_scale_ writes and reads; hysteresis_tracker is null without hysteresis.
 struct ScaleTensors {

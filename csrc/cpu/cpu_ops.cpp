@@ -3,11 +3,14 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 
 #include "core/flat_range.h"
 #include "core/step_args.h"
 #include "cpu/loops.h"
+#include "ops/grad_norm.h"
 #include "ops/update_scale.h"
 #include "ops_impl.h"
 
@@ -53,6 +56,38 @@ bool unscale_all(at::TensorList tensors, float inv_scale, bool write) {
   return nonfinite.load();
 }
 
+// The grad norm's fixed split: ranges of kNormChunk elements, none across tensors, whose partial
+// values are combined in order. It does not depend on the thread count, and neither do the bits.
+constexpr int64_t kNormChunk = 1 << 16;
+
+double norm_partial(const at::Tensor& x, int64_t b, int64_t e, float inv_scale, ops::NormKind kind) {
+  const Loops& k = loops();
+  const int kd = static_cast<int>(kind);
+  const void* p = x.data_ptr();
+  switch (x.scalar_type()) {
+    case at::kFloat: return k.norm_float[kd](static_cast<const float*>(p) + b, e - b, inv_scale);
+    case at::kDouble: return k.norm_double[kd](static_cast<const double*>(p) + b, e - b, inv_scale);
+    case at::kHalf: return k.norm_half[kd](static_cast<const c10::Half*>(p) + b, e - b, inv_scale);
+    case at::kBFloat16:
+      return k.norm_bfloat16[kd](static_cast<const c10::BFloat16*>(p) + b, e - b, inv_scale);
+    default: TORCH_INTERNAL_ASSERT(false, "dtype passed validation but has no loop");
+  }
+}
+
+// True when x[b, e) holds an inf or NaN (the bits alone).
+bool nonfinite_in(const at::Tensor& x, int64_t b, int64_t e) {
+  const Loops& k = loops();
+  void* p = x.data_ptr();
+  switch (x.scalar_type()) {
+    case at::kFloat: return k.unscale_float(static_cast<float*>(p) + b, e - b, 1.f, false);
+    case at::kDouble: return k.unscale_double(static_cast<double*>(p) + b, e - b, 1.0, false);
+    case at::kHalf: return k.unscale_half(static_cast<c10::Half*>(p) + b, e - b, 1.f, false);
+    case at::kBFloat16:
+      return k.unscale_bfloat16(static_cast<c10::BFloat16*>(p) + b, e - b, 1.f, false);
+    default: TORCH_INTERNAL_ASSERT(false, "dtype passed validation but has no loop");
+  }
+}
+
 // found_inf != 0 means an earlier check saw inf/NaN: the step must change nothing.
 bool skip_step(const core::StepTensors& s) {
   return s.found_inf && s.found_inf->item<float>() != 0.f;
@@ -62,12 +97,15 @@ double step_lr(const core::StepTensors& s) {
   return s.lr_tensor ? s.lr_tensor->item<double>() : s.lr;
 }
 
-float step_inv_scale(const core::StepTensors& s) {
-  return s.inv_scale ? s.inv_scale->item<float>() : 1.f;
+// What the grads are multiplied by: the scaler's 1/scale, times the clip coefficient.
+float step_grad_mult(const core::StepTensors& s) {
+  const float inv = s.inv_scale ? s.inv_scale->item<float>() : 1.f;
+  if (!s.grad_norm) return inv;
+  return inv * ops::clip_coef(s.grad_norm->item<float>(), static_cast<float>(s.max_grad_norm));
 }
 
 template <typename T>
-UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t e) {
+UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t e, bool write_grads) {
   // dtypes are validated: skip data_ptr<T>()'s check, a measurable cost with many small tensors
   auto at_b = [&](const std::vector<at::Tensor>& list) -> float* {
     return list.empty() || !list[t].defined() ? nullptr : static_cast<float*>(list[t].data_ptr()) + b;
@@ -75,20 +113,22 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
   return UpdateRange<T>{static_cast<T*>(s.params[t].data_ptr()) + b,
                         static_cast<T*>(s.grads[t].data_ptr()) + b,
                         at_b(s.masters), at_b(s.states_a), at_b(s.states_b), at_b(s.aux), e - b,
-                        s.write_grads};
+                        write_grads};
 }
 
-// Runs the loop of each param's dtype over every param, with that param's coefficients.
+// Runs the loop of each param's dtype over every param, with that param's coefficients. Grads
+// multiplied by 1 keep their value: they are written back only when `grad_mult` changes them.
 template <class Coeffs>
-void update_all(const core::StepTensors& s, const std::vector<Coeffs>& coeffs,
+void update_all(const core::StepTensors& s, float grad_mult, const std::vector<Coeffs>& coeffs,
                 void (*on_float)(const UpdateRange<float>&, const Coeffs&),
                 void (*on_half)(const UpdateRange<c10::Half>&, const Coeffs&),
                 void (*on_bfloat16)(const UpdateRange<c10::BFloat16>&, const Coeffs&)) {
+  const bool w = s.write_grads && grad_mult != 1.f;
   parallel_over(core::flat_offsets(numels_of(s.params)), [&](size_t t, int64_t b, int64_t e) {
     switch (s.params[t].scalar_type()) {
-      case at::kFloat: on_float(range_of<float>(s, t, b, e), coeffs[t]); break;
-      case at::kHalf: on_half(range_of<c10::Half>(s, t, b, e), coeffs[t]); break;
-      case at::kBFloat16: on_bfloat16(range_of<c10::BFloat16>(s, t, b, e), coeffs[t]); break;
+      case at::kFloat: on_float(range_of<float>(s, t, b, e, w), coeffs[t]); break;
+      case at::kHalf: on_half(range_of<c10::Half>(s, t, b, e, w), coeffs[t]); break;
+      case at::kBFloat16: on_bfloat16(range_of<c10::BFloat16>(s, t, b, e, w), coeffs[t]); break;
       default: TORCH_INTERNAL_ASSERT(false, "dtype passed validation but has no loop");
     }
   });
@@ -106,6 +146,37 @@ void Device::unscale(at::TensorList tensors, const at::Tensor& found_inf, const 
   if (unscale_all(tensors, inv, inv != 1.f)) *found_inf.data_ptr<float>() = 1.f;
 }
 
+void Device::grad_norm(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor& norm,
+                       const at::Tensor* inv_scale, ops::NormKind kind) {
+  const float inv = inv_scale ? inv_scale->item<float>() : 1.f;
+  struct Range {
+    size_t t;
+    int64_t begin, end;
+  };
+  std::vector<Range> ranges;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const int64_t n = tensors[t].numel();
+    for (int64_t b = 0; b < n; b += kNormChunk) ranges.push_back({t, b, std::min(n, b + kNormChunk)});
+  }
+  std::vector<double> partials(ranges.size());
+  std::atomic<bool> nonfinite{false};
+  at::parallel_for(0, static_cast<int64_t>(ranges.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const Range& g = ranges[r];
+      partials[r] = norm_partial(tensors[g.t], g.begin, g.end, inv, kind);
+      // A partial is not finite when an element is not, or (rarely) when finite values overflow:
+      // the bits decide which.
+      if (!std::isfinite(partials[r]) && nonfinite_in(tensors[g.t], g.begin, g.end)) {
+        nonfinite.store(true, std::memory_order_relaxed);
+      }
+    }
+  });
+  double total = 0.0;
+  for (const double p : partials) total = ops::norm_combine(kind, total, p);
+  *norm.data_ptr<float>() = ops::norm_finish(kind, total);
+  if (nonfinite.load()) *found_inf.data_ptr<float>() = 1.f;
+}
+
 void Device::update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args) {
   int overflows = 0;  // without hysteresis the count is not kept
   int& overflows_in_row = t.hysteresis_tracker ? *t.hysteresis_tracker->data_ptr<int>() : overflows;
@@ -117,7 +188,7 @@ void Device::adam(const core::AdamArgs& a) {
   const core::StepTensors& s = a.tensors;
   if (skip_step(s)) return;
   const double lr = step_lr(s);
-  const float inv = step_inv_scale(s);
+  const float mult = step_grad_mult(s);
   std::vector<ops::AdamCoeffs> coeffs;
   coeffs.reserve(s.params.size());
   for (size_t t = 0; t < s.params.size(); ++t) {
@@ -126,11 +197,11 @@ void Device::adam(const core::AdamArgs& a) {
     if (t > 0 && step == *s.steps[t - 1].data_ptr<float>() + 1.f) {
       coeffs.push_back(coeffs.back());
     } else {
-      coeffs.push_back(ops::adam_coeffs(a.hyper, lr, step, inv));
+      coeffs.push_back(ops::adam_coeffs(a.hyper, lr, step, mult));
     }
   }
   const Loops& k = loops();
-  update_all(s, coeffs, k.adam_float, k.adam_half, k.adam_bfloat16);
+  update_all(s, mult, coeffs, k.adam_float, k.adam_half, k.adam_bfloat16);
   increment_steps(s);
 }
 
@@ -138,15 +209,15 @@ void Device::sgd(const core::SgdArgs& a) {
   const core::StepTensors& s = a.tensors;
   if (skip_step(s)) return;
   const double lr = step_lr(s);
-  const float inv = step_inv_scale(s);
+  const float mult = step_grad_mult(s);
   std::vector<ops::SgdCoeffs> coeffs;
   coeffs.reserve(s.params.size());
   for (size_t t = 0; t < s.params.size(); ++t) {
     const bool first = a.has_momentum && *s.steps[t].data_ptr<float>() == 0.f;
-    coeffs.push_back(ops::sgd_coeffs(a.hyper, lr, first, inv));
+    coeffs.push_back(ops::sgd_coeffs(a.hyper, lr, first, mult));
   }
   const Loops& k = loops();
-  update_all(s, coeffs, k.sgd_float, k.sgd_half, k.sgd_bfloat16);
+  update_all(s, mult, coeffs, k.sgd_float, k.sgd_half, k.sgd_bfloat16);
   increment_steps(s);
 }
 

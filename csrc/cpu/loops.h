@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "ops/adam.h"
+#include "ops/grad_norm.h"
 #include "ops/sgd.h"
 
 namespace fused_amp::cpu {
@@ -35,6 +36,12 @@ struct Loops {
   bool (*unscale_double)(double*, int64_t, double, bool);
   bool (*unscale_half)(c10::Half*, int64_t, float, bool);
   bool (*unscale_bfloat16)(c10::BFloat16*, int64_t, float, bool);
+  // The partial value of a norm over a range of elements times inv_scale (ops/grad_norm.h),
+  // indexed by ops::NormKind: a sum of |x|, of x^2, or a maximum of |x|.
+  double (*norm_float[3])(const float*, int64_t, float);
+  double (*norm_double[3])(const double*, int64_t, float);
+  double (*norm_half[3])(const c10::Half*, int64_t, float);
+  double (*norm_bfloat16[3])(const c10::BFloat16*, int64_t, float);
   void (*adam_float)(const UpdateRange<float>&, const ops::AdamCoeffs&);
   void (*adam_half)(const UpdateRange<c10::Half>&, const ops::AdamCoeffs&);
   void (*adam_bfloat16)(const UpdateRange<c10::BFloat16>&, const ops::AdamCoeffs&);

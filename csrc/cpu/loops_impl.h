@@ -16,6 +16,12 @@ using VecD = at::vec::Vectorized<double>;
 static inline VecF sqrt_(const VecF& x) { return x.sqrt(); }
 static inline VecF max_(const VecF& a, const VecF& b) { return at::vec::maximum(a, b); }
 static inline VecF fma_(const VecF& a, const VecF& b, const VecF& c) { return at::vec::fmadd(a, b, c); }
+static inline VecD fma_(const VecD& a, const VecD& b, const VecD& c) { return at::vec::fmadd(a, b, c); }
+static inline VecF abs_(const VecF& x) { return x.abs(); }
+static inline VecD abs_(const VecD& x) { return x.abs(); }
+// at::vec::maximum propagates NaN, as the norm's max must
+static inline VecF nan_max_(const VecF& a, const VecF& b) { return at::vec::maximum(a, b); }
+static inline VecD nan_max_(const VecD& a, const VecD& b) { return at::vec::maximum(a, b); }
 static inline VecF nonfinite_probe(const VecF& x) { return x * VecF(0.f); }
 static inline VecD nonfinite_probe(const VecD& x) { return x * VecD(0.0); }
 template <typename V>
@@ -31,6 +37,7 @@ static inline bool any_nan(const V& x) {
 
 // The op templates must come after the vector spellings above to see them.
 #include "cpu/loops.h"
+#include "ops/grad_norm.h"
 #include "ops/unscale.h"
 
 namespace fused_amp::cpu::CPU_CAPABILITY {
@@ -116,6 +123,39 @@ bool unscale_range(T* x, int64_t n, opmath_t<T> inv_scale, bool write) {
     x[i] = static_cast<T>(ops::unscale(static_cast<S>(x[i]), inv_scale, tail_nonfinite));
   }
   return ops::any_nan(nonfinite) || ops::any_nan(tail_nonfinite);
+}
+
+// The partial value of a norm kind over x[0, n) of unscaled elements (x * inv_scale): op-math
+// vectors accumulate blocks of kNormBlock elements, whose lanes are then folded into a double in
+// lane order. The result depends on the range alone, so a fixed split of the tensors into ranges
+// gives the same bits for any thread count.
+template <typename T, ops::NormKind kKind>
+double norm_range(const T* x, int64_t n, float inv_scale) {
+  using V = OpVec<T>;
+  using S = opmath_t<T>;
+  constexpr int64_t kNormBlock = 2048;
+  const ops::NormKind kind = kKind;
+  const S inv_s = static_cast<S>(inv_scale);
+  const V inv(inv_s);
+  double total = 0.0;
+  for (int64_t begin = 0; begin < n; begin += kNormBlock) {
+    const int64_t end = std::min(n, begin + kNormBlock);
+    V acc0(S(0)), acc1(S(0));
+    int64_t i = begin;
+    for (; i + kStep<T> <= end; i += kStep<T>) {
+      V a, b;
+      load2(x + i, a, b);
+      acc0 = ops::norm_accumulate<kKind>(acc0, a * inv);
+      acc1 = ops::norm_accumulate<kKind>(acc1, b * inv);
+    }
+    S lanes[V::size()];
+    ops::norm_combine(kind, acc0, acc1).store(lanes);
+    for (int j = 0; j < V::size(); ++j) total = ops::norm_combine(kind, total, static_cast<double>(lanes[j]));
+    S tail = S(0);
+    for (; i < end; ++i) tail = ops::norm_accumulate<kKind>(tail, static_cast<S>(x[i]) * inv_s);
+    total = ops::norm_combine(kind, total, static_cast<double>(tail));
+  }
+  return total;
 }
 
 // The fp32 value of the parameter: the master when there is one, else the param itself.
@@ -264,6 +304,14 @@ const Loops& loops() {
       unscale_range<double>,
       unscale_range<c10::Half>,
       unscale_range<c10::BFloat16>,
+      {norm_range<float, ops::NormKind::Inf>, norm_range<float, ops::NormKind::L1>,
+       norm_range<float, ops::NormKind::L2>},
+      {norm_range<double, ops::NormKind::Inf>, norm_range<double, ops::NormKind::L1>,
+       norm_range<double, ops::NormKind::L2>},
+      {norm_range<c10::Half, ops::NormKind::Inf>, norm_range<c10::Half, ops::NormKind::L1>,
+       norm_range<c10::Half, ops::NormKind::L2>},
+      {norm_range<c10::BFloat16, ops::NormKind::Inf>, norm_range<c10::BFloat16, ops::NormKind::L1>,
+       norm_range<c10::BFloat16, ops::NormKind::L2>},
       adam_range<float>,
       adam_range<c10::Half>,
       adam_range<c10::BFloat16>,

@@ -5,6 +5,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
 #include <map>
 
 #include "cuda/launch.h"
@@ -48,7 +51,9 @@ struct Scalars {
 };
 
 Scalars scalars_of(const core::StepTensors& st) {
-  Scalars r{{st.lr, nullptr, float_ptr(st.inv_scale), float_ptr(st.found_inf), st.write_grads}, {}};
+  Scalars r{{st.lr, nullptr, float_ptr(st.inv_scale), float_ptr(st.found_inf), st.write_grads,
+             float_ptr(st.grad_norm), static_cast<float>(st.max_grad_norm)},
+            {}};
   if (st.lr_tensor) {
     if (st.lr_tensor->device().is_cpu()) {
       r.s.lr = st.lr_tensor->item<double>();
@@ -95,6 +100,26 @@ void Device::unscale(at::TensorList tensors, const at::Tensor& found_inf, const 
     cuda::unscale(dtype_of(static_cast<at::ScalarType>(dtype)), list, found_inf.data_ptr<float>(),
             inv_scale ? inv_scale->data_ptr<float>() : nullptr, stream);
   }
+}
+
+void Device::grad_norm(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor& norm,
+                       const at::Tensor* inv_scale, ops::NormKind kind) {
+  const c10::cuda::CUDAGuard guard(found_inf.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  int64_t count = 0;
+  for (const auto& t : tensors) count += norm_chunks(t.numel());
+  const at::Tensor partials = at::empty({std::max<int64_t>(count, 1)}, found_inf.options().dtype(at::kDouble));
+  double* slot = partials.data_ptr<double>();
+  std::map<int, std::vector<TensorPtrs>> by_dtype;
+  for (const auto& t : tensors) {
+    by_dtype[static_cast<int>(t.scalar_type())].push_back(ptrs_of({t.data_ptr(), slot}, t.numel()));
+    slot += norm_chunks(t.numel());
+  }
+  for (const auto& [dtype, list] : by_dtype) {
+    grad_norm_partials(dtype_of(static_cast<at::ScalarType>(dtype)), list, found_inf.data_ptr<float>(),
+                       inv_scale ? inv_scale->data_ptr<float>() : nullptr, kind, stream);
+  }
+  grad_norm_total(partials.data_ptr<double>(), count, norm.data_ptr<float>(), kind, stream);
 }
 
 void Device::update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args) {

@@ -11,6 +11,7 @@
 #endif
 
 #include "ops/adam.h"
+#include "ops/grad_norm.h"
 #include "ops/sgd.h"
 #include "ops/update_scale.h"
 
@@ -34,6 +35,15 @@ void set_kernel_arg_bytes(int bytes);
 void unscale(Dtype dtype, const std::vector<TensorPtrs>& tensors, float* found_inf,
              const float* inv_scale, cudaStream_t stream);
 
+// grad_norm_ in two launches: each chunk of each tensor reduces into its slot of `partials`
+// (tensor i's slots start where `tensors[i].p[1]` points; norm_chunks(numel) slots each) and
+// flags inf/NaN; grad_norm_total then combines the `count` slots into `norm`.
+int64_t norm_chunks(int64_t numel);
+void grad_norm_partials(Dtype dtype, const std::vector<TensorPtrs>& tensors, float* found_inf,
+                        const float* inv_scale, ops::NormKind kind, cudaStream_t stream);
+void grad_norm_total(const double* partials, int64_t count, float* norm, ops::NormKind kind,
+                     cudaStream_t stream);
+
 void update_scale(float* scale, int* growth_tracker, int* overflows_in_row, const float* found_inf,
                   const ops::ScaleUpdateArgs& args, cudaStream_t stream);
 
@@ -43,7 +53,9 @@ struct StepScalars {
   const float* lr_ptr;     // a device lr, overriding lr
   const float* inv_scale;  // multiply the grads by it
   const float* found_inf;  // nonzero: write nothing
-  bool write_grads;        // store grad * inv_scale back into the grads
+  bool write_grads;        // store the grad the step used (unscaled, clipped) back
+  const float* grad_norm;  // clip: multiply the grads by ops::clip_coef(*grad_norm, max_grad_norm)
+  float max_grad_norm;
 };
 
 // Lists per tensor, in this order: Adam: param, grad, master, exp_avg, exp_avg_sq,

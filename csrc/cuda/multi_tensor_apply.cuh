@@ -46,10 +46,77 @@ FA_GLOBAL void multi_tensor_kernel(const FA_GRID_CONSTANT Meta meta, const Funct
   f(meta, t, start, left < kChunkSize ? left : kChunkSize);
 }
 
+// ---- reductions: each thread of a block computes a partial value (F::partial), the block
+// combines them in a fixed tree (v[i] = combine(v[i], v[i + s]) for s = blockDim/2, ..., 1) and
+// thread 0 hands the result on (F::finish). The order never changes between runs, and the host
+// simulation runs the same tree once all threads of a block have run.
+#ifndef FUSED_AMP_HOST_SIM
+template <class F>
+FA_GLOBAL void block_reduce_kernel(const FA_GRID_CONSTANT F f) {
+  __shared__ typename F::acc_t v[kBlockSize];
+  v[threadIdx.x] = f.partial();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    __syncthreads();
+    if (threadIdx.x < s) v[threadIdx.x] = f.combine(v[threadIdx.x], v[threadIdx.x + s]);
+  }
+  if (threadIdx.x == 0) f.finish(v[0]);
+}
+
+template <class F>
+void launch_block_reduce(int blocks, const F& f, cudaStream_t stream) {
+  FA_LAUNCH((block_reduce_kernel<F>), blocks, kBlockSize, stream, f);
+}
+#else
+template <class F>
+void launch_block_reduce(int blocks, const F& f, cudaStream_t) {
+  ++fused_amp_sim_launches;
+  gridDim.x = blocks;
+  blockDim.x = kBlockSize;
+  std::vector<typename F::acc_t> v(kBlockSize);
+  for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x) {
+    for (threadIdx.x = 0; threadIdx.x < blockDim.x; ++threadIdx.x) v[threadIdx.x] = f.partial();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+      for (unsigned i = 0; i < s; ++i) v[i] = f.combine(v[i], v[i + s]);
+    }
+    threadIdx.x = 0;
+    f.finish(v[0]);
+  }
+}
+#endif
+
+// A multi-tensor reduction: Functor::partial(meta, t, start, n) per thread of a chunk's block,
+// Functor::finish(meta, t, chunk, value) once per chunk.
+template <class Meta, class Functor>
+struct ChunkReduce {
+  using acc_t = typename Functor::acc_t;
+  Meta meta;
+  Functor f;
+
+  FA_DEVICE acc_t partial() const {
+    const int t = meta.block_to_tensor[blockIdx.x];
+    const int64_t start = static_cast<int64_t>(meta.block_to_chunk[blockIdx.x]) * kChunkSize;
+    const int64_t left = meta.numel[t] - start;
+    return f.partial(meta, t, start, left < kChunkSize ? left : kChunkSize);
+  }
+  FA_DEVICE acc_t combine(acc_t a, acc_t b) const { return f.combine(a, b); }
+  FA_DEVICE void finish(acc_t v) const {
+    f.finish(meta, meta.block_to_tensor[blockIdx.x], meta.block_to_chunk[blockIdx.x], v);
+  }
+};
+
 // True when the 32 KB argument limit can be used (decided once per process).
 bool large_kernel_args();
 
-template <int kLists, int kArgBytes, class Functor>
+template <bool kReduce, class Meta, class Functor>
+void launch_meta(const Meta& meta, int blocks, const Functor& f, cudaStream_t stream) {
+  if constexpr (kReduce) {
+    launch_block_reduce(blocks, ChunkReduce<Meta, Functor>{meta, f}, stream);
+  } else {
+    FA_LAUNCH((multi_tensor_kernel<Meta, Functor>), blocks, kBlockSize, stream, meta, f);
+  }
+}
+
+template <int kLists, int kArgBytes, bool kReduce, class Functor>
 void launch_lists(const std::vector<TensorPtrs>& tensors, const Functor& f, cudaStream_t stream) {
   using Meta = TensorListMeta<kLists, kArgBytes>;
   static_assert(sizeof(Meta) + sizeof(Functor) <= kArgBytes, "kernel argument too large");
@@ -67,7 +134,7 @@ void launch_lists(const std::vector<TensorPtrs>& tensors, const Functor& f, cuda
       ++blocks;
       const bool last_chunk = c == chunks - 1;
       if (blocks == Meta::kMaxBlocks || (last_chunk && slot + 1 == Meta::kMaxTensors)) {
-        FA_LAUNCH((multi_tensor_kernel<Meta, Functor>), blocks, kBlockSize, stream, meta, f);
+        launch_meta<kReduce>(meta, blocks, f, stream);
         blocks = 0;
         if (last_chunk) {
           slot = -1;  // the next tensor starts the next launch at slot 0
@@ -80,15 +147,16 @@ void launch_lists(const std::vector<TensorPtrs>& tensors, const Functor& f, cuda
     }
     ++slot;
   }
-  if (blocks > 0) FA_LAUNCH((multi_tensor_kernel<Meta, Functor>), blocks, kBlockSize, stream, meta, f);
+  if (blocks > 0) launch_meta<kReduce>(meta, blocks, f, stream);
 }
 
-template <int kLists, class Functor>
+// Runs f on every chunk of every tensor; with kReduce, f is a multi-tensor reduction (above).
+template <int kLists, bool kReduce = false, class Functor>
 void multi_tensor_apply(const std::vector<TensorPtrs>& tensors, const Functor& f, cudaStream_t stream) {
   if (large_kernel_args()) {
-    launch_lists<kLists, 32768>(tensors, f, stream);
+    launch_lists<kLists, 32768, kReduce>(tensors, f, stream);
   } else {
-    launch_lists<kLists, 4096>(tensors, f, stream);
+    launch_lists<kLists, 4096, kReduce>(tensors, f, stream);
   }
 }
 

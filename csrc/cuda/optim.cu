@@ -18,7 +18,7 @@ struct ParamAccess {
   param_t* param;
   param_t* grad;
   float* master;
-  bool write_grad;  // leave the grad unscaled, as torch's fused steps do
+  bool write_grad;  // leave the grad as the step used it (unscaled, clipped), as torch's recipe does
 
   FA_DEVICE bool aligned() const {
     return is_aligned(param) && is_aligned(grad) && (!kHasMaster || is_aligned(master));
@@ -53,7 +53,11 @@ FA_DEVICE ParamAccess<param_t, kHasMaster> param_access(const Meta& meta, int t,
 
 FA_DEVICE bool skip(const StepScalars& s) { return s.found_inf && *s.found_inf != 0.f; }
 FA_DEVICE double lr_of(const StepScalars& s) { return s.lr_ptr ? *s.lr_ptr : s.lr; }
-FA_DEVICE float inv_scale_of(const StepScalars& s) { return s.inv_scale ? *s.inv_scale : 1.f; }
+// What the grads are multiplied by: the scaler's 1/scale, times the clip coefficient.
+FA_DEVICE float grad_mult_of(const StepScalars& s) {
+  const float inv = s.inv_scale ? *s.inv_scale : 1.f;
+  return s.grad_norm ? inv * ops::clip_coef(*s.grad_norm, s.max_grad_norm) : inv;
+}
 
 template <typename param_t, bool kHasMaster>
 struct AdamFunctor {
@@ -64,8 +68,8 @@ struct AdamFunctor {
   FA_DEVICE void operator()(const Meta& meta, int t, int64_t start, int64_t n) const {
     if (skip(s)) return;
     const float step = *static_cast<const float*>(meta.ptr[kAdamStep][t]) + 1.f;
-    const ops::AdamCoeffs c = ops::adam_coeffs(h, lr_of(s), step, inv_scale_of(s));
-    const auto pa = param_access<param_t, kHasMaster>(meta, t, start, s.write_grads);
+    const ops::AdamCoeffs c = ops::adam_coeffs(h, lr_of(s), step, grad_mult_of(s));
+    const auto pa = param_access<param_t, kHasMaster>(meta, t, start, s.write_grads && c.inv_scale != 1.f);
     float* m = list_at<float>(meta.ptr[kExpAvg][t], start);
     float* v = list_at<float>(meta.ptr[kExpAvgSq][t], start);
     float* vmax = c.amsgrad ? list_at<float>(meta.ptr[kMaxExpAvgSq][t], start) : nullptr;
@@ -97,8 +101,8 @@ struct SgdFunctor {
     if (skip(s)) return;
     const bool has_buf = h.momentum != 0.0;
     const bool first = has_buf && *static_cast<const float*>(meta.ptr[kSgdStep][t]) == 0.f;
-    const ops::SgdCoeffs c = ops::sgd_coeffs(h, lr_of(s), first, inv_scale_of(s));
-    const auto pa = param_access<param_t, kHasMaster>(meta, t, start, s.write_grads);
+    const ops::SgdCoeffs c = ops::sgd_coeffs(h, lr_of(s), first, grad_mult_of(s));
+    const auto pa = param_access<param_t, kHasMaster>(meta, t, start, s.write_grads && c.inv_scale != 1.f);
     float* buf = has_buf ? list_at<float>(meta.ptr[kMomentumBuffer][t], start) : nullptr;
     const bool aligned = pa.aligned() && (!buf || is_aligned(buf));
     for_each_ilp(n, aligned, [&](const IlpIndex& ix) {

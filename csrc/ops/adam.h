@@ -13,7 +13,7 @@ struct AdamCoeffs {
   float eps;
   float weight_decay;
   float weight_decay_factor;    // AdamW's 1 - lr * weight_decay
-  float inv_scale;              // of the loss scaler: grad * inv_scale is the unscaled grad
+  float inv_scale;              // 1/loss scale, times the clip coefficient: the grad used is grad * inv_scale
   float grad_mult;              // inv_scale, negated for maximize
   float step_size;              // lr / (1 - beta1^step)
   float bias_correction2_sqrt;  // sqrt(1 - beta2^step)

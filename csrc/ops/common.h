@@ -16,12 +16,16 @@ namespace fused_amp::ops {
 // Vectorized<float> (cpu/vec_math.h) before including the op headers.
 FA_HD float sqrt_(float x) { return sqrtf(x); }
 FA_HD float max_(float a, float b) { return a < b ? b : a; }
+FA_HD float abs_(float x) { return fabsf(x); }
+FA_HD double abs_(double x) { return fabs(x); }
 #if defined(FUSED_AMP_NO_FMA)
 // The portable CPU build: the processor may lack FMA, and at::vec's portable fmadd (like torch's
 // own portable kernels) rounds a * b + c twice; the scalar path does the same.
 FA_HD float fma_(float a, float b, float c) { return a * b + c; }
+FA_HD double fma_(double a, double b, double c) { return a * b + c; }
 #else
 FA_HD float fma_(float a, float b, float c) { return fmaf(a, b, c); }
+FA_HD double fma_(double a, double b, double c) { return ::fma(a, b, c); }
 #endif
 // Becomes NaN when x is inf or NaN, stays +-0 otherwise: x * 0 folds "is finite" into an add.
 FA_HD float nonfinite_probe(float x) { return x * 0.f; }

@@ -8,7 +8,7 @@ struct SgdCoeffs {
   float momentum;
   float one_minus_dampening;
   float weight_decay;
-  float inv_scale;  // of the loss scaler: grad * inv_scale is the unscaled grad
+  float inv_scale;  // 1/loss scale, times the clip coefficient: the grad used is grad * inv_scale
   float grad_mult;  // inv_scale, negated for maximize
   bool nesterov;
   bool first_step;  // the momentum buffer starts as the first gradient, as in torch

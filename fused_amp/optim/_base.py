@@ -7,6 +7,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from fused_amp.optim._grad_norm import check_clip_options, total_grad_norm
+
 try:  # torch builds without distributed support lack it
     from torch.distributed.tensor import DTensor as _DTensor
 except ImportError:  # pragma: no cover
@@ -67,14 +69,26 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
     inside the update (and left unscaled in ``p.grad``, as torch's fused optimizers leave them,
     unless ``unscale_grads=False``), and a nonzero ``found_inf`` turns the step into a no-op on
     the device.
+
+    Gradient clipping happens inside the step too: with ``max_grad_norm`` every step clips, and
+    :meth:`clip_grad_norm_` clips the next step. The norm of the unscaled grads comes from one
+    read-only pass, which is also the GradScaler's overflow check; the step multiplies the grads
+    by ``min(1, max_norm / (norm + 1e-6))`` in the same multiply as the inverse scale.
     """
 
     _step_supports_amp_scaling = True
     # What a loaded group lacking an option gets (subclasses: as torch's __setstate__ sets it)
     _group_defaults: Dict[str, Any] = {"master_weights": True, "unscale_grads": True}
 
-    def __init__(self, params, defaults):
+    def __init__(self, params, defaults, max_grad_norm=None, grad_norm_type=2.0):
+        check_clip_options(max_grad_norm, grad_norm_type)
         self._lists_cache: Dict[int, _GroupLists] = {}
+        self.max_grad_norm = max_grad_norm
+        self.grad_norm_type = float(grad_norm_type)
+        # the pre-clip total norm of the unscaled grads at the latest clipped step (0-dim fp32
+        # tensor on the params' device), for logging; None before any
+        self.last_grad_norm: Optional[torch.Tensor] = None
+        self._pending_clip = None  # (norm, max_norm) from clip_grad_norm_, for the next step
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group):
@@ -155,14 +169,18 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         self._lists_cache = {}
 
     # ---- the GradScaler protocol ----------------------------------------------------------
+    def _inv_scale(self) -> Optional[torch.Tensor]:
+        """1/scale of what a GradScaler set (as torch's unscale_ forms it: reciprocal in double,
+        rounded to fp32), or None."""
+        grad_scale: Optional[torch.Tensor] = getattr(self, "grad_scale", None)
+        return None if grad_scale is None else grad_scale.double().reciprocal().float()
+
     def _scaler_tensors(self, device):
         """(inv_scale, found_inf) on ``device`` from what a GradScaler set, else (None, None)."""
-        grad_scale: Optional[torch.Tensor] = getattr(self, "grad_scale", None)
         found_inf: Optional[torch.Tensor] = getattr(self, "found_inf", None)
-        inv_scale = None
-        if grad_scale is not None:
-            # as torch's unscale_ forms it: reciprocal in double, rounded to fp32
-            inv_scale = grad_scale.double().reciprocal().float().to(device, non_blocking=True)
+        inv_scale = self._inv_scale()
+        if inv_scale is not None:
+            inv_scale = inv_scale.to(device, non_blocking=True)
         if found_inf is not None:
             found_inf = found_inf.to(device, dtype=torch.float32, non_blocking=True)
         return inv_scale, found_inf
@@ -175,6 +193,11 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        clip, self._pending_clip = self._pending_clip, None
+        if clip is None and self.max_grad_norm is not None:
+            norm, _ = total_grad_norm(self, self.grad_norm_type, self._inv_scale())
+            self.last_grad_norm = norm
+            clip = (norm, self.max_grad_norm)
         calls = []
         for group in self.param_groups:
             for device, lists in self._device_lists(group).items():
@@ -184,6 +207,9 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 scalars = dict(lr=float(lr) if lr_tensor is None else 0.0, lr_tensor=lr_tensor,
                                inv_scale=inv_scale, found_inf=found_inf,
                                unscale_grads=group["unscale_grads"])
+                if clip is not None:
+                    scalars.update(grad_norm=clip[0].to(device, non_blocking=True),
+                                   max_grad_norm=clip[1])
                 calls.append((group, lists, scalars))
         # Each op checks its arguments before it writes; with several ops (groups, devices),
         # all are checked before the first runs, so a bad grad anywhere changes nothing.
@@ -193,6 +219,53 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         for group, lists, scalars in calls:
             self._update(group, lists, scalars, check_only=False)
         return loss
+
+    # ---- gradient clipping ------------------------------------------------------------------
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False, foreach: Optional[bool] = None) -> torch.Tensor:
+        r"""Clip the gradients of this optimizer's params by their total norm, in the next step.
+
+        The counterpart of ``torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)`` over
+        this optimizer's params, with its return value: the total norm of the unscaled grads
+        (before clipping), a 0-dim float32 tensor on the params' device, computed without a host
+        sync. Call it where torch's is called, between backward and :meth:`step`, with or without
+        ``scaler.unscale_(optimizer)`` before it: scaled grads are unscaled in the norm by the
+        GradScaler that scaled the loss (``fused_amp.GradScaler``), and that pass is also the
+        scaler's overflow check. Instead of rewriting the grads, the clip coefficient
+        ``min(1, max_norm / (total_norm + 1e-6))`` is applied by the next :meth:`step`, which
+        leaves the clipped grads in ``p.grad`` as torch does. ``foreach`` is accepted and
+        ignored (one fused pass either way); ``zero_grad`` drops a clip not yet applied.
+        """
+        from fused_amp.grad_scaler import GradScaler  # the scaler module builds on this one
+
+        scaler = GradScaler._scaling_for(self)
+        if scaler is not None:
+            norm = scaler._grad_norm_pass(self, norm_type)
+        else:
+            norm, _ = total_grad_norm(self, norm_type, self._inv_scale())
+        if error_if_nonfinite and bool(norm.isnan() | norm.isinf()):
+            raise RuntimeError(
+                f"The total norm of order {float(norm_type)} for gradients from `parameters` is "
+                "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
+                "by the non-finite norm anyway, set `error_if_nonfinite=False`")
+        self.last_grad_norm = norm
+        self._pending_clip = (norm, float(max_norm))
+        return norm
+
+    def _clip_before_step(self, scaler) -> bool:
+        """Called by GradScaler.step before it checks the grads: with ``max_grad_norm`` and no
+        clip pending, the norm pass runs now and serves as the scaler's overflow check. True
+        when it ran."""
+        if self.max_grad_norm is None or self._pending_clip is not None:
+            return False
+        norm = scaler._grad_norm_pass(self, self.grad_norm_type)
+        self.last_grad_norm = norm
+        self._pending_clip = (norm, self.max_grad_norm)
+        return True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self._pending_clip = None
+        super().zero_grad(set_to_none)
 
     def _update(self, group, lists, scalars, check_only):
         """Run (or with ``check_only`` validate) the fused op on one device's lists; ``scalars``
@@ -246,9 +319,17 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         if step is not None and not isinstance(step, torch.Tensor):  # a legacy Python number
             state["step"] = torch.tensor(float(step), dtype=torch.float32, device=p.device)
 
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.update(max_grad_norm=self.max_grad_norm, grad_norm_type=self.grad_norm_type)
+        return state
+
     def __setstate__(self, state):
         super().__setstate__(state)
         self._forget_lists()
+        for key, value in (("max_grad_norm", None), ("grad_norm_type", 2.0),
+                           ("last_grad_norm", None), ("_pending_clip", None)):
+            self.__dict__.setdefault(key, value)
         # options added in later versions (of torch or of ours) take torch's defaults for
         # checkpoints that lack them, as torch's optimizers do
         for group in self.param_groups:

@@ -45,6 +45,11 @@ class Adam(MasterWeightOptimizer):
         unscale_grads (bool): after a step that a GradScaler scaled, leave ``p.grad`` unscaled,
             as torch's optimizers do (default: True). False skips that write (2 bytes per param
             for half grads), leaving the grads scaled: for loops that zero them anyway.
+        max_grad_norm (float, optional): clip the gradients at every step to this total norm
+            (of all params' unscaled grads, as ``torch.nn.utils.clip_grad_norm_``), inside the
+            fused step (default: None: no clipping). See :meth:`clip_grad_norm_` for clipping
+            chosen per step.
+        grad_norm_type (float): the norm of ``max_grad_norm``: 2.0 (default), 1.0 or inf.
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3,
@@ -53,7 +58,8 @@ class Adam(MasterWeightOptimizer):
                  foreach: Optional[bool] = None, maximize: bool = False, capturable: bool = False,
                  differentiable: bool = False, fused: Optional[bool] = None,
                  decoupled_weight_decay: bool = False, master_weights: bool = True,
-                 unscale_grads: bool = True):
+                 unscale_grads: bool = True, max_grad_norm: Optional[float] = None,
+                 grad_norm_type: float = 2.0):
         # torch.optim.Adam's checks and messages, in its order
         if isinstance(lr, torch.Tensor):
             if foreach and not capturable:
@@ -87,7 +93,7 @@ class Adam(MasterWeightOptimizer):
                         differentiable=differentiable, fused=fused,
                         decoupled_weight_decay=decoupled_weight_decay,
                         master_weights=master_weights, unscale_grads=unscale_grads)
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
 
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, amsgrad=False, maximize=False,
                            foreach=None, capturable=False, differentiable=False,
@@ -111,7 +117,7 @@ class AdamW(Adam):
     r"""AdamW (decoupled weight decay) with fp32 master weights; see :class:`Adam`.
 
     Same arguments and defaults as :class:`torch.optim.AdamW` (``weight_decay=1e-2``), plus
-    ``master_weights`` and ``unscale_grads``. As in torch, its groups always decay decoupled,
+    ``master_weights``, ``unscale_grads``, ``max_grad_norm`` and ``grad_norm_type``. As in torch, its groups always decay decoupled,
     also when a checkpoint says otherwise.
     """
 
@@ -120,11 +126,13 @@ class AdamW(Adam):
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *,
                  maximize: bool = False, foreach: Optional[bool] = None, capturable: bool = False,
                  differentiable: bool = False, fused: Optional[bool] = None,
-                 master_weights: bool = True, unscale_grads: bool = True):
+                 master_weights: bool = True, unscale_grads: bool = True,
+                 max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
                          maximize=maximize, capturable=capturable, differentiable=differentiable,
                          fused=fused, decoupled_weight_decay=True, master_weights=master_weights,
-                         unscale_grads=unscale_grads)
+                         unscale_grads=unscale_grads, max_grad_norm=max_grad_norm,
+                         grad_norm_type=grad_norm_type)
 
     def _fix_group(self, group):
         group["decoupled_weight_decay"] = True

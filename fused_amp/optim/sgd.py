@@ -35,13 +35,19 @@ class SGD(MasterWeightOptimizer):
         master_weights (bool): keep fp32 masters for fp16/bf16 params (default: True).
         unscale_grads (bool): leave ``p.grad`` unscaled after a GradScaler step, as torch does
             (default: True); see :class:`fused_amp.optim.Adam`.
+        max_grad_norm (float, optional): clip the gradients at every step to this total norm
+            (of all params' unscaled grads, as ``torch.nn.utils.clip_grad_norm_``), inside the
+            fused step (default: None: no clipping). See :meth:`clip_grad_norm_` for clipping
+            chosen per step.
+        grad_norm_type (float): the norm of ``max_grad_norm``: 2.0 (default), 1.0 or inf.
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3, momentum: float = 0,
                  dampening: float = 0, weight_decay: Union[float, torch.Tensor] = 0,
                  nesterov: bool = False, *, maximize: bool = False, foreach: Optional[bool] = None,
                  differentiable: bool = False, fused: Optional[bool] = None,
-                 master_weights: bool = True, unscale_grads: bool = True):
+                 master_weights: bool = True, unscale_grads: bool = True,
+                 max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0):
         # torch.optim.SGD's checks and messages, in its order
         if isinstance(lr, torch.Tensor) and lr.numel() != 1:
             raise ValueError("Tensor lr must be 1-element")
@@ -58,7 +64,7 @@ class SGD(MasterWeightOptimizer):
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         check_torch_flags(type(self).__name__, foreach, fused, differentiable)
-        super().__init__(params, defaults)
+        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
 
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, nesterov=False, maximize=False,
                            foreach=None, differentiable=False, fused=False)

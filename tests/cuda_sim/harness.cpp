@@ -3,6 +3,7 @@
 // tiny chunk, block and metadata sizes (FUSED_AMP_SIM_*) so that every boundary of the launch
 // plan is reached with small tensors.
 #include "cuda/amp.cu"
+#include "cuda/norm.cu"
 #include "cuda/optim.cu"
 
 using namespace fused_amp::cuda;
@@ -30,15 +31,33 @@ void fa_sim_unscale(int dtype, int n, void** ptrs, const int64_t* numels, float*
   unscale(static_cast<Dtype>(dtype), tensors_of(n, 1, ptrs, numels), found_inf, inv_scale, nullptr);
 }
 
+// grad_norm_ over tensors of one dtype; `partials` has room for every chunk of every tensor.
+void fa_sim_grad_norm(int dtype, int n, void** ptrs, const int64_t* numels, double* partials,
+                      float* found_inf, const float* inv_scale, int kind, float* norm, int large) {
+  fused_amp_sim_large_args = large;
+  auto list = tensors_of(n, 1, ptrs, numels);
+  double* slot = partials;
+  for (auto& t : list) {
+    t.p[1] = slot;
+    slot += norm_chunks(t.numel);
+  }
+  const auto k = static_cast<fused_amp::ops::NormKind>(kind);
+  grad_norm_partials(static_cast<Dtype>(dtype), list, found_inf, inv_scale, k, nullptr);
+  grad_norm_total(partials, slot - partials, norm, k, nullptr);
+}
+
+int64_t fa_sim_norm_chunks(int64_t numel) { return norm_chunks(numel); }
+
 void fa_sim_adam(int dtype, int has_master, int n, void** ptrs, const int64_t* numels,
                  const double* hyper, const int* flags, double lr, const float* lr_ptr,
-                 const float* inv_scale, const float* found_inf, int write_grads, int large) {
+                 const float* inv_scale, const float* found_inf, int write_grads,
+                 const float* grad_norm, float max_grad_norm, int large) {
   fused_amp_sim_large_args = large;
   const fused_amp::ops::AdamHyper h{hyper[0], hyper[1], hyper[2], hyper[3],
                                     flags[0] != 0, flags[1] != 0, flags[2] != 0};
   const auto list = tensors_of(n, 7, ptrs, numels);
   adam(static_cast<Dtype>(dtype), has_master, list, h,
-       {lr, lr_ptr, inv_scale, found_inf, write_grads != 0}, nullptr);
+       {lr, lr_ptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm}, nullptr);
   std::vector<TensorPtrs> steps(n);
   for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kAdamStep]}, 1};
   increment_steps(steps, found_inf, nullptr);
@@ -46,12 +65,13 @@ void fa_sim_adam(int dtype, int has_master, int n, void** ptrs, const int64_t* n
 
 void fa_sim_sgd(int dtype, int has_master, int n, void** ptrs, const int64_t* numels,
                 const double* hyper, const int* flags, double lr, const float* inv_scale,
-                const float* found_inf, int write_grads, int large) {
+                const float* found_inf, int write_grads, const float* grad_norm,
+                float max_grad_norm, int large) {
   fused_amp_sim_large_args = large;
   const fused_amp::ops::SgdHyper h{hyper[0], hyper[1], hyper[2], flags[0] != 0, flags[1] != 0};
   const auto list = tensors_of(n, 5, ptrs, numels);
-  sgd(static_cast<Dtype>(dtype), has_master, list, h, {lr, nullptr, inv_scale, found_inf, write_grads != 0},
-      nullptr);
+  sgd(static_cast<Dtype>(dtype), has_master, list, h,
+      {lr, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm}, nullptr);
   if (hyper[0] != 0.0) {
     std::vector<TensorPtrs> steps(n);
     for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kSgdStep]}, 1};

@@ -1,0 +1,111 @@
+"""The global norm of the unscaled grads, for clipping inside the fused step.
+
+One read of every grad gives the norm and the GradScaler's inf/NaN flags together
+(``ops.grad_norm_``); the step then multiplies the grads by ``min(1, max_norm / (norm + 1e-6))``
+on the device, in the same multiply as the inverse loss scale."""
+import math
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from fused_amp import ops
+
+try:  # torch builds without distributed support lack it
+    from torch.distributed.tensor import DTensor as _DTensor
+except ImportError:  # pragma: no cover
+    _DTensor = None
+
+# the norm types the fused pass computes; others go through torch (clip_grad_norm_ only)
+FUSED_NORM_TYPES = (1.0, 2.0, math.inf)
+
+
+def check_clip_options(max_grad_norm, grad_norm_type):
+    if max_grad_norm is not None:
+        if isinstance(max_grad_norm, bool) or not isinstance(max_grad_norm, (int, float)):
+            raise TypeError(f"max_grad_norm must be a number or None, got {max_grad_norm!r}")
+        if not 0.0 < max_grad_norm < math.inf:
+            raise ValueError(f"Invalid max_grad_norm: {max_grad_norm} (a positive, finite number, "
+                             "or None for no clipping)")
+    if isinstance(grad_norm_type, bool) or not isinstance(grad_norm_type, (int, float)) \
+            or float(grad_norm_type) not in FUSED_NORM_TYPES:
+        raise ValueError(f"Invalid grad_norm_type: {grad_norm_type!r} (1.0, 2.0 or inf)")
+
+
+def _grads(optimizer) -> List[torch.Tensor]:
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    for i, g in enumerate(grads):
+        if g.is_sparse:
+            raise ValueError(f"{type(optimizer).__name__}: grad {i} is sparse; gradient clipping "
+                             "needs dense gradients")
+    return grads
+
+
+def _shard_groups(grads) -> list:
+    """The process groups over which the local norms of DTensor grads add up: the mesh dims the
+    grads are sharded on (FSDP2: its one dim; HSDP: the shard dim, not the replicate dim)."""
+    if _DTensor is None:
+        return []
+    dtensors = [g for g in grads if isinstance(g, _DTensor)]
+    if not dtensors:
+        return []
+    if len(dtensors) != len(grads):
+        raise NotImplementedError("gradient clipping over a mix of DTensor and plain grads is not "
+                                  "supported: the plain grads' share of the norm is ambiguous")
+    layouts = set()
+    for g in dtensors:
+        if any(p.is_partial() for p in g.placements):
+            raise NotImplementedError("gradient clipping of DTensor grads with Partial placements "
+                                      "is not supported (reduce the grads first)")
+        layouts.add((g.device_mesh, tuple(i for i, p in enumerate(g.placements) if p.is_shard())))
+    if len(layouts) > 1:
+        raise NotImplementedError("gradient clipping needs all DTensor grads on one mesh, sharded "
+                                  "on the same mesh dims")
+    mesh = dtensors[0].device_mesh
+    return [mesh.get_group(dim) for dim in next(iter(layouts))[1]]
+
+
+def _local(t):
+    return t.to_local() if _DTensor is not None and isinstance(t, _DTensor) else t
+
+
+def total_grad_norm(optimizer, norm_type: float, inv_scale: Optional[torch.Tensor]
+                    ) -> Tuple[torch.Tensor, Dict[torch.device, torch.Tensor]]:
+    """The total ``norm_type``-norm of the optimizer's grads times ``inv_scale`` (None: the grads
+    are unscaled already), as a 0-dim fp32 tensor on the first grad's device, and the inf/NaN
+    flag of each device's grads (1.0 or 0.0). No host sync. With DTensor grads the local values
+    are combined over the mesh dims they are sharded on, so every rank gets the same norm."""
+    grads = _grads(optimizer)
+    groups = _shard_groups(grads)
+    per_device: Dict[torch.device, List[torch.Tensor]] = {}
+    for g in map(_local, grads):
+        per_device.setdefault(g.device, []).append(g)
+    norm_type = float(norm_type)
+    norms, found_infs = [], {}
+    for device, device_grads in per_device.items():
+        found = torch.zeros((), dtype=torch.float32, device=device)
+        norm = torch.empty((), dtype=torch.float32, device=device)
+        inv = None if inv_scale is None else inv_scale.to(device, non_blocking=True)
+        if norm_type in FUSED_NORM_TYPES:
+            ops.grad_norm_(device_grads, found, norm, inv, norm_type)
+        else:  # torch's norm (a second read of the grads): only for other norm types
+            ops.non_finite_check_(device_grads, found)
+            norm.copy_(torch.nn.utils.get_total_norm(device_grads, norm_type))
+            if inv is not None and norm_type != 0.0:  # a norm is homogeneous, except the count
+                norm.mul_(inv)
+        for group in groups:
+            torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX, group=group)
+        norms.append(norm)
+        found_infs[device] = found
+    if not norms:
+        return torch.zeros((), dtype=torch.float32), found_infs
+    if groups:  # add up the shards' values: p-th powers, or maxima
+        power = norms[0] if norm_type == math.inf else norms[0].pow(norm_type)
+        for group in groups:
+            torch.distributed.all_reduce(power, op=torch.distributed.ReduceOp.MAX
+                                         if norm_type == math.inf else torch.distributed.ReduceOp.SUM,
+                                         group=group)
+        norms[0] = power if norm_type == math.inf else power.pow(1.0 / norm_type)
+    if len(norms) == 1:
+        return norms[0], found_infs
+    first = norms[0].device
+    return torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), norm_type), found_infs
