@@ -273,6 +273,11 @@ class GradScaler(torch.amp.GradScaler):
             retval = optimizer.step(*args, **dict(kwargs, grad_scaler=self))
             optimizer_state["stage"] = OptState.STEPPED
             return retval
+        if target is not optimizer and getattr(target, "max_grad_norm", None) is not None:
+            raise NotImplementedError(
+                "max_grad_norm on the local optimizer of a ZeroRedundancyOptimizer would clip by the "
+                "norm of this rank's shard only; clip with torch.nn.utils.clip_grad_norm_ over the "
+                "model's parameters (after scaler.unscale_) instead")
         # The step takes the scale and the overflow flag and skips on the device: no sync.
         GradScaler._stepped_by[target] = weakref.ref(self)
         if optimizer_state["stage"] is OptState.READY and not optimizer_state["found_inf_per_device"]:
