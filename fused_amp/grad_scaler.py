@@ -108,20 +108,25 @@ class GradScaler(torch.amp.GradScaler):
       failure in torch: here it stops at ``min_scale`` and the scaler warns once).
     * ``track_overflows=True`` records which parameters held inf/NaN gradients;
       :meth:`overflow_report` tells them, by name for modules registered with :meth:`watch`.
+    * ``skip_on_host=True`` decides on the host instead (one sync per step, as torch's scaler
+      makes for optimizers that cannot skip on the device) and does not call
+      ``optimizer.step()`` on an overflow step, for frameworks that tell a skipped step by that
+      (accelerate and the HF Trainer, which then hold the LR scheduler):
+      ``fused_amp.integrations.install_grad_scaler`` sets it.
 
     With any other ``torch.optim`` optimizer, deciding whether to step needs one host sync, as
     in torch.
 
     Args (as torch's): device, init_scale, growth_factor, backoff_factor, growth_interval,
     enabled. Keyword-only: hysteresis (default 1), min_scale, max_scale (default None: no
-    bound), track_overflows (default False).
+    bound), track_overflows (default False), skip_on_host (default False).
     """
 
     def __init__(self, device: str = "cuda", init_scale: float = 2.0 ** 16,
                  growth_factor: float = 2.0, backoff_factor: float = 0.5,
                  growth_interval: int = 2000, enabled: bool = True, *, hysteresis: int = 1,
                  min_scale: Optional[float] = None, max_scale: Optional[float] = None,
-                 track_overflows: bool = False) -> None:
+                 track_overflows: bool = False, skip_on_host: bool = False) -> None:
         _check_options(growth_interval, hysteresis, min_scale, max_scale)
         super().__init__(device, init_scale, growth_factor, backoff_factor, growth_interval, enabled)
         self._hysteresis = hysteresis
@@ -132,6 +137,7 @@ class GradScaler(torch.amp.GradScaler):
         self._at_min_scale = _HostFlag()
         self._warned_min_scale = False
         self._track_overflows = track_overflows
+        self._skip_on_host = skip_on_host
         self._param_names: Dict[int, str] = {}
         self._skipped_steps: Optional[torch.Tensor] = None  # on the device: counted without a sync
         # id(optimizer) -> (params, per-param inf/NaN flags) of this iteration, and of the
@@ -296,7 +302,12 @@ class GradScaler(torch.amp.GradScaler):
                              else scale * getattr(target, "grad_scale", 1))
         target.found_inf = found_inf
         try:
-            retval = optimizer.step(*args, **kwargs)
+            if self._skip_on_host and found_inf.item() != 0:  # the one host sync of this mode
+                retval = None
+                if getattr(target, "_pending_clip", None) is not None:
+                    target._pending_clip = None  # a clip belongs to the step it was taken for
+            else:
+                retval = optimizer.step(*args, **kwargs)
         finally:
             del target.grad_scale
             del target.found_inf

@@ -329,3 +329,27 @@ def test_sparse_grads_unscaled_like_torch():
     (ours, ours_scale), (theirs, theirs_scale) = run(GradScaler), run(torch.amp.GradScaler)
     assert_bitwise_equal(ours, theirs)
     assert ours_scale == theirs_scale
+
+
+@pytest.mark.parametrize("skip_on_host", [False, True])
+def test_skip_on_host_does_not_call_the_step_on_overflow(skip_on_host):
+    """skip_on_host: the scaler decides on the host and leaves step() uncalled on an overflow
+    (what accelerate watches); otherwise the step is called and skips on the device. Either
+    way nothing changes, and a clip taken for the skipped step is not carried to the next."""
+    p = torch.nn.Parameter(torch.zeros(4).bfloat16())
+    opt = fused_amp.optim.SGD([p], lr=1.0)
+    calls = []
+    real_step = opt.step
+    opt.step = lambda *a, **k: (calls.append(1), real_step(*a, **k))[1]
+    scaler = fused_amp.GradScaler("cpu", init_scale=4.0, skip_on_host=skip_on_host)
+    scaler.scale(torch.ones(()))
+    p.grad = torch.tensor([1.0, float("inf"), 0.0, 0.0]).bfloat16()
+    opt.clip_grad_norm_(1.0)
+    scaler.step(opt)
+    scaler.update()
+    assert len(calls) == (0 if skip_on_host else 1)
+    assert torch.equal(p.detach(), torch.zeros(4).bfloat16()) and scaler.get_scale() == 2.0
+    p.grad = torch.full((4,), 0.5).bfloat16() * 2.0  # scaled by the new scale: unscaled 0.5
+    scaler.scale(torch.ones(()))
+    scaler.step(opt)  # no clip pending: a plain step
+    assert torch.equal(p.detach(), torch.full((4,), -0.5).bfloat16())

@@ -1,48 +1,27 @@
 """Lightning's Trainer with our optimizers (and scaler): Lightning refuses its own gradient
 clipping for optimizers that handle the loss scale, so clipping comes from max_grad_norm."""
-import warnings
+import importlib.util
+import os
 
 import pytest
 import torch
 
 import fused_amp
 
-L = pytest.importorskip("lightning")
-from lightning.pytorch.plugins import MixedPrecision  # noqa: E402
+pytest.importorskip("lightning")
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_NORM = 0.5
 STEPS = 8
 
 
-class TinyModule(L.LightningModule):
-    def __init__(self, make_optimizer):
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
-        self.make_optimizer = make_optimizer
-
-    def training_step(self, batch, _):
-        x, y = batch
-        return ((self.net(x).float() - y) ** 2).sum()
-
-    def configure_optimizers(self):
-        return self.make_optimizer(self.parameters())
-
-
-def fit(precision, make_optimizer, scaler=None, clip_val=None):
-    gen = torch.Generator().manual_seed(1)
-    data = torch.utils.data.TensorDataset(torch.randn(8 * STEPS, 16, generator=gen),
-                                          torch.randn(8 * STEPS, 4, generator=gen))
-    module = TinyModule(make_optimizer)
-    precision_kw = (dict(plugins=[MixedPrecision(precision, "cpu", scaler=scaler)]) if scaler is not None
-                    else dict(precision=precision))
-    trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, gradient_clip_val=clip_val, **precision_kw)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=8))
-    return torch.cat([p.detach().flatten() for p in module.parameters()]), trainer.optimizers[0]
+def fit(*args, **kw):
+    """examples/lightning_train.py's fit (which the example's own main runs too)."""
+    spec = importlib.util.spec_from_file_location(
+        "lightning_train", os.path.join(ROOT, "examples", "lightning_train.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.fit(*args, steps=STEPS, **kw)
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
@@ -62,3 +41,12 @@ def test_trainer_clips_through_max_grad_norm_as_lightning_clips_torchs(precision
     assert (unclipped - ref[0]).abs().max().item() > 100 * spread  # clipping did change the run
     assert opt.last_grad_norm.item() > MAX_NORM
     assert opt.state[next(iter(opt.param_groups[0]["params"]))]["step"].item() == STEPS
+
+
+def test_the_example_runs():
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "lightning_train.py"),
+                          "--steps", "4"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "16-mixed: 4 steps" in out.stdout
