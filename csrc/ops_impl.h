@@ -146,6 +146,19 @@ struct Device {
 };
 }  // namespace cpu
 
+// The fused_amp_check:: ops (register.cpp), which torch.compile's fake kernels run on meta
+// tensors (fused_amp/_fake.py): the same validation as the real devices, and no work.
+namespace meta {
+struct Device {
+  static void unscale(at::TensorList, const at::Tensor&, const at::Tensor*) {}
+  static void grad_norm(at::TensorList, const at::Tensor&, const at::Tensor&, const at::Tensor*,
+                        ops::NormKind) {}
+  static void update_scale(const core::ScaleTensors&, const ops::ScaleUpdateArgs&) {}
+  static void adam(const core::AdamArgs&) {}
+  static void sgd(const core::SgdArgs&) {}
+};
+}  // namespace meta
+
 namespace cuda {
 struct Device {
   static void unscale(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor* inv_scale);

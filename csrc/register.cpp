@@ -1,4 +1,5 @@
-// The op schemas, the CPU implementations' registration, and the Python module fused_amp._C.
+// The op schemas, the CPU (and validation-only) implementations' registration, and the Python
+// module fused_amp._C.
 #include <Python.h>
 #include <torch/library.h>
 
@@ -8,32 +9,44 @@
 #include "cuda/launch.h"
 #endif
 
-TORCH_LIBRARY(fused_amp, m) {
-  m.def("unscale_(Tensor(a!)[] tensors, Tensor(b!) found_inf, Tensor inv_scale) -> ()");
-  m.def("non_finite_check_(Tensor[] tensors, Tensor(a!) found_inf) -> ()");
-  m.def(
-      "grad_norm_(Tensor[] tensors, Tensor(a!) found_inf, Tensor(b!) norm, Tensor? inv_scale=None, "
-      "float norm_type=2.0) -> ()");
-  m.def(
-      "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor found_inf, "
-      "float growth_factor, float backoff_factor, int growth_interval, int hysteresis=1, "
-      "Tensor(c!)? hysteresis_tracker=None, float? min_scale=None, float? max_scale=None) -> ()");
-  m.def(
-      "adam_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
-      "Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, "
-      "Tensor(f!)[] steps, *, float lr, Tensor? lr_tensor=None, float beta1, float beta2, "
-      "float eps, float weight_decay, bool amsgrad, bool maximize, bool decoupled_weight_decay, "
-      "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
-      "float? max_grad_norm=None, bool unscale_grads=True, bool check_only=False) -> ()");
-  m.def(
-      "sgd_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
-      "Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, *, float lr, Tensor? lr_tensor=None, "
-      "float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
-      "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
-      "float? max_grad_norm=None, bool unscale_grads=True, bool check_only=False) -> ()");
+namespace {
+
+// The schemas, defined twice: the ops themselves (fused_amp::) and their validation alone
+// (fused_amp_check::, the same arguments), which torch.compile's fake kernels run on meta
+// tensors so that they refuse exactly what the real kernels refuse (fused_amp/_fake.py).
+constexpr const char* kSchemas[] = {
+    "unscale_(Tensor(a!)[] tensors, Tensor(b!) found_inf, Tensor inv_scale) -> ()",
+    "non_finite_check_(Tensor[] tensors, Tensor(a!) found_inf) -> ()",
+    "grad_norm_(Tensor[] tensors, Tensor(a!) found_inf, Tensor(b!) norm, Tensor? inv_scale=None, "
+    "float norm_type=2.0) -> ()",
+    "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor found_inf, "
+    "float growth_factor, float backoff_factor, int growth_interval, int hysteresis=1, "
+    "Tensor(c!)? hysteresis_tracker=None, float? min_scale=None, float? max_scale=None) -> ()",
+    "adam_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
+    "Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, "
+    "Tensor(f!)[] steps, *, float lr, Tensor? lr_tensor=None, float beta1, float beta2, "
+    "float eps, float weight_decay, bool amsgrad, bool maximize, bool decoupled_weight_decay, "
+    "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
+    "float? max_grad_norm=None, bool unscale_grads=True, bool check_only=False) -> ()",
+    "sgd_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
+    "Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, *, float lr, Tensor? lr_tensor=None, "
+    "float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
+    "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
+    "float? max_grad_norm=None, bool unscale_grads=True, bool check_only=False) -> ()"};
+
+void define_ops(torch::Library& m) {
+  for (const char* schema : kSchemas) m.def(schema);
 }
 
+}  // namespace
+
+TORCH_LIBRARY(fused_amp, m) { define_ops(m); }
+TORCH_LIBRARY(fused_amp_check, m) { define_ops(m); }
+
 TORCH_LIBRARY_IMPL(fused_amp, CPU, m) { fused_amp::register_entries<fused_amp::cpu::Device>(m); }
+TORCH_LIBRARY_IMPL(fused_amp_check, CompositeExplicitAutograd, m) {
+  fused_amp::register_entries<fused_amp::meta::Device>(m);
+}
 
 namespace {
 

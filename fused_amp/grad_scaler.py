@@ -259,6 +259,10 @@ class GradScaler(torch.amp.GradScaler):
             return local
         return None
 
+    # torch.compile runs the scaler's step and update eagerly (as it breaks the graph in torch's
+    # own GradScaler): Dynamo does not follow the grad_scale/found_inf attributes a step sets on
+    # an optimizer inside a compiled region, and would step through an overflow.
+    @torch.compiler.disable
     def step(self, optimizer, *args, **kwargs):
         target = self._scaled_step_target(optimizer) if self._enabled else None
         if target is None:
@@ -321,6 +325,7 @@ class GradScaler(torch.amp.GradScaler):
         return None
 
     # ---- update -----------------------------------------------------------------------------
+    @torch.compiler.disable
     def update(self, new_scale=None) -> None:
         if not self._enabled:
             return

@@ -148,6 +148,11 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             lists["steps"].append(state["step"])
             for key in keys:
                 lists[key].append(state[key])
+        # no masters at all (fp32 params): an empty list, which the op takes for "none" (and which
+        # torch.compile's functionalization handles, unlike a list of Nones)
+        for lists, _ in by_device.values():
+            if not any(m is not None for m in lists["master_params"]):
+                lists["master_params"] = []
         # DTensor params (FSDP2): the kernels run on the local shards of param, grad, master and
         # state, which share the param's placement; the state itself stays DTensor
         sharded = _DTensor is not None and any(isinstance(p, _DTensor) for p in params)
@@ -221,6 +226,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         return loss
 
     # ---- gradient clipping ------------------------------------------------------------------
+    @torch.compiler.disable  # eager under torch.compile, as GradScaler.step (whose pass it may be)
     def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
                         error_if_nonfinite: bool = False, foreach: Optional[bool] = None) -> torch.Tensor:
         r"""Clip the gradients of this optimizer's params by their total norm, in the next step.
