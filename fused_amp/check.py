@@ -59,6 +59,43 @@ def _check_optimizer(optimizer, dtype, names) -> List[Finding]:
     return out
 
 
+_EPS_NAMES = ("eps", "epsilon", "variance_epsilon")
+
+
+def _check_constants(model, dtype) -> List[Finding]:
+    """Modules holding an eps that is 0 in ``dtype``, found by running them: a copy of the
+    module in ``dtype`` on an all-zero input (the input where a vanished eps divides by zero)
+    must give NaN/inf where the float32 module gives finite values. Modules that compute in fp32
+    whatever their dtype (LayerNorm, GroupNorm, BatchNorm take eps as a double) pass this run,
+    so they are never reported; modules whose input shape cannot be told from their weight, or
+    whose forward fails on it, are not judged."""
+    import copy
+    out = []
+    for name, module in model.named_modules():
+        eps_name = next((n for n in _EPS_NAMES if isinstance(getattr(module, n, None), float)), None)
+        if eps_name is None:
+            continue
+        eps = getattr(module, eps_name)
+        weight = getattr(module, "weight", None)
+        if eps == 0.0 or _in_dtype(eps, dtype) != 0.0 or not isinstance(weight, torch.Tensor):
+            continue
+        zeros = torch.zeros((2,) + tuple(weight.shape), device=weight.device)
+        try:
+            with torch.no_grad():
+                reference = copy.deepcopy(module).float()(zeros)
+                half = copy.deepcopy(module).to(dtype)(zeros.to(dtype))
+        except Exception:  # noqa: BLE001  (a forward that needs other input is not judged)
+            continue
+        if (isinstance(reference, torch.Tensor) and torch.isfinite(reference).all()
+                and isinstance(half, torch.Tensor) and not torch.isfinite(half).all()):
+            out.append(Finding(
+                "eps-vanishes", f"module {name or type(module).__name__} ({type(module).__name__}.{eps_name})",
+                eps, f"0 in {dtype}, and this module computes in {dtype}: an all-zero input gives "
+                "NaN/inf (0/0) where float32 gives finite values",
+                f"use eps >= {torch.finfo(dtype).tiny:g}, or compute this module in float32"))
+    return out
+
+
 def _check_values(model, dtype) -> List[Finding]:
     """Params and buffers whose values are beyond ``dtype``'s range: inf after the cast."""
     out = []
@@ -112,13 +149,16 @@ def check_model(model: torch.nn.Module, dtype: torch.dtype = torch.float16,
     * ``optimizer`` (optional): a torch optimizer that would update fp16/bf16 params in that
       dtype, without fp32 masters, with an eps that is 0 there (0/0 = NaN where a grad is 0).
     * params and buffers beyond the dtype's range (inf once cast).
+    * modules with an ``eps`` (``epsilon``, ``variance_epsilon``) that is 0 in the dtype and
+      that really compute in it: run in the dtype on a zero input, they give NaN/inf where
+      float32 does not (torch's norm layers compute in fp32 and are never reported).
     * with ``example_input`` and ``init_scale``: a loss scale whose first backward overflows,
       and a forward pass whose loss is already inf/NaN (``loss_fn(output)``, default the sum).
     """
     if dtype not in _HALF:
         raise ValueError(f"check_model: dtype must be torch.float16 or torch.bfloat16, got {dtype}")
     names = {p: n for n, p in model.named_parameters()}
-    findings = _check_values(model, dtype)
+    findings = _check_values(model, dtype) + _check_constants(model, dtype)
     if optimizer is not None:
         findings += _check_optimizer(optimizer, dtype, names)
     if example_input is not None and init_scale is not None:

@@ -78,3 +78,41 @@ def test_a_forward_that_already_overflows_is_found():
 def test_dtype_must_be_half():
     with pytest.raises(ValueError, match="dtype must be"):
         fused_amp.check_model(mlp(), torch.float32)
+
+
+class HandRMSNorm(torch.nn.Module):
+    """An RMSNorm as often written by hand: computed in the input's dtype."""
+
+    def __init__(self, dim, eps=1e-8):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def test_a_module_eps_that_vanishes_where_the_module_computes_in_half_is_found():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), HandRMSNorm(16), torch.nn.Linear(16, 4))
+    findings = fused_amp.check_model(model, torch.float16)
+    assert [(f.kind, f.where) for f in findings] == [("eps-vanishes", "module 1 (HandRMSNorm.eps)")]
+    assert "\n" not in str(findings[0])
+    assert fused_amp.check_model(model, torch.bfloat16) == []  # 1e-8 is a bf16 value
+    # what it predicts: a zero row (a padding position, a dead unit's output) becomes NaN in fp16
+    x = torch.randn(3, 16)
+    x[1] = 0.0
+    with torch.no_grad():
+        assert torch.isfinite(model[1](x)).all()
+        assert torch.isnan(model[1].half()(x.half())[1]).all()
+
+
+def test_torchs_norm_layers_compute_in_fp32_and_are_never_reported():
+    """Their eps is a double applied in fp32 (LayerNorm, GroupNorm, BatchNorm, RMSNorm): even
+    eps=1e-8, 0 in fp16, gives finite output in fp16, so no finding."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16, eps=1e-8),
+                                torch.nn.BatchNorm1d(16, eps=1e-8), torch.nn.RMSNorm(16, eps=1e-8),
+                                torch.nn.Linear(16, 4))
+    assert fused_amp.check_model(model.eval(), torch.float16) == []
+    with torch.no_grad():
+        for layer in list(model)[1:4]:
+            assert torch.isfinite(layer.half()(torch.zeros(2, 16).half())).all()

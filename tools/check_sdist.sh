@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The route a user takes from a source release: build the sdist, build a wheel from it against
+# the torch already installed (--no-build-isolation, as README says), install that wheel into a
+# fresh venv that sees torch but not this checkout, and run tests against the installed copy.
+# Usage: tools/check_sdist.sh [PYTHON]  (default .venv/bin/python: it has torch, build, pytest)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${1:-.venv/bin/python}"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+
+"$PY" -m build --sdist --no-isolation --outdir "$WORK/dist" . > "$WORK/sdist.log" 2>&1 \
+  || { tail -40 "$WORK/sdist.log"; exit 1; }
+SDIST="$(ls "$WORK"/dist/fused_amp-*.tar.gz)"
+echo "sdist: $(basename "$SDIST") ($(tar tzf "$SDIST" | wc -l) files)"
+for f in csrc/ops/adam.h csrc/cuda/multi_tensor_apply.cuh csrc/cuda/norm.cu fused_amp/optim/_base.py; do
+  tar tzf "$SDIST" | grep -q "/$f\$" || { echo "sdist lacks $f"; exit 1; }
+done
+
+MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PY" -m pip wheel --no-build-isolation --no-deps -w "$WORK/wheel" "$SDIST" \
+  > "$WORK/wheel.log" 2>&1 || { grep -E -A5 "error|Error" "$WORK/wheel.log" | tail -60; exit 1; }
+WHEEL="$(ls "$WORK"/wheel/fused_amp-*.whl)"
+echo "wheel built from the sdist: $(basename "$WHEEL")"
+
+# a venv that sees the build venv's packages (torch, pytest) as a plain path: not its .pth
+# files, so this checkout's editable install stays out of it
+python3 -m venv "$WORK/venv"
+SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+NEW_SITE="$("$WORK/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo "$SITE" > "$NEW_SITE/build-venv.pth"
+"$WORK/venv/bin/python" -m pip install --no-deps --no-index -q "$WHEEL"
+cd "$WORK"
+"$WORK/venv/bin/python" -c "
+import fused_amp, sys
+assert fused_amp.__file__.startswith('$WORK/venv'), fused_amp.__file__
+print('installed from the wheel:', fused_amp.__file__, fused_amp.build_info())"
+"$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/tests/test_unscale.py" "$OLDPWD/tests/test_clip.py"
