@@ -12,9 +12,10 @@ trap 'rm -rf "$WORK"' EXIT
 "$PY" -m build --sdist --no-isolation --outdir "$WORK/dist" . > "$WORK/sdist.log" 2>&1 \
   || { tail -40 "$WORK/sdist.log"; exit 1; }
 SDIST="$(ls "$WORK"/dist/fused_amp-*.tar.gz)"
-echo "sdist: $(basename "$SDIST") ($(tar tzf "$SDIST" | wc -l) files)"
+LISTING="$(tar tzf "$SDIST")"
+echo "sdist: $(basename "$SDIST") ($(wc -l <<< "$LISTING") files)"
 for f in csrc/ops/adam.h csrc/cuda/multi_tensor_apply.cuh csrc/cuda/norm.cu fused_amp/optim/_base.py; do
-  tar tzf "$SDIST" | grep -q "/$f\$" || { echo "sdist lacks $f"; exit 1; }
+  grep -q "/$f\$" <<< "$LISTING" || { echo "sdist lacks $f"; exit 1; }
 done
 
 MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PY" -m pip wheel --no-build-isolation --no-deps -w "$WORK/wheel" "$SDIST" \
