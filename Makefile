@@ -28,9 +28,11 @@ build: $(STAMP)
 
 # The CPU kernels exist once per instruction set; the numerics tests run on each of them
 # (ATEN_CPU_CAPABILITY picks torch's and ours alike), then the whole suite on the native one.
+NUMERICS_TESTS := tests/test_unscale.py tests/test_optim.py tests/test_clip.py
+
 test: build
-	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q tests/test_unscale.py tests/test_optim.py
-	ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -q tests/test_unscale.py tests/test_optim.py
+	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q $(NUMERICS_TESTS)
+	ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -q $(NUMERICS_TESTS)
 	$(PY) -m pytest -q tests
 
 bench: build

@@ -178,6 +178,15 @@ def run_recipe(kind, cls, torch_cls, kw, dtype, steps=30, overflow_at=7):
 OUR_KINDS = ["max_grad_norm", "clip", "unscale_clip"]
 
 
+def clipped_tolerance(fused, foreach):
+    """The optimizer tests' rule (within torch's fused/foreach spread, at least one fp32 ulp),
+    with a floor of two ulps: our norm and torch's are each within an ulp of the exact norm (the
+    op tests above), so the clip coefficients may be two ulps apart, which torch's two recipes,
+    sharing one norm where their norms agree (as on the portable build), never show."""
+    two_ulps = 2 * torch.finfo(torch.float32).eps * fused.abs().max().item()
+    return max((foreach - fused).abs().max().item(), two_ulps)
+
+
 @pytest.mark.parametrize("kind", OUR_KINDS)
 @pytest.mark.parametrize("dtype", PARAM_DTYPES)
 @pytest.mark.parametrize("cls,torch_cls,kw", CASES, ids=IDS)
@@ -189,8 +198,7 @@ def test_clipped_steps_match_torchs_recipe(cls, torch_cls, kw, dtype, kind):
     ours, our_norms, exact, our_grads = run_recipe(kind, cls, torch_cls, kw, dtype)
     fused, fused_norms, _, fused_grads = run_recipe("torch_fused", cls, torch_cls, kw, dtype)
     foreach, foreach_norms, _, _ = run_recipe("torch_foreach", cls, torch_cls, kw, dtype)
-    one_ulp = torch.finfo(torch.float32).eps * fused.abs().max().item()
-    assert (ours - fused).abs().max().item() <= max((foreach - fused).abs().max().item(), one_ulp)
+    assert (ours - fused).abs().max().item() <= clipped_tolerance(fused, foreach)
     assert len(our_norms) == len(fused_norms) == len(exact)
     for step, (a, b, c, e) in enumerate(zip(our_norms, fused_norms, foreach_norms, exact)):
         assert a.dtype == torch.float32 and a.shape == ()
@@ -231,8 +239,7 @@ def test_clip_without_a_scaler_matches_torch(cls, torch_cls, kw, dtype):
             opt.step()
         finals.append(torch.cat([p.detach().flatten() for p in params]))
     fused, foreach = finals
-    one_ulp = torch.finfo(torch.float32).eps * fused.abs().max().item()
-    assert (ours - fused).abs().max().item() <= max((foreach - fused).abs().max().item(), one_ulp)
+    assert (ours - fused).abs().max().item() <= clipped_tolerance(fused, foreach)
 
 
 def test_an_inf_grad_without_a_scaler_does_what_torchs_clip_does():

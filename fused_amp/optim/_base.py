@@ -64,6 +64,11 @@ class _ClipState:
         self.pending = None  # (norm, max_norm) from clip_grad_norm_, for the next step
         self.last_norm: Optional[torch.Tensor] = None
 
+    def record(self, norm, max_norm):
+        """A norm taken for a step: logged, and (norm, max_norm) returned for that step."""
+        self.last_norm = norm
+        return norm, max_norm
+
 
 class MasterWeightOptimizer(torch.optim.Optimizer):
     """Base class: subclasses name their fp32 state and call their fused op in ``_update``.
@@ -209,8 +214,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         clip, self._clip.pending = self._clip.pending, None
         if clip is None and self.max_grad_norm is not None:
             norm, _ = total_grad_norm(self, self.grad_norm_type, self._inv_scale())
-            self._clip.last_norm = norm
-            clip = (norm, self.max_grad_norm)
+            clip = self._clip.record(norm, self.max_grad_norm)
         calls = []
         for index, group in enumerate(self.param_groups):
             for device, lists in self._device_lists(index, group).items():
@@ -262,8 +266,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 f"The total norm of order {float(norm_type)} for gradients from `parameters` is "
                 "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
                 "by the non-finite norm anyway, set `error_if_nonfinite=False`")
-        self._clip.last_norm = norm
-        self._clip.pending = (norm, float(max_norm))
+        self._clip.pending = self._clip.record(norm, float(max_norm))
         return norm
 
     def _clip_before_step(self, scaler) -> bool:
@@ -272,9 +275,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         when it ran."""
         if self.max_grad_norm is None or self._clip.pending is not None:
             return False
-        norm = scaler._grad_norm_pass(self, self.grad_norm_type)
-        self._clip.last_norm = norm
-        self._clip.pending = (norm, self.max_grad_norm)
+        self._clip.pending = self._clip.record(scaler._grad_norm_pass(self, self.grad_norm_type),
+                                               self.max_grad_norm)
         return True
 
     def _drop_pending_clip(self):
@@ -293,7 +295,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
     def _update(self, group, lists, scalars, check_only):
         """Run (or with ``check_only`` validate) the fused op on one device's lists; ``scalars``
-        holds lr, lr_tensor, inv_scale, found_inf and unscale_grads."""
+        holds lr, lr_tensor, inv_scale, found_inf, unscale_grads and, when clipping, grad_norm and
+        max_grad_norm."""
         raise NotImplementedError
 
     # ---- checkpoints -----------------------------------------------------------------------
