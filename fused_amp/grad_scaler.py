@@ -5,7 +5,6 @@ import inspect
 import numbers
 import operator
 import warnings
-import weakref
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -13,7 +12,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch.amp.grad_scaler import OptState
 
-from fused_amp import ops
+from fused_amp import _scaling, ops
 from fused_amp.optim._grad_norm import total_grad_norm
 
 try:  # torch builds without distributed support lack these
@@ -145,20 +144,9 @@ class GradScaler(torch.amp.GradScaler):
         self._overflow_flags: Dict[int, Any] = {}
         self._last_overflow: Dict[int, Any] = {}
 
-    # Which scaler's scale is in an optimizer's grads, for a norm taken before the step
-    # (optimizer.clip_grad_norm_): the one that stepped it last, else the latest to scale a loss.
-    _stepped_by: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-    _latest_scaling: Optional["weakref.ref"] = None
-
-    @classmethod
-    def _scaling_for(cls, optimizer) -> Optional["GradScaler"]:
-        ref = cls._stepped_by.get(optimizer) or cls._latest_scaling
-        scaler = ref() if ref is not None else None
-        return scaler if scaler is not None and scaler._enabled else None
-
     def scale(self, outputs):
         if self._enabled:
-            GradScaler._latest_scaling = weakref.ref(self)
+            _scaling.scaled_a_loss(self)  # for a clip_grad_norm_ before the optimizer's first step
         return super().scale(outputs)
 
     # ---- the scale and its trackers ---------------------------------------------------------
@@ -289,7 +277,7 @@ class GradScaler(torch.amp.GradScaler):
                 "norm of this rank's shard only; clip with torch.nn.utils.clip_grad_norm_ over the "
                 "model's parameters (after scaler.unscale_) instead")
         # The step takes the scale and the overflow flag and skips on the device: no sync.
-        GradScaler._stepped_by[target] = weakref.ref(self)
+        _scaling.stepped(target, self)
         if optimizer_state["stage"] is OptState.READY and not optimizer_state["found_inf_per_device"]:
             # a norm pass for clipping (ours) doubles as the overflow check
             clip = getattr(target, "_clip_before_step", None)

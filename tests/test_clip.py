@@ -373,3 +373,21 @@ def test_a_converted_training_loop_matches_torchs():
     assert torch.allclose(n_ours, n_theirs, rtol=1e-5)
     for a, b in zip(ours, theirs):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_an_optimizer_stepped_without_a_scaler_is_not_unscaled_by_another_ones():
+    """Two models in one process, one under a GradScaler and one without: once each has
+    stepped, clip_grad_norm_ of the unscaled one takes its grads as they are."""
+    a, b = torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(4))
+    opt_a, opt_b = fused_amp.optim.SGD([a], lr=0.1), fused_amp.optim.SGD([b], lr=0.1)
+    scaler = fused_amp.GradScaler("cpu", init_scale=64.0)
+    for _ in range(2):
+        scaler.scale(torch.ones(()))  # model a's scaled loss
+        a.grad, b.grad = torch.full((4,), 64.0), torch.full((4,), 1.0)
+        norm_a = opt_a.clip_grad_norm_(10.0)
+        norm_b = opt_b.clip_grad_norm_(10.0)
+        scaler.step(opt_a)
+        scaler.update()
+        opt_b.step()
+    assert norm_a.item() == 2.0  # sqrt(4) of the unscaled 1.0s
+    assert norm_b.item() == 2.0  # b's own grads: not divided by a's scale

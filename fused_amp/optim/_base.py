@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from fused_amp import _scaling
 from fused_amp.optim._grad_norm import check_clip_options, total_grad_norm
 
 try:  # torch builds without distributed support lack it
@@ -211,6 +212,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if getattr(self, "found_inf", None) is None and not torch.compiler.is_compiling():
+            _scaling.stepped(self)  # without a GradScaler (host bookkeeping, left out when traced)
         clip, self._clip.pending = self._clip.pending, None
         if clip is None and self.max_grad_norm is not None:
             norm, _ = total_grad_norm(self, self.grad_norm_type, self._inv_scale())
@@ -254,9 +257,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         leaves the clipped grads in ``p.grad`` as torch does. ``foreach`` is accepted and
         ignored (one fused pass either way); ``zero_grad`` drops a clip not yet applied.
         """
-        from fused_amp.grad_scaler import GradScaler  # the scaler module builds on this one
-
-        scaler = GradScaler._scaling_for(self)
+        scaler = _scaling.scaler_of(self)
         if scaler is not None:
             norm = scaler._grad_norm_pass(self, norm_type)
         else:
