@@ -52,19 +52,24 @@ def train(rank, model, opt, steps, overflow_at, data_rank=None):
     return scaler
 
 
-def ddp_run(rank, world, steps, overflow_at, data_rank=None):
+def ddp_run(rank, world, steps, overflow_at, data_rank=None, max_grad_norm=None):
     model = torch.nn.parallel.DistributedDataParallel(make_model())
-    opt = fused_amp.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = fused_amp.optim.AdamW(model.parameters(), lr=1e-2, max_grad_norm=max_grad_norm)
     scaler = train(rank, model, opt, steps, overflow_at, data_rank)
     return dict(params=[p.detach().clone() for p in model.parameters()],
                 masters=[opt.state[p]["master_param"].clone() for p in model.parameters()],
                 steps=[opt.state[p]["step"].item() for p in model.parameters()],
-                scale=scaler.get_scale())
+                scale=scaler.get_scale(),
+                grad_norm=None if opt.last_grad_norm is None else opt.last_grad_norm.item())
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_ddp_ranks_stay_bitwise_equal_through_an_overflow_on_one_rank(world):
-    results = run_ranks(ddp_run, world, 6, 3)
+@pytest.mark.parametrize("world,max_grad_norm", [(2, None), (4, None), (2, 0.05)])
+def test_ddp_ranks_stay_bitwise_equal_through_an_overflow_on_one_rank(world, max_grad_norm):
+    """(with max_grad_norm: the norm of DDP's averaged grads is the same on every rank, so the
+    clipped steps are too)"""
+    results = run_ranks(ddp_run, world, 6, 3, None, max_grad_norm)
+    if max_grad_norm is not None:
+        assert all(r["grad_norm"] == results[0]["grad_norm"] > max_grad_norm for r in results)
     for other in results[1:]:
         for key in ("params", "masters"):
             for a, b in zip(other[key], results[0][key]):
