@@ -35,23 +35,26 @@ void parallel_over(const std::vector<int64_t>& offsets, F&& f) {
   });
 }
 
+// The unscale loop of x's dtype over x[b, e) (with write == false, the check only); true when
+// some element is inf or NaN.
+bool unscale_part(const at::Tensor& x, int64_t b, int64_t e, float inv_scale, bool write) {
+  const Loops& k = loops();
+  void* p = x.data_ptr();
+  switch (x.scalar_type()) {
+    case at::kFloat: return k.unscale_float(static_cast<float*>(p) + b, e - b, inv_scale, write);
+    case at::kDouble: return k.unscale_double(static_cast<double*>(p) + b, e - b, inv_scale, write);
+    case at::kHalf: return k.unscale_half(static_cast<c10::Half*>(p) + b, e - b, inv_scale, write);
+    case at::kBFloat16:
+      return k.unscale_bfloat16(static_cast<c10::BFloat16*>(p) + b, e - b, inv_scale, write);
+    default: TORCH_INTERNAL_ASSERT(false, "dtype passed validation but has no loop");
+  }
+}
+
 // Runs the unscale loop (or the check only) over every tensor; true when some element is not finite.
 bool unscale_all(at::TensorList tensors, float inv_scale, bool write) {
-  const Loops& k = loops();
   std::atomic<bool> nonfinite{false};
   parallel_over(core::flat_offsets(numels_of(tensors)), [&](size_t t, int64_t b, int64_t e) {
-    const at::Tensor& x = tensors[t];
-    bool found = false;
-    switch (x.scalar_type()) {
-      case at::kFloat: found = k.unscale_float(x.data_ptr<float>() + b, e - b, inv_scale, write); break;
-      case at::kDouble: found = k.unscale_double(x.data_ptr<double>() + b, e - b, inv_scale, write); break;
-      case at::kHalf: found = k.unscale_half(x.data_ptr<c10::Half>() + b, e - b, inv_scale, write); break;
-      case at::kBFloat16:
-        found = k.unscale_bfloat16(x.data_ptr<c10::BFloat16>() + b, e - b, inv_scale, write);
-        break;
-      default: TORCH_INTERNAL_ASSERT(false, "dtype passed validation but has no loop");
-    }
-    if (found) nonfinite.store(true, std::memory_order_relaxed);
+    if (unscale_part(tensors[t], b, e, inv_scale, write)) nonfinite.store(true, std::memory_order_relaxed);
   });
   return nonfinite.load();
 }
@@ -70,20 +73,6 @@ double norm_partial(const at::Tensor& x, int64_t b, int64_t e, float inv_scale, 
     case at::kHalf: return k.norm_half[kd](static_cast<const c10::Half*>(p) + b, e - b, inv_scale);
     case at::kBFloat16:
       return k.norm_bfloat16[kd](static_cast<const c10::BFloat16*>(p) + b, e - b, inv_scale);
-    default: TORCH_INTERNAL_ASSERT(false, "dtype passed validation but has no loop");
-  }
-}
-
-// True when x[b, e) holds an inf or NaN (the bits alone).
-bool nonfinite_in(const at::Tensor& x, int64_t b, int64_t e) {
-  const Loops& k = loops();
-  void* p = x.data_ptr();
-  switch (x.scalar_type()) {
-    case at::kFloat: return k.unscale_float(static_cast<float*>(p) + b, e - b, 1.f, false);
-    case at::kDouble: return k.unscale_double(static_cast<double*>(p) + b, e - b, 1.0, false);
-    case at::kHalf: return k.unscale_half(static_cast<c10::Half*>(p) + b, e - b, 1.f, false);
-    case at::kBFloat16:
-      return k.unscale_bfloat16(static_cast<c10::BFloat16*>(p) + b, e - b, 1.f, false);
     default: TORCH_INTERNAL_ASSERT(false, "dtype passed validation but has no loop");
   }
 }
@@ -166,7 +155,7 @@ void Device::grad_norm(at::TensorList tensors, const at::Tensor& found_inf, cons
       partials[r] = norm_partial(tensors[g.t], g.begin, g.end, inv, kind);
       // A partial is not finite when an element is not, or (rarely) when finite values overflow:
       // the bits decide which.
-      if (!std::isfinite(partials[r]) && nonfinite_in(tensors[g.t], g.begin, g.end)) {
+      if (!std::isfinite(partials[r]) && unscale_part(tensors[g.t], g.begin, g.end, 1.f, false)) {
         nonfinite.store(true, std::memory_order_relaxed);
       }
     }
