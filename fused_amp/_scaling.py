@@ -12,6 +12,11 @@ _stepped_by: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # optimi
 _latest: Optional["weakref.ref"] = None
 
 
+def inv_scale(scale):
+    """1/scale as torch's GradScaler.unscale_ forms it: reciprocal in double, rounded to fp32."""
+    return scale.double().reciprocal().float()
+
+
 def scaled_a_loss(scaler) -> None:
     global _latest
     _latest = weakref.ref(scaler)

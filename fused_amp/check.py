@@ -2,6 +2,7 @@
 
 Each kind of finding predicts a failure that torch really shows (tests/test_check.py shows each
 one happening): nothing is reported on a guess about how an op computes."""
+import copy
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
@@ -69,7 +70,6 @@ def _check_constants(model, dtype) -> List[Finding]:
     whatever their dtype (LayerNorm, GroupNorm, BatchNorm take eps as a double) pass this run,
     so they are never reported; modules whose input shape cannot be told from their weight, or
     whose forward fails on it, are not judged."""
-    import copy
     out = []
     for name, module in model.named_modules():
         eps_name = next((n for n in _EPS_NAMES if isinstance(getattr(module, n, None), float)), None)
@@ -116,7 +116,6 @@ def _check_values(model, dtype) -> List[Finding]:
 def _check_first_backward(model, dtype, example_input, loss_fn, init_scale) -> List[Finding]:
     """The first backward of the scaled loss, in ``dtype``: inf/NaN grads there mean the first
     steps are skipped while the scale backs off (or, where the loss itself is inf, forever)."""
-    import copy
     trial = copy.deepcopy(model).to(dtype)
     inputs = example_input if isinstance(example_input, tuple) else (example_input,)
     inputs = tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x

@@ -219,8 +219,7 @@ class GradScaler(torch.amp.GradScaler):
         if not self._enabled or optimizer_state["stage"] is not OptState.READY:
             return total_grad_norm(optimizer, norm_type, None)[0]  # unscaled already
         self._check_scale_growth_tracker("clip_grad_norm_")
-        inv_scale = self._scale.double().reciprocal().float()
-        norm, found_infs = total_grad_norm(optimizer, norm_type, inv_scale)
+        norm, found_infs = total_grad_norm(optimizer, norm_type, _scaling.inv_scale(self._scale))
         optimizer_state["found_inf_per_device"] = found_infs
         self._record_overflow_params(optimizer)
         return norm

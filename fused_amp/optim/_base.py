@@ -8,12 +8,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from fused_amp import _scaling
-from fused_amp.optim._grad_norm import check_clip_options, total_grad_norm
-
-try:  # torch builds without distributed support lack it
-    from torch.distributed.tensor import DTensor as _DTensor
-except ImportError:  # pragma: no cover
-    _DTensor = None
+from fused_amp.optim._grad_norm import DTensor, check_clip_options, local_shard, total_grad_norm
 
 _HALF = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
@@ -145,7 +140,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         cached = self._lists_cache.get(index)
         if all_grads and cached is not None and cached.still_valid(group, params, self.state, options):
             for lists, indices in cached.by_device.values():
-                lists["grads"] = [_local(grads[i]) for i in indices] if cached.sharded else [grads[i] for i in indices]
+                lists["grads"] = [local_shard(grads[i]) for i in indices] if cached.sharded else [grads[i] for i in indices]
             return {device: lists for device, (lists, _) in cached.by_device.items()}
         by_device: Dict[torch.device, Any] = defaultdict(lambda: (defaultdict(list), []))
         for i, p in enumerate(params):
@@ -167,12 +162,12 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 lists["master_params"] = []
         # DTensor params (FSDP2): the kernels run on the local shards of param, grad, master and
         # state, which share the param's placement; the state itself stays DTensor
-        sharded = _DTensor is not None and any(isinstance(p, _DTensor) for p in params)
+        sharded = DTensor is not None and any(isinstance(p, DTensor) for p in params)
         if sharded:
             for lists, _ in by_device.values():
                 for key in lists:
                     if key != "steps":
-                        lists[key] = [_local(t) for t in lists[key]]
+                        lists[key] = [local_shard(t) for t in lists[key]]
         # drop what is kept for this group, and for groups no longer in the optimizer
         # (the cache is changed in place, never reassigned: torch.compile follows that)
         live = len(self.param_groups)
@@ -189,10 +184,9 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
     # ---- the GradScaler protocol ----------------------------------------------------------
     def _inv_scale(self) -> Optional[torch.Tensor]:
-        """1/scale of what a GradScaler set (as torch's unscale_ forms it: reciprocal in double,
-        rounded to fp32), or None."""
+        """1/scale of what a GradScaler set, or None."""
         grad_scale: Optional[torch.Tensor] = getattr(self, "grad_scale", None)
-        return None if grad_scale is None else grad_scale.double().reciprocal().float()
+        return None if grad_scale is None else _scaling.inv_scale(grad_scale)
 
     def _scaler_tensors(self, device):
         """(inv_scale, found_inf) on ``device`` from what a GradScaler set, else (None, None)."""
@@ -367,11 +361,6 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
     def _fix_group(self, group):
         """Group options a subclass forces whatever the checkpoint says (AdamW: decoupled)."""
-
-
-def _local(t):
-    """The local shard of a DTensor; any other tensor (or None) as it is."""
-    return t.to_local() if _DTensor is not None and isinstance(t, _DTensor) else t
 
 
 def _fp32_like(value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:

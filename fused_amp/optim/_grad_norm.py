@@ -11,9 +11,9 @@ import torch
 from fused_amp import ops
 
 try:  # torch builds without distributed support lack it
-    from torch.distributed.tensor import DTensor as _DTensor
+    from torch.distributed.tensor import DTensor
 except ImportError:  # pragma: no cover
-    _DTensor = None
+    DTensor = None
 
 # the norm types the fused pass computes; others go through torch (clip_grad_norm_ only)
 FUSED_NORM_TYPES = (1.0, 2.0, math.inf)
@@ -43,9 +43,9 @@ def _grads(optimizer) -> List[torch.Tensor]:
 def _shard_groups(grads) -> list:
     """The process groups over which the local norms of DTensor grads add up: the mesh dims the
     grads are sharded on (FSDP2: its one dim; HSDP: the shard dim, not the replicate dim)."""
-    if _DTensor is None:
+    if DTensor is None:
         return []
-    dtensors = [g for g in grads if isinstance(g, _DTensor)]
+    dtensors = [g for g in grads if isinstance(g, DTensor)]
     if not dtensors:
         return []
     if len(dtensors) != len(grads):
@@ -64,8 +64,9 @@ def _shard_groups(grads) -> list:
     return [mesh.get_group(dim) for dim in next(iter(layouts))[1]]
 
 
-def _local(t):
-    return t.to_local() if _DTensor is not None and isinstance(t, _DTensor) else t
+def local_shard(t):
+    """The local shard of a DTensor; any other tensor (or None) as it is."""
+    return t.to_local() if DTensor is not None and isinstance(t, DTensor) else t
 
 
 def total_grad_norm(optimizer, norm_type: float, inv_scale: Optional[torch.Tensor]
@@ -77,7 +78,7 @@ def total_grad_norm(optimizer, norm_type: float, inv_scale: Optional[torch.Tenso
     grads = _grads(optimizer)
     groups = _shard_groups(grads)
     per_device: Dict[torch.device, List[torch.Tensor]] = {}
-    for g in map(_local, grads):
+    for g in map(local_shard, grads):
         per_device.setdefault(g.device, []).append(g)
     norm_type = float(norm_type)
     norms, found_infs = [], {}
