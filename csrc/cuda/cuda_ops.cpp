@@ -65,6 +65,17 @@ Scalars scalars_of(const core::StepTensors& st) {
   return r;
 }
 
+// The tensors of unscale_ and grad_norm_, grouped by dtype (`ptrs(i)`: the pointers of tensor
+// i), and `launch(dtype, list)` for each group, in a fixed dtype order.
+template <class Ptrs, class Launch>
+void per_dtype(at::TensorList tensors, Ptrs&& ptrs, Launch&& launch) {
+  std::map<int, std::vector<TensorPtrs>> by_dtype;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    by_dtype[static_cast<int>(tensors[i].scalar_type())].push_back(ptrs(i));
+  }
+  for (const auto& [dtype, list] : by_dtype) launch(dtype_of(static_cast<at::ScalarType>(dtype)), list);
+}
+
 // One optimizer step on the current stream: params grouped by (dtype, has master), one launch
 // sequence per group (`ptrs(i)`: the pointers of param i; `kernel(...)`: a group's launch),
 // then the step counts (those that exist) incremented unless found_inf says overflow.
@@ -92,34 +103,35 @@ void optimizer_step(const core::StepTensors& st, Ptrs&& ptrs, Kernel&& kernel) {
 void Device::unscale(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor* inv_scale) {
   const c10::cuda::CUDAGuard guard(found_inf.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  std::map<int, std::vector<TensorPtrs>> by_dtype;
-  for (const auto& t : tensors) {
-    by_dtype[static_cast<int>(t.scalar_type())].push_back(ptrs_of({t.data_ptr()}, t.numel()));
-  }
-  for (const auto& [dtype, list] : by_dtype) {
-    cuda::unscale(dtype_of(static_cast<at::ScalarType>(dtype)), list, found_inf.data_ptr<float>(),
-            inv_scale ? inv_scale->data_ptr<float>() : nullptr, stream);
-  }
+  per_dtype(
+      tensors, [&](size_t i) { return ptrs_of({tensors[i].data_ptr()}, tensors[i].numel()); },
+      [&](Dtype dtype, const std::vector<TensorPtrs>& list) {
+        cuda::unscale(dtype, list, found_inf.data_ptr<float>(),
+                      inv_scale ? inv_scale->data_ptr<float>() : nullptr, stream);
+      });
 }
 
 void Device::grad_norm(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor& norm,
                        const at::Tensor* inv_scale, ops::NormKind kind) {
   const c10::cuda::CUDAGuard guard(found_inf.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  // tensor i's slots in `partials` start at first_slot[i], in tensor order
+  std::vector<int64_t> first_slot(tensors.size());
   int64_t count = 0;
-  for (const auto& t : tensors) count += norm_chunks(t.numel());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    first_slot[i] = count;
+    count += norm_chunks(tensors[i].numel());
+  }
   const at::Tensor partials = at::empty({std::max<int64_t>(count, 1)}, found_inf.options().dtype(at::kDouble));
-  double* slot = partials.data_ptr<double>();
-  std::map<int, std::vector<TensorPtrs>> by_dtype;
-  for (const auto& t : tensors) {
-    by_dtype[static_cast<int>(t.scalar_type())].push_back(ptrs_of({t.data_ptr(), slot}, t.numel()));
-    slot += norm_chunks(t.numel());
-  }
-  for (const auto& [dtype, list] : by_dtype) {
-    grad_norm_partials(dtype_of(static_cast<at::ScalarType>(dtype)), list, found_inf.data_ptr<float>(),
-                       inv_scale ? inv_scale->data_ptr<float>() : nullptr, kind, stream);
-  }
-  grad_norm_total(partials.data_ptr<double>(), count, norm.data_ptr<float>(), kind, stream);
+  double* slots = partials.data_ptr<double>();
+  per_dtype(
+      tensors,
+      [&](size_t i) { return ptrs_of({tensors[i].data_ptr(), slots + first_slot[i]}, tensors[i].numel()); },
+      [&](Dtype dtype, const std::vector<TensorPtrs>& list) {
+        grad_norm_partials(dtype, list, found_inf.data_ptr<float>(),
+                           inv_scale ? inv_scale->data_ptr<float>() : nullptr, kind, stream);
+      });
+  grad_norm_total(slots, count, norm.data_ptr<float>(), kind, stream);
 }
 
 void Device::update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args) {
