@@ -226,6 +226,10 @@ inline void set_value_at(const UpdateRange<T>& r, int64_t i, float v) {
   r.param[i] = static_cast<T>(v);
 }
 
+// The vector step is the loop body: a call per vector (GCC keeps the half-precision ones out of
+// line otherwise) costs more than the conversions it does.
+#define FA_ALWAYS_INLINE __attribute__((always_inline))
+
 // Runs vector_step(i, stream) over whole vectors and scalar_step(i) over the elements before
 // the first aligned vector (when streaming) and after the last whole one. Both compute the
 // same IEEE operations, so where an element falls does not change its result.
@@ -245,10 +249,14 @@ void update_range(const UpdateRange<T>& r, VectorStep&& vector_step, ScalarStep&
 }
 
 template <typename T>
-void adam_range(const UpdateRange<T>& r, const ops::AdamCoeffs& c) {
+void adam_range(const UpdateRange<T>& range, const ops::AdamCoeffs& coeffs) {
+  // Local copies: vector stores may alias anything in memory, locals they cannot, so the
+  // pointers and coefficients stay in registers instead of being reloaded for every vector.
+  const UpdateRange<T> r = range;
+  const ops::AdamCoeffs c = coeffs;
   update_range(
       r,
-      [&](int64_t i, bool stream) {
+      [&](int64_t i, bool stream) FA_ALWAYS_INLINE {
         VecF p0, p1, g0, g1, m0, m1, v0, v1, vmax0(0.f), vmax1(0.f);
         load_value(r, i, p0, p1);
         load2(r.grad + i, g0, g1);
@@ -272,11 +280,13 @@ void adam_range(const UpdateRange<T>& r, const ops::AdamCoeffs& c) {
 }
 
 template <typename T>
-void sgd_range(const UpdateRange<T>& r, const ops::SgdCoeffs& c) {
+void sgd_range(const UpdateRange<T>& range, const ops::SgdCoeffs& coeffs) {
+  const UpdateRange<T> r = range;  // locals, as in adam_range
+  const ops::SgdCoeffs c = coeffs;
   const bool has_buf = r.aux != nullptr;
   update_range(
       r,
-      [&](int64_t i, bool stream) {
+      [&](int64_t i, bool stream) FA_ALWAYS_INLINE {
         VecF p0, p1, g0, g1, b0(0.f), b1(0.f);
         load_value(r, i, p0, p1);
         load2(r.grad + i, g0, g1);
