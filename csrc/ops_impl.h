@@ -83,7 +83,8 @@ struct Entry {
                          bool decoupled_weight_decay, const std::optional<at::Tensor>& inv_scale,
                          const std::optional<at::Tensor>& found_inf,
                          const std::optional<at::Tensor>& grad_norm,
-                         std::optional<double> max_grad_norm, bool unscale_grads,
+                         std::optional<double> max_grad_norm,
+                         std::optional<int64_t> rounding_seed, bool unscale_grads,
                          bool check_only) {
     BelowAutograd below;
     core::Staging staging;
@@ -91,7 +92,8 @@ struct Entry {
         core::validate_step("adam_step_", params, grads, master_params, exp_avgs, "exp_avgs",
                             exp_avg_sqs, "exp_avg_sqs", max_exp_avg_sqs, "max_exp_avg_sqs", amsgrad,
                             steps, true, lr, lr_tensor, inv_scale, found_inf, grad_norm,
-                            max_grad_norm, unscale_grads, check_only ? nullptr : &staging),
+                            max_grad_norm, rounding_seed, unscale_grads,
+                            check_only ? nullptr : &staging),
         {beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad, maximize}};
     if (check_only || params.empty()) return;
     Device::adam(a);
@@ -106,7 +108,8 @@ struct Entry {
                         const std::optional<at::Tensor>& inv_scale,
                         const std::optional<at::Tensor>& found_inf,
                         const std::optional<at::Tensor>& grad_norm,
-                        std::optional<double> max_grad_norm, bool unscale_grads,
+                        std::optional<double> max_grad_norm,
+                        std::optional<int64_t> rounding_seed, bool unscale_grads,
                         bool check_only) {
     BelowAutograd below;
     core::Staging staging;
@@ -115,7 +118,7 @@ struct Entry {
         core::validate_step("sgd_step_", params, grads, master_params, {}, nullptr, {}, nullptr,
                             momentum_buffers, "momentum_buffers", has_momentum, steps, has_momentum,
                             lr, lr_tensor, inv_scale, found_inf, grad_norm, max_grad_norm,
-                            unscale_grads, check_only ? nullptr : &staging),
+                            rounding_seed, unscale_grads, check_only ? nullptr : &staging),
         {momentum, dampening, weight_decay, nesterov, maximize},
         has_momentum};
     if (check_only || params.empty()) return;

@@ -27,12 +27,14 @@ constexpr const char* kSchemas[] = {
     "Tensor(f!)[] steps, *, float lr, Tensor? lr_tensor=None, float beta1, float beta2, "
     "float eps, float weight_decay, bool amsgrad, bool maximize, bool decoupled_weight_decay, "
     "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
-    "float? max_grad_norm=None, bool unscale_grads=True, bool check_only=False) -> ()",
+    "float? max_grad_norm=None, int? rounding_seed=None, bool unscale_grads=True, "
+    "bool check_only=False) -> ()",
     "sgd_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
     "Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, *, float lr, Tensor? lr_tensor=None, "
     "float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
     "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
-    "float? max_grad_norm=None, bool unscale_grads=True, bool check_only=False) -> ()"};
+    "float? max_grad_norm=None, int? rounding_seed=None, bool unscale_grads=True, "
+    "bool check_only=False) -> ()"};
 
 void define_ops(torch::Library& m) {
   for (const char* schema : kSchemas) m.def(schema);

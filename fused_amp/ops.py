@@ -85,12 +85,17 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
                maximize: bool, decoupled_weight_decay: bool,
                inv_scale: Optional[torch.Tensor] = None,
                found_inf: Optional[torch.Tensor] = None, grad_norm: Optional[torch.Tensor] = None,
-               max_grad_norm: Optional[float] = None, unscale_grads: bool = True,
-               check_only: bool = False) -> None:
+               max_grad_norm: Optional[float] = None, rounding_seed: Optional[int] = None,
+               unscale_grads: bool = True, check_only: bool = False) -> None:
     """One fused Adam/AdamW step over all params; see ``fused_amp.optim.Adam`` for the rule.
 
     ``master_params[i]`` (fp32) holds the value of a half ``params[i]``, which receives
-    ``master.to(dtype)``; ``None`` (or an empty list) updates the param in place. Grads are
+    ``master.to(dtype)``; an int16 ``master_params[i]`` is the remainder of a bf16 param: the
+    param and it hold the fp32 master exactly (its high and low 16 bits, the param rounded to
+    nearest with ties away from zero); ``None`` (or an empty list) updates the param in place.
+    The state tensors of a param are all fp32 or all bf16 (math in fp32, stored rounded to
+    nearest even, or stochastically with ``rounding_seed``: the random bits depend on the seed,
+    the step and the element's index only, the same on every device and thread count). Grads are
     multiplied by ``inv_scale`` when given and, with ``unscale_grads``, left unscaled in place
     (as torch's fused optimizers leave them). When ``found_inf`` is nonzero nothing is written
     and ``steps`` stay as they are; otherwise each step is incremented. With ``grad_norm`` (the
@@ -110,7 +115,7 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
                     weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
                     decoupled_weight_decay=decoupled_weight_decay, inv_scale=inv_scale,
                     found_inf=found_inf, grad_norm=grad_norm, max_grad_norm=max_grad_norm,
-                    unscale_grads=unscale_grads, check_only=check_only)
+                    rounding_seed=rounding_seed, unscale_grads=unscale_grads, check_only=check_only)
 
 
 def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
@@ -119,14 +124,14 @@ def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
               momentum: float, dampening: float, weight_decay: float, nesterov: bool,
               maximize: bool, inv_scale: Optional[torch.Tensor] = None,
               found_inf: Optional[torch.Tensor] = None, grad_norm: Optional[torch.Tensor] = None,
-              max_grad_norm: Optional[float] = None, unscale_grads: bool = True,
-              check_only: bool = False) -> None:
+              max_grad_norm: Optional[float] = None, rounding_seed: Optional[int] = None,
+              unscale_grads: bool = True, check_only: bool = False) -> None:
     """One fused SGD step over all params; see ``fused_amp.optim.SGD`` for the rule.
 
     With ``momentum != 0``, ``momentum_buffers`` and ``steps`` are required: a param whose step
     is 0 starts its buffer from its gradient, as torch does. Masters, ``inv_scale``,
-    ``found_inf``, ``grad_norm``, ``max_grad_norm``, ``unscale_grads`` and ``check_only`` as in
-    :func:`adam_step_`.
+    ``found_inf``, ``grad_norm``, ``max_grad_norm``, ``rounding_seed``, ``unscale_grads`` and
+    ``check_only`` as in :func:`adam_step_`.
     """
     op = "sgd_step_"
     _ops.sgd_step_(_tensors(op, "params", params), _tensors(op, "grads", grads),
@@ -135,7 +140,8 @@ def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
                    lr=lr, lr_tensor=lr_tensor, momentum=momentum, dampening=dampening,
                    weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
                    inv_scale=inv_scale, found_inf=found_inf, grad_norm=grad_norm,
-                   max_grad_norm=max_grad_norm, unscale_grads=unscale_grads, check_only=check_only)
+                   max_grad_norm=max_grad_norm, rounding_seed=rounding_seed,
+                   unscale_grads=unscale_grads, check_only=check_only)
 
 
 _fake.register(__all__)

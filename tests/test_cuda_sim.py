@@ -83,25 +83,43 @@ def test_unscale_matches_torch(sim, large, dtype, aligned):
     assert found.item() == 1.0
 
 
+MASTER_KIND = {False: 0, True: 1, "remainder": 2}
+
+
+def kind(dtype, master=False, state_dtype=torch.float32):
+    """The (param dtype, master kind, state dtype) triple of the simulated launches."""
+    return (ctypes.c_int * 3)(DTYPE_CODE[dtype], MASTER_KIND[master], DTYPE_CODE[state_dtype])
+
+
 def optimizer_lists(dtype, master, gen, aligned):
     params = ([torch.randn(n, generator=gen).to(dtype) for n in SIZES] if aligned
               else unaligned_views(SIZES, dtype, gen))
     grads = [torch.randn(p.shape, generator=gen).to(dtype) for p in params]
-    masters = [p.float() for p in params] if master else [None] * len(params)
+    if master == "remainder":  # the remainders of masters that are not bf16 values
+        masters = [torch.randint(-2**15, 2**15, p.shape, generator=gen, dtype=torch.int16) for p in params]
+    else:
+        masters = [p.float() for p in params] if master else [None] * len(params)
     return params, grads, masters
 
 
 @pytest.mark.parametrize("large", [0, 1])
-@pytest.mark.parametrize("dtype,master", [(torch.float32, False), (torch.bfloat16, True),
-                                          (torch.float16, True), (torch.bfloat16, False)])
+@pytest.mark.parametrize("dtype,master,state_dtype", [
+    (torch.float32, False, torch.float32), (torch.bfloat16, True, torch.float32),
+    (torch.float16, True, torch.float32), (torch.bfloat16, False, torch.float32),
+    (torch.bfloat16, "remainder", torch.float32), (torch.bfloat16, "remainder", torch.bfloat16),
+    (torch.float32, False, torch.bfloat16), (torch.float16, True, torch.bfloat16)])
 @pytest.mark.parametrize("aligned", [True, False])
 @pytest.mark.parametrize("amsgrad", [False, True])
-def test_adam_matches_cpu_op(sim, large, dtype, master, aligned, amsgrad):
+def test_adam_matches_cpu_op(sim, large, dtype, master, state_dtype, aligned, amsgrad):
+    """Every param dtype, master kind (remainders bitwise: the CPU op's and the kernel's
+    integer splits agree) and state dtype, stochastic rounding on for bf16 state (the same
+    random bits on both: they depend on the element's index in its tensor only)."""
     gen = torch.Generator().manual_seed(1)
     params, grads, masters = optimizer_lists(dtype, master, gen, aligned)
-    zeros = lambda: [torch.zeros(p.shape) for p in params]  # noqa: E731
+    zeros = lambda: [torch.zeros(p.shape, dtype=state_dtype) for p in params]  # noqa: E731
     state = dict(m=zeros(), v=zeros(), vmax=zeros() if amsgrad else [None] * len(params),
                  step=[torch.zeros(1) for _ in params])
+    seed = 1234 if state_dtype == torch.bfloat16 else None
     ref_params, ref_grads = [p.clone() for p in params], [g.clone() for g in grads]
     ref_masters = [m.clone() if m is not None else None for m in masters]
     ref = {k: [t.clone() if t is not None else None for t in v] for k, v in state.items()}
@@ -111,18 +129,26 @@ def test_adam_matches_cpu_op(sim, large, dtype, master, aligned, amsgrad):
     for _ in range(3):
         rows = [[p, g, m, ma, va, vm, s] for p, g, m, ma, va, vm, s in zip(
             params, grads, masters, state["m"], state["v"], state["vmax"], state["step"])]
-        sim.fa_sim_adam(DTYPE_CODE[dtype], int(master), len(params), ptr_array(rows),
+        sim.fa_sim_adam(kind(dtype, master, state_dtype), len(params), ptr_array(rows),
                         numel_array(params), hyper, flags, ctypes.c_double(1e-2), None,
-                        fptr(inv), None, 1, None, ctypes.c_float(0), large)
+                        fptr(inv), None, 1, None, ctypes.c_float(0), int(seed is not None),
+                        ctypes.c_int64(seed or 0), large)
         ops.adam_step_(ref_params, ref_grads, ref_masters if master else [], ref["m"], ref["v"],
                        ref["vmax"] if amsgrad else [], ref["step"], lr=1e-2, beta1=0.9, beta2=0.99,
                        eps=1e-8, weight_decay=0.01, amsgrad=amsgrad, maximize=False,
-                       decoupled_weight_decay=True, inv_scale=inv)
+                       decoupled_weight_decay=True, inv_scale=inv, rounding_seed=seed)
     for i in range(len(params)):
         assert_bitwise_equal(grads[i], ref_grads[i])  # left unscaled, as the CPU op leaves them
         torch.testing.assert_close(params[i].float(), ref_params[i].float(), rtol=2e-6, atol=1e-7)
-        torch.testing.assert_close(state["v"][i], ref["v"][i], rtol=2e-6, atol=1e-12)
-        if master:
+        if state_dtype == torch.bfloat16:
+            assert_bitwise_equal(state["m"][i], ref["m"][i])
+            assert_bitwise_equal(state["v"][i], ref["v"][i])
+        else:
+            torch.testing.assert_close(state["v"][i], ref["v"][i], rtol=2e-6, atol=1e-12)
+        if master == "remainder":
+            assert_bitwise_equal(masters[i], ref_masters[i])
+            assert_bitwise_equal(params[i], ref_params[i])
+        elif master:
             torch.testing.assert_close(masters[i], ref_masters[i], rtol=2e-6, atol=1e-7)
             assert torch.equal(params[i], masters[i].to(dtype))
         assert state["step"][i].item() == 3.0
@@ -142,8 +168,9 @@ def test_sgd_matches_cpu_op(sim, large, momentum, nesterov):
     flags = (ctypes.c_int * 2)(int(nesterov), 0)
     for _ in range(3):
         rows = [[p, g, m, b, s] for p, g, m, b, s in zip(params, grads, masters, bufs, steps)]
-        sim.fa_sim_sgd(2, 1, len(params), ptr_array(rows), numel_array(params), hyper, flags,
-                       ctypes.c_double(0.1), None, None, 0, None, ctypes.c_float(0), large)
+        sim.fa_sim_sgd(kind(torch.bfloat16, True), len(params), ptr_array(rows), numel_array(params),
+                       hyper, flags, ctypes.c_double(0.1), None, None, 0, None, ctypes.c_float(0),
+                       0, ctypes.c_int64(0), large)
         ops.sgd_step_(ref_params, grads, ref_masters, ref_bufs, ref_steps, lr=0.1,
                       momentum=momentum, dampening=0.1, weight_decay=1e-3, nesterov=nesterov,
                       maximize=False)
@@ -161,9 +188,10 @@ def test_overflow_step_changes_nothing(sim):
     rows = [[p, g, m, a, b, None, s] for p, g, m, a, b, s in zip(params, grads, masters, *state, steps)]
     hyper = (ctypes.c_double * 4)(0.9, 0.999, 1e-8, 0.0)
     flags = (ctypes.c_int * 3)(0, 0, 0)
-    sim.fa_sim_adam(1, 1, len(params), ptr_array(rows), numel_array(params), hyper, flags,
-                    ctypes.c_double(1e-3), None, fptr(torch.tensor([0.5])), fptr(torch.ones(1)), 1,
-                    fptr(torch.tensor([3.0])), ctypes.c_float(1.0), 0)
+    sim.fa_sim_adam(kind(torch.float16, True), len(params), ptr_array(rows), numel_array(params),
+                    hyper, flags, ctypes.c_double(1e-3), None, fptr(torch.tensor([0.5])),
+                    fptr(torch.ones(1)), 1, fptr(torch.tensor([3.0])), ctypes.c_float(1.0), 0,
+                    ctypes.c_int64(0), 0)
     for a, b in zip(params + grads + masters + state[0] + state[1] + steps, snapshot):
         assert torch.equal(a, b)
 
@@ -221,9 +249,9 @@ def test_clipped_adam_matches_cpu_op(sim, large, max_norm):
     rows = [[p, g, m, a, b, None, s] for p, g, m, a, b, s in zip(params, grads, masters, *state, steps)]
     hyper = (ctypes.c_double * 4)(0.9, 0.999, 1e-8, 0.0)
     flags = (ctypes.c_int * 3)(0, 0, 0)
-    sim.fa_sim_adam(2, 1, len(params), ptr_array(rows), numel_array(params), hyper, flags,
-                    ctypes.c_double(1e-3), None, fptr(inv), None, 1, fptr(norm),
-                    ctypes.c_float(max_norm), large)
+    sim.fa_sim_adam(kind(torch.bfloat16, True), len(params), ptr_array(rows), numel_array(params),
+                    hyper, flags, ctypes.c_double(1e-3), None, fptr(inv), None, 1, fptr(norm),
+                    ctypes.c_float(max_norm), 0, ctypes.c_int64(0), large)
     ops.adam_step_(ref[0], ref[1], ref[2], ref[3], ref[4], [], ref[5], lr=1e-3, beta1=0.9,
                    beta2=0.999, eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False,
                    decoupled_weight_decay=False, inv_scale=inv, grad_norm=norm.reshape(()),

@@ -8,8 +8,11 @@ namespace fused_amp::core {
 
 namespace {
 
+// A state list: fp32 or bf16 tensors shaped like the params; with `first` (the op's first state
+// list, already checked) each tensor has the dtype of the first list's for its param.
 void check_states(const char* op, const char* name, at::TensorList list, bool needed,
-                  at::TensorList params, std::vector<at::Tensor>& out) {
+                  at::TensorList params, std::vector<at::Tensor>& out,
+                  const std::vector<at::Tensor>* first = nullptr) {
   if (!needed) {
     TORCH_CHECK_VALUE(list.empty(), op, ": ", name, " must be empty here, got ", list.size(),
                       " tensors");
@@ -17,7 +20,14 @@ void check_states(const char* op, const char* name, at::TensorList list, bool ne
   }
   check_length(op, name, list.size(), params.size(), false);
   for (size_t i = 0; i < list.size(); ++i) {
-    check_partner(op, name, i, list[i], params[i], at::kFloat, true);
+    const at::ScalarType dtype = list[i].defined() ? list[i].scalar_type() : at::kFloat;
+    if (first && !first->empty()) {
+      check_partner(op, name, i, list[i], params[i], (*first)[i].scalar_type(), true);
+      continue;
+    }
+    TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16, op, ": ", name, "[", i,
+                     "] has dtype ", dtype, ", expected Float or BFloat16 (the state dtypes)");
+    check_partner(op, name, i, list[i], params[i], dtype, true);
   }
   out = list.vec();
 }
@@ -42,7 +52,8 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
                           const std::optional<at::Tensor>& inv_scale,
                           const std::optional<at::Tensor>& found_inf,
                           const std::optional<at::Tensor>& grad_norm,
-                          std::optional<double> max_grad_norm, bool unscale_grads,
+                          std::optional<double> max_grad_norm,
+                          std::optional<int64_t> rounding_seed, bool unscale_grads,
                           Staging* staging) {
   StepTensors s;
   s.lr = lr;
@@ -76,6 +87,7 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
     s.grad_norm = *grad_norm;
     s.max_grad_norm = *max_grad_norm;
   }
+  s.rounding_seed = rounding_seed;
   s.write_grads = unscale_grads && (s.inv_scale.has_value() || has_norm);
   check_list(op, "params", params, device, is_reduced_or_float, "float32, float16 and bfloat16",
              true);
@@ -90,12 +102,17 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
     if (!m.has_value() || !m->defined()) continue;
     TORCH_CHECK_VALUE(params[i].scalar_type() != at::kFloat, op, ": master_params[", i,
                       "] is given but params[", i, "] is float32, which is updated in place");
-    check_partner(op, "master_params", i, *m, params[i], at::kFloat, true);
+    // an int16 master is the remainder of a bf16 param (ops/rounding.h)
+    const bool remainder = m->scalar_type() == at::kShort;
+    TORCH_CHECK_TYPE(!remainder || params[i].scalar_type() == at::kBFloat16, op, ": master_params[",
+                     i, "] is an int16 remainder but params[", i, "] is ", params[i].scalar_type(),
+                     "; remainders need bfloat16 params");
+    check_partner(op, "master_params", i, *m, params[i], remainder ? at::kShort : at::kFloat, true);
     s.masters[i] = *m;
   }
   check_states(op, states_a_name, states_a, states_a_name != nullptr, params, s.states_a);
-  check_states(op, states_b_name, states_b, states_b_name != nullptr, params, s.states_b);
-  check_states(op, aux_name, aux, need_aux, params, s.aux);
+  check_states(op, states_b_name, states_b, states_b_name != nullptr, params, s.states_b, &s.states_a);
+  check_states(op, aux_name, aux, need_aux, params, s.aux, s.states_a.empty() ? nullptr : &s.states_a);
   if (need_steps) {
     check_length(op, "steps", steps.size(), params.size(), false);
     for (size_t i = 0; i < steps.size(); ++i) {

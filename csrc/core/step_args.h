@@ -15,16 +15,26 @@ namespace fused_amp::core {
 
 struct StepTensors {
   std::vector<at::Tensor> params, grads, masters, states_a, states_b, aux, steps;
-  // masters[i] is undefined where params[i] is updated in place; states_* and aux follow the op:
-  // Adam: exp_avgs, exp_avg_sqs, max_exp_avg_sqs (amsgrad); SGD: momentum_buffers in aux.
+  // masters[i] is undefined where params[i] is updated in place, fp32 for a master, int16 for the
+  // remainder of a bf16 param (ops/rounding.h); states_* and aux follow the op: Adam: exp_avgs,
+  // exp_avg_sqs, max_exp_avg_sqs (amsgrad); SGD: momentum_buffers in aux. A param's state
+  // tensors are all fp32 or all bf16.
   std::optional<at::Tensor> lr_tensor, inv_scale, found_inf;
   // With grad_norm (the total norm of the unscaled grads) the grads are clipped in the step:
   // multiplied by ops::clip_coef(grad_norm, max_grad_norm) on top of inv_scale.
   std::optional<at::Tensor> grad_norm;
   double max_grad_norm = 0.0;
+  // bf16 state rounds stochastically with this seed (ops::rounding_key), else to nearest even
+  std::optional<int64_t> rounding_seed;
   double lr = 0.0;
   // leave the grads as the step used them (unscaled, clipped), as torch's recipe leaves them
   bool write_grads = false;
+
+  // The dtype of param i's state (all of it has one); fp32 when it has none (SGD without momentum).
+  at::ScalarType state_dtype(size_t i) const {
+    if (!states_a.empty()) return states_a[i].scalar_type();
+    return aux.empty() ? at::kFloat : aux[i].scalar_type();
+  }
 };
 
 // Checks every list against params (length, device, shape, dtype) and the scalars (lr_tensor,
@@ -41,7 +51,8 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
                           const std::optional<at::Tensor>& inv_scale,
                           const std::optional<at::Tensor>& found_inf,
                           const std::optional<at::Tensor>& grad_norm,
-                          std::optional<double> max_grad_norm, bool unscale_grads,
+                          std::optional<double> max_grad_norm,
+                          std::optional<int64_t> rounding_seed, bool unscale_grads,
                           Staging* staging);
 
 // The validated arguments of adam_step_ and sgd_step_, as the devices take them (ops_impl.h).

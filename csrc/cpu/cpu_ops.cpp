@@ -11,6 +11,7 @@
 #include "core/step_args.h"
 #include "cpu/loops.h"
 #include "ops/grad_norm.h"
+#include "ops/rounding.h"
 #include "ops/update_scale.h"
 #include "ops_impl.h"
 
@@ -93,34 +94,58 @@ float step_grad_mult(const core::StepTensors& s) {
   return inv * ops::clip_coef(s.grad_norm->item<float>(), static_cast<float>(s.max_grad_norm));
 }
 
+// The elements [b, e) of param t and its partners, for the loops. `round_key` is the param's
+// ops::rounding_key when its bf16 state rounds stochastically.
 template <typename T>
-UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t e, bool write_grads) {
+UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t e, bool write_grads,
+                        uint32_t round_key) {
   // dtypes are validated: skip data_ptr<T>()'s check, a measurable cost with many small tensors
-  auto at_b = [&](const std::vector<at::Tensor>& list) -> float* {
-    return list.empty() || !list[t].defined() ? nullptr : static_cast<float*>(list[t].data_ptr()) + b;
+  auto at_b = [&](const std::vector<at::Tensor>& list, size_t bytes) -> void* {
+    return list.empty() || !list[t].defined() ? nullptr
+                                               : static_cast<char*>(list[t].data_ptr()) + b * bytes;
   };
+  const size_t state_bytes = c10::elementSize(s.state_dtype(t));
+  const bool remainder = !s.masters.empty() && s.masters[t].defined() && s.masters[t].scalar_type() == at::kShort;
+  void* master = at_b(s.masters, remainder ? 2 : 4);
   return UpdateRange<T>{static_cast<T*>(s.params[t].data_ptr()) + b,
                         static_cast<T*>(s.grads[t].data_ptr()) + b,
-                        at_b(s.masters), at_b(s.states_a), at_b(s.states_b), at_b(s.aux), e - b,
-                        write_grads};
+                        remainder ? nullptr : static_cast<float*>(master),
+                        remainder ? static_cast<c10::BFloat16*>(master) : nullptr,
+                        at_b(s.states_a, state_bytes), at_b(s.states_b, state_bytes),
+                        at_b(s.aux, state_bytes), e - b, b, round_key,
+                        s.rounding_seed.has_value(), write_grads};
 }
 
-// Runs the loop of each param's dtype over every param, with that param's coefficients. Grads
-// multiplied by 1 keep their value: they are written back only when `grad_mult` changes them.
+// Runs the loop of each param's dtype and state dtype over every param, with that param's
+// coefficients (`coeffs[t]`) and rounding key (`round_keys[t]`). Grads multiplied by 1 keep their
+// value: they are written back only when `grad_mult` changes them.
 template <class Coeffs>
 void update_all(const core::StepTensors& s, float grad_mult, const std::vector<Coeffs>& coeffs,
-                void (*on_float)(const UpdateRange<float>&, const Coeffs&),
-                void (*on_half)(const UpdateRange<c10::Half>&, const Coeffs&),
-                void (*on_bfloat16)(const UpdateRange<c10::BFloat16>&, const Coeffs&)) {
+                const std::vector<uint32_t>& round_keys,
+                void (*const (&on_float)[2])(const UpdateRange<float>&, const Coeffs&),
+                void (*const (&on_half)[2])(const UpdateRange<c10::Half>&, const Coeffs&),
+                void (*const (&on_bfloat16)[2])(const UpdateRange<c10::BFloat16>&, const Coeffs&)) {
   const bool w = s.write_grads && grad_mult != 1.f;
   parallel_over(core::flat_offsets(numels_of(s.params)), [&](size_t t, int64_t b, int64_t e) {
+    const int st = s.state_dtype(t) == at::kBFloat16 ? kBFloat16State : kFloatState;
+    const uint32_t key = round_keys[t];
     switch (s.params[t].scalar_type()) {
-      case at::kFloat: on_float(range_of<float>(s, t, b, e, w), coeffs[t]); break;
-      case at::kHalf: on_half(range_of<c10::Half>(s, t, b, e, w), coeffs[t]); break;
-      case at::kBFloat16: on_bfloat16(range_of<c10::BFloat16>(s, t, b, e, w), coeffs[t]); break;
+      case at::kFloat: on_float[st](range_of<float>(s, t, b, e, w, key), coeffs[t]); break;
+      case at::kHalf: on_half[st](range_of<c10::Half>(s, t, b, e, w, key), coeffs[t]); break;
+      case at::kBFloat16: on_bfloat16[st](range_of<c10::BFloat16>(s, t, b, e, w, key), coeffs[t]); break;
       default: TORCH_INTERNAL_ASSERT(false, "dtype passed validation but has no loop");
     }
   });
+}
+
+// Each param's ops::rounding_key for the step it is about to take (none without a seed).
+std::vector<uint32_t> round_keys_of(const core::StepTensors& s) {
+  std::vector<uint32_t> keys(s.params.size(), 0u);
+  if (!s.rounding_seed || s.steps.empty()) return keys;
+  for (size_t t = 0; t < keys.size(); ++t) {
+    keys[t] = ops::rounding_key(*s.rounding_seed, *s.steps[t].data_ptr<float>() + 1.f);
+  }
+  return keys;
 }
 
 void increment_steps(const core::StepTensors& s) {
@@ -190,7 +215,7 @@ void Device::adam(const core::AdamArgs& a) {
     }
   }
   const Loops& k = loops();
-  update_all(s, mult, coeffs, k.adam_float, k.adam_half, k.adam_bfloat16);
+  update_all(s, mult, coeffs, round_keys_of(s), k.adam_float, k.adam_half, k.adam_bfloat16);
   increment_steps(s);
 }
 
@@ -206,7 +231,7 @@ void Device::sgd(const core::SgdArgs& a) {
     coeffs.push_back(ops::sgd_coeffs(a.hyper, lr, first, mult));
   }
   const Loops& k = loops();
-  update_all(s, mult, coeffs, k.sgd_float, k.sgd_half, k.sgd_bfloat16);
+  update_all(s, mult, coeffs, round_keys_of(s), k.sgd_float, k.sgd_half, k.sgd_bfloat16);
   increment_steps(s);
 }
 

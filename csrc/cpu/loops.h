@@ -13,21 +13,32 @@
 
 namespace fused_amp::cpu {
 
-// Pointers are already offset to the range start. A null `master` means the param itself holds
-// the value (fp32 params, or half params with master_weights=False); `aux` is max_exp_avg_sq
-// for Adam (null without amsgrad) and the momentum buffer for SGD (null without momentum).
-// With `write_grad` the grad is left unscaled (grad * inv_scale), as torch's fused steps leave it.
+// Pointers are already offset to the range start, whose index in its tensor is `first`. The
+// fp32 value of the param is `master` when given, else the bf16 param with its 16-bit
+// `remainder` (ops/rounding.h) when given, else the param itself (fp32 params, or half params
+// with master_weights=False). The state (exp_avg, exp_avg_sq; `aux`: max_exp_avg_sq for Adam,
+// null without amsgrad, the momentum buffer for SGD, null without momentum) is fp32 or bf16, as
+// the loop's state type says; bf16 state rounds to nearest, or with `stochastic` by the random
+// bits of `round_key`. With `write_grad` the grad is left unscaled (grad * inv_scale), as torch's
+// fused steps leave it.
 template <typename param_t>
 struct UpdateRange {
   param_t* param;
   param_t* grad;
   float* master;
-  float* exp_avg;
-  float* exp_avg_sq;
-  float* aux;
+  c10::BFloat16* remainder;  // int16 bits, read and written as raw 16-bit values
+  void* exp_avg;
+  void* exp_avg_sq;
+  void* aux;
   int64_t n;
+  int64_t first;
+  uint32_t round_key;
+  bool stochastic;
   bool write_grad;
 };
+
+// The state dtypes a step loop exists for, as indices into the Loops arrays.
+enum StateType : int { kFloatState = 0, kBFloat16State = 1 };
 
 struct Loops {
   const char* isa;
@@ -42,12 +53,13 @@ struct Loops {
   double (*norm_double[3])(const double*, int64_t, float);
   double (*norm_half[3])(const c10::Half*, int64_t, float);
   double (*norm_bfloat16[3])(const c10::BFloat16*, int64_t, float);
-  void (*adam_float)(const UpdateRange<float>&, const ops::AdamCoeffs&);
-  void (*adam_half)(const UpdateRange<c10::Half>&, const ops::AdamCoeffs&);
-  void (*adam_bfloat16)(const UpdateRange<c10::BFloat16>&, const ops::AdamCoeffs&);
-  void (*sgd_float)(const UpdateRange<float>&, const ops::SgdCoeffs&);
-  void (*sgd_half)(const UpdateRange<c10::Half>&, const ops::SgdCoeffs&);
-  void (*sgd_bfloat16)(const UpdateRange<c10::BFloat16>&, const ops::SgdCoeffs&);
+  // indexed by StateType
+  void (*adam_float[2])(const UpdateRange<float>&, const ops::AdamCoeffs&);
+  void (*adam_half[2])(const UpdateRange<c10::Half>&, const ops::AdamCoeffs&);
+  void (*adam_bfloat16[2])(const UpdateRange<c10::BFloat16>&, const ops::AdamCoeffs&);
+  void (*sgd_float[2])(const UpdateRange<float>&, const ops::SgdCoeffs&);
+  void (*sgd_half[2])(const UpdateRange<c10::Half>&, const ops::SgdCoeffs&);
+  void (*sgd_bfloat16[2])(const UpdateRange<c10::BFloat16>&, const ops::SgdCoeffs&);
 };
 
 namespace DEFAULT { const Loops& loops(); }

@@ -38,6 +38,7 @@ static inline bool any_nan(const V& x) {
 // The op templates must come after the vector spellings above to see them.
 #include "cpu/loops.h"
 #include "ops/grad_norm.h"
+#include "ops/rounding.h"
 #include "ops/unscale.h"
 
 namespace fused_amp::cpu::CPU_CAPABILITY {
@@ -158,20 +159,100 @@ double norm_range(const T* x, int64_t n, float inv_scale) {
   return total;
 }
 
-// The fp32 value of the parameter: the master when there is one, else the param itself.
+// ---- 16-bit storage of fp32 values (ops/rounding.h), on vectors -------------------------------
+using VecI = Vectorized<int32_t>;
+static_assert(VecI::size() == VecF::size(), "int32 and float vectors must have the same lanes");
+
+inline VecI bits_of(const VecF& x) { return at::vec::cast<int32_t>(x); }
+inline VecF float_of(const VecI& x) { return at::vec::cast<float>(x); }
+// x >> k with zeros shifted in (at::vec's int32 shift is arithmetic)
+inline VecI shift_right_logical(const VecI& x, int k) {
+  return (x >> VecI(k)) & VecI(static_cast<int32_t>(0xffffffffu >> k));
+}
+
+// Stores the low 16 bits of each lane of (a, b) to p[0, 2 * VecI::size()).
+inline void store_low16(c10::BFloat16* p, const VecI& a, const VecI& b) {
+#if defined(CPU_CAPABILITY_AVX512)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(a));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p) + 1, _mm512_cvtepi32_epi16(b));
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m256i packed = _mm256_packus_epi32(a & VecI(0xffff), b & VecI(0xffff));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_permute4x64_epi64(packed, 0xd8));
+#else
+  int32_t lanes[2 * VecI::size()];
+  a.store(lanes);
+  b.store(lanes + VecI::size());
+  for (int j = 0; j < 2 * VecI::size(); ++j) p[j].x = static_cast<uint16_t>(lanes[j]);
+#endif
+}
+
+// The masters of bf16 params with remainders: bf16 -> fp32 conversion is a 16-bit shift, so
+// loading both as bf16 gives (param << 16) and (remainder << 16) exactly.
+inline void load_master_of(const c10::BFloat16* param, const c10::BFloat16* remainder, VecF& a, VecF& b) {
+  VecF p0, p1, r0, r1;
+  std::tie(p0, p1) = at::vec::convert_to_float<c10::BFloat16>(Vectorized<c10::BFloat16>::loadu(param));
+  std::tie(r0, r1) = at::vec::convert_to_float<c10::BFloat16>(Vectorized<c10::BFloat16>::loadu(remainder));
+  auto join = [](const VecF& p, const VecF& r) {
+    const VecI ri = bits_of(r);
+    const VecI carry = (ri >> VecI(31)) & VecI(0x10000);  // the remainder's top bit: rounded up
+    return float_of((bits_of(p) - carry) | shift_right_logical(ri, 16));
+  };
+  a = join(p0, r0);
+  b = join(p1, r1);
+}
+
+inline void store_master_as(c10::BFloat16* param, c10::BFloat16* remainder, const VecF& a, const VecF& b) {
+  auto rounded = [](const VecF& m) {  // ties away from zero; NaN stays NaN
+    const VecF up = float_of((bits_of(m) + VecI(0x8000)) & VecI(static_cast<int32_t>(0xffff0000u)));
+    return VecF::blendv(up, m, m.isnan());
+  };
+  // the rounded values are bf16 values already: the conversion only packs them
+  at::vec::convert_from_float<c10::BFloat16>(rounded(a), rounded(b)).store(param);
+  store_low16(remainder, bits_of(a), bits_of(b));
+}
+
+// ops::rounding_bits of 2 * VecI::size() consecutive elements from `index` (lowbias32 on lanes).
+inline void rounding_bits2(uint32_t key, int64_t index, VecI& a, VecI& b) {
+  auto mix = [](VecI x) {
+    x = x ^ shift_right_logical(x, 16);
+    x = x * VecI(0x7feb352d);
+    x = x ^ shift_right_logical(x, 15);
+    x = x * VecI(static_cast<int32_t>(0x846ca68bu));
+    return x ^ shift_right_logical(x, 16);
+  };
+  const VecI base(static_cast<int32_t>(static_cast<uint32_t>(index)));
+  const VecI iota = VecI::arange(0, 1);
+  const VecI k(static_cast<int32_t>(key));
+  a = mix(k ^ (base + iota));
+  b = mix(k ^ (base + iota + VecI(VecI::size())));
+}
+
+// ops::stochastic_round_bf16 on a vector, given random bits in the low 16 bits of each lane.
+inline VecF stochastic_round_bf16(const VecF& x, const VecI& random16) {
+  const VecF r = float_of((bits_of(x) + random16) & VecI(static_cast<int32_t>(0xffff0000u)));
+  return VecF::blendv(r, x, x.isnan());
+}
+
+// ---- the step loops ----------------------------------------------------------------------
+
+// The fp32 value of the parameter: the master, or the param joined with its remainder, or the
+// param itself.
 template <typename T>
 inline void load_value(const UpdateRange<T>& r, int64_t i, VecF& a, VecF& b) {
   if (r.master) {
     load2(r.master + i, a, b);
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (r.remainder) return load_master_of(r.param + i, r.remainder + i, a, b);
+    load2(r.param + i, a, b);
   } else {
     load2(r.param + i, a, b);
   }
 }
 
-// Half params that have a master are written by the step but not read: AVX2/AVX-512 builds
-// store them with streaming stores, which skip reading in the lines they overwrite (2 of the 30
-// bytes per parameter an Adam step would move). These stores need the vector's alignment, so
-// the elements before it take the scalar path.
+// Half params that have an fp32 master are written by the step but not read: AVX2/AVX-512
+// builds store them with streaming stores, which skip reading in the lines they overwrite (2 of
+// the 30 bytes per parameter an Adam step would move). These stores need the vector's
+// alignment, so the elements before it take the scalar path.
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 template <typename T>
 constexpr bool kCanStream = !std::is_same_v<T, float>;
@@ -194,6 +275,9 @@ inline void stream_fence() {}
 
 template <typename T>
 inline void store_value(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (r.remainder) return store_master_as(r.param + i, r.remainder + i, a, b);
+  }
   if (r.master) store2(r.master + i, a, b);
   if constexpr (kCanStream<T>) {
     if (stream) return stream_store2(r.param + i, a, b);
@@ -208,6 +292,16 @@ inline void store_unscaled_grad(const UpdateRange<T>& r, int64_t i, const VecF& 
   if (r.write_grad) store2(r.grad + i, g0 * VecF(inv_scale), g1 * VecF(inv_scale));
 }
 
+// A state vector pair to its storage: fp32 as it is, bf16 rounded to nearest even (torch's
+// conversion) or, with `random` (16 random bits per lane), stochastically.
+template <typename S>
+inline void store_state2(S* p, const VecF& a, const VecF& b, const VecI* random) {
+  if constexpr (std::is_same_v<S, c10::BFloat16>) {
+    if (random) return store2(p, stochastic_round_bf16(a, random[0]), stochastic_round_bf16(b, random[1]));
+  }
+  store2(p, a, b);
+}
+
 template <typename T>
 inline float grad_at(const UpdateRange<T>& r, int64_t i, float inv_scale) {
   const float g = static_cast<float>(r.grad[i]);
@@ -217,13 +311,51 @@ inline float grad_at(const UpdateRange<T>& r, int64_t i, float inv_scale) {
 
 template <typename T>
 inline float value_at(const UpdateRange<T>& r, int64_t i) {
-  return r.master ? r.master[i] : static_cast<float>(r.param[i]);
+  if (r.master) return r.master[i];
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (r.remainder) return ops::float_of(ops::master_of(r.param[i].x, r.remainder[i].x));
+  }
+  return static_cast<float>(r.param[i]);
 }
 
 template <typename T>
 inline void set_value_at(const UpdateRange<T>& r, int64_t i, float v) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (r.remainder) {
+      r.param[i].x = ops::param_bits_of_master(ops::bits_of(v));
+      r.remainder[i].x = ops::remainder_of_master(ops::bits_of(v));
+      return;
+    }
+  }
   if (r.master) r.master[i] = v;
   r.param[i] = static_cast<T>(v);
+}
+
+template <typename S>
+inline float state_at(const S* p, int64_t i) {
+  return static_cast<float>(p[i]);
+}
+
+// One state element to its storage (see store_state2); `random16` is used only when stochastic.
+template <typename S>
+inline void set_state_at(S* p, int64_t i, float v, bool stochastic, uint32_t random16) {
+  if constexpr (std::is_same_v<S, c10::BFloat16>) {
+    if (stochastic) v = ops::stochastic_round_bf16(v, random16);
+  }
+  p[i] = static_cast<S>(v);
+}
+
+// The random bits of the vector at i, split for the two states: [0, 1] the low 16 bits of each
+// lane, [2, 3] the high 16 (null when the range rounds to nearest).
+template <typename T>
+inline const VecI* vector_rounding_bits(const UpdateRange<T>& r, int64_t i, VecI (&bits)[4]) {
+  if (!r.stochastic) return nullptr;
+  rounding_bits2(r.round_key, r.first + i, bits[0], bits[1]);
+  bits[2] = shift_right_logical(bits[0], 16);
+  bits[3] = shift_right_logical(bits[1], 16);
+  bits[0] = bits[0] & VecI(0xffff);
+  bits[1] = bits[1] & VecI(0xffff);
+  return bits;
 }
 
 // The vector step is the loop body: a call per vector (GCC keeps the half-precision ones out of
@@ -248,86 +380,99 @@ void update_range(const UpdateRange<T>& r, VectorStep&& vector_step, ScalarStep&
   if (stream) stream_fence();  // order the streaming stores before the threads join
 }
 
-template <typename T>
+template <typename T, typename S>
 void adam_range(const UpdateRange<T>& range, const ops::AdamCoeffs& coeffs) {
   // Local copies: vector stores may alias anything in memory, locals they cannot, so the
   // pointers and coefficients stay in registers instead of being reloaded for every vector.
   const UpdateRange<T> r = range;
   const ops::AdamCoeffs c = coeffs;
+  S* const m = static_cast<S*>(r.exp_avg);
+  S* const v = static_cast<S*>(r.exp_avg_sq);
+  S* const vmax = static_cast<S*>(r.aux);
   update_range(
       r,
       [&](int64_t i, bool stream) FA_ALWAYS_INLINE {
         VecF p0, p1, g0, g1, m0, m1, v0, v1, vmax0(0.f), vmax1(0.f);
         load_value(r, i, p0, p1);
         load2(r.grad + i, g0, g1);
-        load2(r.exp_avg + i, m0, m1);
-        load2(r.exp_avg_sq + i, v0, v1);
-        if (c.amsgrad) load2(r.aux + i, vmax0, vmax1);
+        load2(m + i, m0, m1);
+        load2(v + i, v0, v1);
+        if (c.amsgrad) load2(vmax + i, vmax0, vmax1);
         store_unscaled_grad(r, i, g0, g1, c.inv_scale);
         ops::adam_update(p0, g0, m0, v0, vmax0, c);
         ops::adam_update(p1, g1, m1, v1, vmax1, c);
         store_value(r, i, p0, p1, stream);
-        store2(r.exp_avg + i, m0, m1);
-        store2(r.exp_avg_sq + i, v0, v1);
-        if (c.amsgrad) store2(r.aux + i, vmax0, vmax1);
+        VecI bits[4];
+        const VecI* random = vector_rounding_bits(r, i, bits);
+        store_state2(m + i, m0, m1, random);
+        store_state2(v + i, v0, v1, random ? random + 2 : nullptr);
+        if (c.amsgrad) store_state2(vmax + i, vmax0, vmax1, random ? random + 2 : nullptr);
       },
       [&](int64_t i) {
-        float p = value_at(r, i), vmax = c.amsgrad ? r.aux[i] : 0.f;
-        ops::adam_update(p, grad_at(r, i, c.inv_scale), r.exp_avg[i], r.exp_avg_sq[i], vmax, c);
+        float p = value_at(r, i), mi = state_at(m, i), vi = state_at(v, i);
+        float vmaxi = c.amsgrad ? state_at(vmax, i) : 0.f;
+        ops::adam_update(p, grad_at(r, i, c.inv_scale), mi, vi, vmaxi, c);
         set_value_at(r, i, p);
-        if (c.amsgrad) r.aux[i] = vmax;
+        const uint32_t bits = r.stochastic ? ops::rounding_bits(r.round_key, r.first + i) : 0u;
+        set_state_at(m, i, mi, r.stochastic, bits & 0xffffu);
+        set_state_at(v, i, vi, r.stochastic, bits >> 16);
+        if (c.amsgrad) set_state_at(vmax, i, vmaxi, r.stochastic, bits >> 16);
       });
 }
 
-template <typename T>
+template <typename T, typename S>
 void sgd_range(const UpdateRange<T>& range, const ops::SgdCoeffs& coeffs) {
   const UpdateRange<T> r = range;  // locals, as in adam_range
   const ops::SgdCoeffs c = coeffs;
-  const bool has_buf = r.aux != nullptr;
+  S* const buf = static_cast<S*>(r.aux);
   update_range(
       r,
       [&](int64_t i, bool stream) FA_ALWAYS_INLINE {
         VecF p0, p1, g0, g1, b0(0.f), b1(0.f);
         load_value(r, i, p0, p1);
         load2(r.grad + i, g0, g1);
-        if (has_buf && !c.first_step) load2(r.aux + i, b0, b1);
+        if (buf && !c.first_step) load2(buf + i, b0, b1);
         store_unscaled_grad(r, i, g0, g1, c.inv_scale);
         ops::sgd_update(p0, g0, b0, c);
         ops::sgd_update(p1, g1, b1, c);
         store_value(r, i, p0, p1, stream);
-        if (has_buf) store2(r.aux + i, b0, b1);
+        VecI bits[4];
+        if (buf) store_state2(buf + i, b0, b1, vector_rounding_bits(r, i, bits));
       },
       [&](int64_t i) {
-        float p = value_at(r, i), buf = (has_buf && !c.first_step) ? r.aux[i] : 0.f;
-        ops::sgd_update(p, grad_at(r, i, c.inv_scale), buf, c);
+        float p = value_at(r, i), b = (buf && !c.first_step) ? state_at(buf, i) : 0.f;
+        ops::sgd_update(p, grad_at(r, i, c.inv_scale), b, c);
         set_value_at(r, i, p);
-        if (has_buf) r.aux[i] = buf;
+        if (!buf) return;
+        const uint32_t bits = r.stochastic ? ops::rounding_bits(r.round_key, r.first + i) : 0u;
+        set_state_at(buf, i, b, r.stochastic, bits & 0xffffu);
       });
 }
 
 }  // namespace
 
 const Loops& loops() {
+  using BF16 = c10::BFloat16;
   static const Loops table{
       C10_STRINGIZE(CPU_CAPABILITY),
       unscale_range<float>,
       unscale_range<double>,
       unscale_range<c10::Half>,
-      unscale_range<c10::BFloat16>,
+      unscale_range<BF16>,
       {norm_range<float, ops::NormKind::Inf>, norm_range<float, ops::NormKind::L1>,
        norm_range<float, ops::NormKind::L2>},
       {norm_range<double, ops::NormKind::Inf>, norm_range<double, ops::NormKind::L1>,
        norm_range<double, ops::NormKind::L2>},
       {norm_range<c10::Half, ops::NormKind::Inf>, norm_range<c10::Half, ops::NormKind::L1>,
        norm_range<c10::Half, ops::NormKind::L2>},
-      {norm_range<c10::BFloat16, ops::NormKind::Inf>, norm_range<c10::BFloat16, ops::NormKind::L1>,
-       norm_range<c10::BFloat16, ops::NormKind::L2>},
-      adam_range<float>,
-      adam_range<c10::Half>,
-      adam_range<c10::BFloat16>,
-      sgd_range<float>,
-      sgd_range<c10::Half>,
-      sgd_range<c10::BFloat16>,
+      {norm_range<BF16, ops::NormKind::Inf>, norm_range<BF16, ops::NormKind::L1>,
+       norm_range<BF16, ops::NormKind::L2>},
+      {adam_range<float, float>, adam_range<float, BF16>},
+      {adam_range<c10::Half, float>, adam_range<c10::Half, BF16>},
+      {adam_range<BF16, float>, adam_range<BF16, BF16>},
+      {sgd_range<float, float>, sgd_range<float, BF16>},
+      {sgd_range<c10::Half, float>, sgd_range<c10::Half, BF16>},
+      {sgd_range<BF16, float>, sgd_range<BF16, BF16>},
   };
   return table;
 }

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "cuda/launch.h"
 #include "ops_impl.h"
@@ -52,7 +53,8 @@ struct Scalars {
 
 Scalars scalars_of(const core::StepTensors& st) {
   Scalars r{{st.lr, nullptr, float_ptr(st.inv_scale), float_ptr(st.found_inf), st.write_grads,
-             float_ptr(st.grad_norm), static_cast<float>(st.max_grad_norm)},
+             float_ptr(st.grad_norm), static_cast<float>(st.max_grad_norm),
+             st.rounding_seed.has_value(), st.rounding_seed.value_or(0)},
             {}};
   if (st.lr_tensor) {
     if (st.lr_tensor->device().is_cpu()) {
@@ -76,20 +78,30 @@ void per_dtype(at::TensorList tensors, Ptrs&& ptrs, Launch&& launch) {
   for (const auto& [dtype, list] : by_dtype) launch(dtype_of(static_cast<at::ScalarType>(dtype)), list);
 }
 
-// One optimizer step on the current stream: params grouped by (dtype, has master), one launch
-// sequence per group (`ptrs(i)`: the pointers of param i; `kernel(...)`: a group's launch),
-// then the step counts (those that exist) incremented unless found_inf says overflow.
+MasterKind master_kind(const core::StepTensors& st, size_t i) {
+  if (!st.masters[i].defined()) return MasterKind::None;
+  return st.masters[i].scalar_type() == at::kShort ? MasterKind::Remainder : MasterKind::Fp32;
+}
+
+// One optimizer step on the current stream: params grouped by kind (param dtype, master kind,
+// state dtype), one launch sequence per group (`ptrs(i)`: the pointers of param i;
+// `kernel(...)`: a group's launch), then the step counts (those that exist) incremented unless
+// found_inf says overflow.
 template <class Ptrs, class Kernel>
 void optimizer_step(const core::StepTensors& st, Ptrs&& ptrs, Kernel&& kernel) {
   const c10::cuda::CUDAGuard guard(st.params[0].device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const Scalars sc = scalars_of(st);
-  std::map<std::pair<int, bool>, std::vector<TensorPtrs>> groups;
+  std::map<std::tuple<int, int, int>, std::vector<TensorPtrs>> groups;
   for (size_t i = 0; i < st.params.size(); ++i) {
-    groups[{static_cast<int>(st.params[i].scalar_type()), st.masters[i].defined()}].push_back(ptrs(i));
+    const StepKind k{dtype_of(st.params[i].scalar_type()), master_kind(st, i), dtype_of(st.state_dtype(i))};
+    groups[{static_cast<int>(k.param), static_cast<int>(k.master), static_cast<int>(k.state)}]
+        .push_back(ptrs(i));
   }
   for (const auto& [key, list] : groups) {
-    kernel(dtype_of(static_cast<at::ScalarType>(key.first)), key.second, list, sc.s, stream);
+    const auto [param, master, state] = key;
+    kernel(StepKind{static_cast<Dtype>(param), static_cast<MasterKind>(master), static_cast<Dtype>(state)},
+           list, sc.s, stream);
   }
   if (!st.steps.empty()) {
     std::vector<TensorPtrs> steps;
@@ -151,8 +163,8 @@ void Device::adam(const core::AdamArgs& a) {
                         st.steps[i].data_ptr()},
                        st.params[i].numel());
       },
-      [&](Dtype dtype, bool has_master, const std::vector<TensorPtrs>& list, const StepScalars& s,
-          cudaStream_t stream) { cuda::adam(dtype, has_master, list, a.hyper, s, stream); });
+      [&](const StepKind& kind, const std::vector<TensorPtrs>& list, const StepScalars& s,
+          cudaStream_t stream) { cuda::adam(kind, list, a.hyper, s, stream); });
 }
 
 void Device::sgd(const core::SgdArgs& a) {
@@ -164,8 +176,8 @@ void Device::sgd(const core::SgdArgs& a) {
                         ptr_or_null(st.aux, i), ptr_or_null(st.steps, i)},
                        st.params[i].numel());
       },
-      [&](Dtype dtype, bool has_master, const std::vector<TensorPtrs>& list, const StepScalars& s,
-          cudaStream_t stream) { cuda::sgd(dtype, has_master, list, a.hyper, s, stream); });
+      [&](const StepKind& kind, const std::vector<TensorPtrs>& list, const StepScalars& s,
+          cudaStream_t stream) { cuda::sgd(kind, list, a.hyper, s, stream); });
 }
 
 }  // namespace fused_amp::cuda

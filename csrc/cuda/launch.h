@@ -1,6 +1,6 @@
 #pragma once
 // The CUDA entry points, free of torch headers: cuda_ops.cpp turns tensors into raw pointers
-// and calls these; amp.cu and optim.cu implement them.
+// and calls these; amp.cu, norm.cu, adam.cu and sgd.cu implement them.
 #include <cstdint>
 #include <vector>
 
@@ -56,18 +56,31 @@ struct StepScalars {
   bool write_grads;        // store the grad the step used (unscaled, clipped) back
   const float* grad_norm;  // clip: multiply the grads by ops::clip_coef(*grad_norm, max_grad_norm)
   float max_grad_norm;
+  bool stochastic;        // bf16 state rounds stochastically (ops::rounding_key of rounding_seed)
+  int64_t rounding_seed;
+};
+
+// Where the fp32 value of a param lives: the param itself, an fp32 master, or a bf16 param
+// with an int16 remainder (ops/rounding.h).
+enum class MasterKind : int { None = 0, Fp32 = 1, Remainder = 2 };
+
+// What one launch sequence of an optimizer step is compiled for.
+struct StepKind {
+  Dtype param;
+  MasterKind master;
+  Dtype state;  // Float or BFloat16
 };
 
 // Lists per tensor, in this order: Adam: param, grad, master, exp_avg, exp_avg_sq,
 // max_exp_avg_sq, step; SGD: param, grad, master, momentum_buffer, step. All params share
-// `param_dtype`; master (and the optional lists) are null where absent.
-enum AdamList { kParam = 0, kGrad, kMaster, kExpAvg, kExpAvgSq, kMaxExpAvgSq, kAdamStep };
+// the kind's dtypes; master (and the optional lists) are null where absent.
+enum AdamList { kParam = 0, kGrad, kMasterList, kExpAvg, kExpAvgSq, kMaxExpAvgSq, kAdamStep };
 enum SgdList { kMomentumBuffer = 3, kSgdStep };
 
-void adam(Dtype param_dtype, bool has_master, const std::vector<TensorPtrs>& tensors,
-          const ops::AdamHyper& h, const StepScalars& s, cudaStream_t stream);
-void sgd(Dtype param_dtype, bool has_master, const std::vector<TensorPtrs>& tensors,
-         const ops::SgdHyper& h, const StepScalars& s, cudaStream_t stream);
+void adam(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::AdamHyper& h,
+          const StepScalars& s, cudaStream_t stream);
+void sgd(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::SgdHyper& h,
+         const StepScalars& s, cudaStream_t stream);
 
 // steps[i] += 1 unless found_inf is nonzero; runs after the update that read the old steps.
 void increment_steps(const std::vector<TensorPtrs>& steps, const float* found_inf,

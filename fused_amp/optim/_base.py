@@ -8,11 +8,18 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from fused_amp import _scaling
+from fused_amp.optim import _memory
 from fused_amp.optim._grad_norm import DTensor, check_clip_options, local_shard, total_grad_norm
+from fused_amp.optim._memory import MASTER as _MASTER, REMAINDER as _REMAINDER
 
 _HALF = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
-_MASTER = "master_param"
+
+
+def _master_entry(state):
+    """What the fused op takes as a param's master: the fp32 master, the remainder, or None."""
+    master = state.get(_MASTER)
+    return master if master is not None else state.get(_REMAINDER)
 
 
 class _GroupLists:
@@ -32,7 +39,7 @@ class _GroupLists:
         self.state_dicts = state_dicts
         self.options = options
         self.tensors = {key: list(map(operator.itemgetter(key), state_dicts)) for key in keys}
-        self.masters = list(map(operator.methodcaller("get", _MASTER), state_dicts))
+        self.masters = list(map(_master_entry, state_dicts))
         self.by_device = by_device  # device -> (lists, indices into the group's params)
 
     def still_valid(self, group, params, state, options) -> bool:
@@ -48,8 +55,7 @@ class _GroupLists:
                     return False
         except KeyError:  # a state entry was deleted
             return False
-        masters = map(operator.methodcaller("get", _MASTER), state_dicts)
-        return all(map(operator.is_, masters, self.masters))
+        return all(map(operator.is_, map(_master_entry, state_dicts), self.masters))
 
 
 class _ClipState:
@@ -71,8 +77,13 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
     For each fp16/bf16 parameter (with ``master_weights=True``) the optimizer keeps an fp32 copy
     in ``state[p]["master_param"]``; the update happens there and the parameter receives
-    ``master.to(p.dtype)`` (round to nearest even). All state is fp32 and lives on the
-    parameter's device, the step count included, so a step never syncs with the host.
+    ``master.to(p.dtype)`` (round to nearest even). With ``master_weights="remainder"`` (bf16
+    params) the master is kept exactly in 2 bytes instead of 4: the param holds its high half,
+    rounded to nearest with ties away from zero, and ``state[p]["master_remainder"]`` (int16) its
+    low half; ``state_dict()`` still holds an fp32 ``master_param``. The state is fp32, or bf16
+    with ``state_dtype=torch.bfloat16`` (math in fp32, stored rounded to nearest even, or
+    stochastically with ``stochastic_rounding=True``); it lives on the parameter's device, the
+    step count (fp32) included, so a step never syncs with the host.
 
     A GradScaler (ours, or ``torch.amp.GradScaler``) may set ``grad_scale`` and ``found_inf``
     before calling :meth:`step` (``_step_supports_amp_scaling``): the grads are then unscaled
@@ -88,7 +99,9 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
     _step_supports_amp_scaling = True
     # What a loaded group lacking an option gets (subclasses: as torch's __setstate__ sets it)
-    _group_defaults: Dict[str, Any] = {"master_weights": True, "unscale_grads": True}
+    _group_defaults: Dict[str, Any] = {"master_weights": True, "unscale_grads": True,
+                                       "state_dtype": torch.float32, "stochastic_rounding": False,
+                                       "rounding_seed": 0}
 
     def __init__(self, params, defaults, max_grad_norm=None, grad_norm_type=2.0):
         check_clip_options(max_grad_norm, grad_norm_type)
@@ -102,11 +115,17 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         self._forget_lists()
         super().add_param_group(param_group)
         index = len(self.param_groups) - 1
-        for i, p in enumerate(self.param_groups[-1]["params"]):
+        group = self.param_groups[-1]
+        name = type(self).__name__
+        for i, p in enumerate(group["params"]):
             if p.dtype not in _SUPPORTED:
                 kind = "complex" if p.is_complex() else f"dtype {p.dtype}"
-                raise ValueError(f"{type(self).__name__}: param {i} of group {index} is {kind}; "
+                raise ValueError(f"{name}: param {i} of group {index} is {kind}; "
                                  "only float32, float16 and bfloat16 params are supported")
+        group["rounding_seed"] = _memory.check_memory_options(
+            name, group["master_weights"], group["state_dtype"], group["stochastic_rounding"],
+            group["rounding_seed"])
+        _memory.check_group_params(name, group, index)
 
     # ---- state -------------------------------------------------------------------------
     def _state_keys_for(self, group) -> tuple:
@@ -114,16 +133,34 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     def _init_state(self, p, group):
+        """Create what a param's step needs (moments in the group's state dtype), and bring a
+        master that a checkpoint or a change of ``master_weights`` left in the other form (fp32,
+        or remainder) to the group's."""
         state = self.state[p]
         step = state.get("step")
         if not isinstance(step, torch.Tensor):  # new, or a legacy checkpoint's Python number
             state["step"] = torch.tensor(float(step or 0), dtype=torch.float32, device=p.device)
         elif step.device != p.device:  # e.g. moved to the CPU by ZeroRedundancyOptimizer
             state["step"] = step.to(p.device, torch.float32).reshape(())
+        state_dtype = group["state_dtype"]
         for key in self._state_keys_for(group):
-            if state.get(key) is None:
-                state[key] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
-        if group["master_weights"] and p.dtype in _HALF and _MASTER not in state:
+            value = state.get(key)
+            if value is None:
+                state[key] = torch.zeros_like(p, dtype=state_dtype, memory_format=torch.preserve_format)
+            elif isinstance(value, torch.Tensor) and value.dtype != state_dtype:
+                raise TypeError(f"{type(self).__name__}: state[{key!r}] of a param is {value.dtype} "
+                                f"but its group's state_dtype is {state_dtype}")
+        kind = _memory.master_kind(group)
+        if kind == "remainder":
+            master = state.pop(_MASTER, None)
+            if master is not None:  # loaded, or kept before: the param becomes its high half
+                high, state[_REMAINDER] = _memory.split_master(master)
+                p.detach().copy_(high)
+            elif _REMAINDER not in state:  # a bf16 param is its own master: no low half yet
+                state[_REMAINDER] = torch.zeros_like(p, dtype=torch.int16, memory_format=torch.preserve_format)
+        elif _REMAINDER in state:  # left remainder mode (or master_weights=False): fp32 again
+            state[_MASTER] = _memory.join_master(p, state.pop(_REMAINDER))
+        if kind == "fp32" and p.dtype in _HALF and _MASTER not in state:
             state[_MASTER] = p.detach().to(torch.float32, memory_format=torch.preserve_format)
         return state
 
@@ -135,7 +172,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         params = group["params"]
         grads = [p.grad for p in params]
         keys = self._state_keys_for(group)
-        options = (keys, group["master_weights"])
+        options = (keys, group["master_weights"], group["state_dtype"])
         all_grads = all(g is not None for g in grads)
         cached = self._lists_cache.get(index)
         if all_grads and cached is not None and cached.still_valid(group, params, self.state, options):
@@ -151,7 +188,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             indices.append(i)
             lists["params"].append(p)
             lists["grads"].append(grads[i])
-            lists["master_params"].append(state.get(_MASTER))
+            lists["master_params"].append(_master_entry(state))
             lists["steps"].append(state["step"])
             for key in keys:
                 lists[key].append(state[key])
@@ -220,7 +257,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 lr_tensor = lr if isinstance(lr, torch.Tensor) else None
                 scalars = dict(lr=float(lr) if lr_tensor is None else 0.0, lr_tensor=lr_tensor,
                                inv_scale=inv_scale, found_inf=found_inf,
-                               unscale_grads=group["unscale_grads"])
+                               unscale_grads=group["unscale_grads"],
+                               rounding_seed=_memory.rounding_seed_of(group))
                 if clip is not None:
                     scalars.update(grad_norm=clip[0].to(device, non_blocking=True),
                                    max_grad_norm=clip[1])
@@ -295,17 +333,47 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     # ---- checkpoints -----------------------------------------------------------------------
+    def state_dict(self):
+        """torch's state dict, in which a param kept as bf16 + remainder
+        (``master_weights="remainder"``) has its fp32 ``master_param``, as with
+        ``master_weights=True``: checkpoints load across memory modes and, through
+        :func:`fused_amp.optim.export_fp32`, into ``torch.optim``. State-dict hooks behave as
+        torch's; post-hooks see the fp32 masters."""
+        post_hooks = self._optimizer_state_dict_post_hooks
+        self._optimizer_state_dict_post_hooks = type(post_hooks)()
+        try:
+            state_dict = super().state_dict()
+        finally:
+            self._optimizer_state_dict_post_hooks = post_hooks
+        params = chain.from_iterable(g["params"] for g in self.param_groups)
+        ids: Dict[int, int] = {}  # torch's numbering: params in group order, each once
+        for p in params:
+            ids.setdefault(id(p), len(ids))
+        for p, state in self.state.items():
+            if isinstance(p, torch.Tensor) and _REMAINDER in state:
+                packed = {k: v for k, v in state.items() if k != _REMAINDER}
+                packed[_MASTER] = _memory.join_master(p, state[_REMAINDER])
+                state_dict["state"][ids[id(p)]] = packed
+        for post_hook in post_hooks.values():
+            result = post_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        return state_dict
+
     def load_state_dict(self, state_dict):
         """Load a state dict of this optimizer or of the matching ``torch.optim`` one.
 
-        torch casts loaded state to each param's dtype; here every state tensor stays fp32 (the
-        masters and moments of a bf16 param would lose their precision otherwise), takes the
-        param's device and memory layout, and state missing from a torch checkpoint (masters) is
-        created from the current params at the next step. Load-state-dict hooks behave as
-        torch's: a pre-hook's returned dict is what gets loaded, and post-hooks see the final
-        fp32 state.
+        torch casts loaded state to each param's dtype; here the moments take the group's
+        ``state_dtype`` and every other state tensor is fp32 (the masters and moments of a bf16
+        param would lose their precision otherwise), on the param's device and in its memory
+        layout; state missing from a torch checkpoint (masters) is created from the current
+        params at the next step. The memory options (``master_weights``, ``state_dtype``,
+        ``stochastic_rounding``) stay this optimizer's: a checkpoint of any mode loads into any
+        other. Load-state-dict hooks behave as torch's: a pre-hook's returned dict is what gets
+        loaded, and post-hooks see the final state.
         """
         self._forget_lists()
+        memory = [{k: g[k] for k in _memory.MEMORY_OPTIONS} for g in self.param_groups]
         state_dict = state_dict.copy()
         pre_hooks = self._optimizer_load_state_dict_pre_hooks
         post_hooks = self._optimizer_load_state_dict_post_hooks
@@ -321,16 +389,22 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         finally:
             self._optimizer_load_state_dict_pre_hooks = pre_hooks
             self._optimizer_load_state_dict_post_hooks = post_hooks
+        for group, options in zip(self.param_groups, memory):
+            group.update(options)
         saved_state = state_dict["state"]
         id_map = dict(zip(chain.from_iterable(g["params"] for g in state_dict["param_groups"]),
                           chain.from_iterable(g["params"] for g in self.param_groups)))
+        group_of = {id(p): g for g in self.param_groups for p in g["params"]}
         for saved_id, p in id_map.items():
             if saved_id not in saved_state:
                 continue
             state = self.state[p]
+            group = group_of[id(p)]
+            moments = self._state_keys_for(group)
             for key, value in saved_state[saved_id].items():
                 if isinstance(value, torch.Tensor):
-                    state[key] = _fp32_like(value, p)
+                    dtype = group["state_dtype"] if key in moments else torch.float32
+                    state[key] = _state_like(value, p, dtype)
             self._complete_loaded_state(p, state)
         for post_hook in post_hooks.values():
             post_hook(self)
@@ -363,12 +437,12 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         """Group options a subclass forces whatever the checkpoint says (AdamW: decoupled)."""
 
 
-def _fp32_like(value: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-    """A loaded state tensor as fp32 on ``p``'s device, in ``p``'s layout where it has p's shape."""
+def _state_like(value: torch.Tensor, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A loaded state tensor in ``dtype`` on ``p``'s device, in ``p``'s layout where it has p's shape."""
     if value.shape == p.shape and value.dim() > 0:
-        out = torch.empty_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+        out = torch.empty_like(p, dtype=dtype, memory_format=torch.preserve_format)
         return out.copy_(value)
-    return value.detach().to(device=p.device, dtype=torch.float32, copy=True).reshape(value.shape)
+    return value.detach().to(device=p.device, dtype=dtype, copy=True).reshape(value.shape)
 
 
 def check_torch_flags(name: str, foreach, fused, differentiable):

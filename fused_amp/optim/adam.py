@@ -40,8 +40,18 @@ class Adam(MasterWeightOptimizer):
         maximize (bool): maximize the objective instead of minimizing (default: False).
         differentiable (bool): must be False: the fused step runs outside autograd.
         decoupled_weight_decay (bool): AdamW's decoupled weight decay (default: False).
-        master_weights (bool): keep fp32 masters for fp16/bf16 params (default: True). With
-            False, half params are updated in place (fp32 math and state, rounded each step).
+        master_weights (bool or str): keep fp32 masters for fp16/bf16 params (default: True,
+            also ``"fp32"``). ``"remainder"`` (bf16 params only) keeps the same master exactly
+            in 2 bytes per param instead of 4: the param is its high half (rounded to nearest,
+            ties away from zero, where True rounds ties to even) and an int16 remainder its low
+            half. With False, half params are updated in place (fp32 math, rounded each step).
+        state_dtype (torch.dtype): dtype of ``exp_avg``, ``exp_avg_sq`` and ``max_exp_avg_sq``:
+            torch.float32 (default) or torch.bfloat16 (math in fp32, stored rounded).
+        stochastic_rounding (bool): round bf16 state stochastically instead of to nearest even
+            (default: False); the random bits depend on ``rounding_seed``, the step and the
+            element's index only, so runs repeat exactly and a CUDA graph replays the same.
+        rounding_seed (int, optional): seed of the stochastic rounding (default: drawn from
+            ``torch.initial_seed()``, which ``torch.manual_seed`` sets).
         unscale_grads (bool): after a step that a GradScaler scaled, leave ``p.grad`` unscaled,
             as torch's optimizers do (default: True). False skips that write (2 bytes per param
             for half grads), leaving the grads scaled: for loops that zero them anyway.
@@ -59,7 +69,8 @@ class Adam(MasterWeightOptimizer):
                  differentiable: bool = False, fused: Optional[bool] = None,
                  decoupled_weight_decay: bool = False, master_weights: bool = True,
                  unscale_grads: bool = True, max_grad_norm: Optional[float] = None,
-                 grad_norm_type: float = 2.0):
+                 grad_norm_type: float = 2.0, state_dtype: torch.dtype = torch.float32,
+                 stochastic_rounding: bool = False, rounding_seed: Optional[int] = None):
         # torch.optim.Adam's checks and messages, in its order
         if isinstance(lr, torch.Tensor):
             if foreach and not capturable:
@@ -92,7 +103,9 @@ class Adam(MasterWeightOptimizer):
                         maximize=maximize, foreach=foreach, capturable=capturable,
                         differentiable=differentiable, fused=fused,
                         decoupled_weight_decay=decoupled_weight_decay,
-                        master_weights=master_weights, unscale_grads=unscale_grads)
+                        master_weights=master_weights, unscale_grads=unscale_grads,
+                        state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
+                        rounding_seed=rounding_seed)
         super().__init__(params, defaults, max_grad_norm, grad_norm_type)
 
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, amsgrad=False, maximize=False,
@@ -117,8 +130,9 @@ class AdamW(Adam):
     r"""AdamW (decoupled weight decay) with fp32 master weights; see :class:`Adam`.
 
     Same arguments and defaults as :class:`torch.optim.AdamW` (``weight_decay=1e-2``), plus
-    ``master_weights``, ``unscale_grads``, ``max_grad_norm`` and ``grad_norm_type``. As in torch, its groups always decay decoupled,
-    also when a checkpoint says otherwise.
+    ``master_weights``, ``unscale_grads``, ``max_grad_norm``, ``grad_norm_type``, ``state_dtype``,
+    ``stochastic_rounding`` and ``rounding_seed``. As in torch, its groups always decay
+    decoupled, also when a checkpoint says otherwise.
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3,
@@ -127,12 +141,15 @@ class AdamW(Adam):
                  maximize: bool = False, foreach: Optional[bool] = None, capturable: bool = False,
                  differentiable: bool = False, fused: Optional[bool] = None,
                  master_weights: bool = True, unscale_grads: bool = True,
-                 max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0):
+                 max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
+                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: bool = False,
+                 rounding_seed: Optional[int] = None):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
                          maximize=maximize, capturable=capturable, differentiable=differentiable,
                          fused=fused, decoupled_weight_decay=True, master_weights=master_weights,
                          unscale_grads=unscale_grads, max_grad_norm=max_grad_norm,
-                         grad_norm_type=grad_norm_type)
+                         grad_norm_type=grad_norm_type, state_dtype=state_dtype,
+                         stochastic_rounding=stochastic_rounding, rounding_seed=rounding_seed)
 
     def _fix_group(self, group):
         group["decoupled_weight_decay"] = True

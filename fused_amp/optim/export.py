@@ -3,6 +3,8 @@ import copy
 
 import torch
 
+from fused_amp.optim._memory import MASTER, REMAINDER, join_master
+
 
 def export_fp32(model: torch.nn.Module, optimizer) -> torch.nn.Module:
     """An fp32 copy of ``model`` whose parameters hold the optimizer's fp32 masters.
@@ -18,7 +20,10 @@ def export_fp32(model: torch.nn.Module, optimizer) -> torch.nn.Module:
     model32 = copy.deepcopy(model).float()
     with torch.no_grad():
         for p, p32 in zip(model.parameters(), model32.parameters()):
-            master = optimizer.state.get(p, {}).get("master_param")
+            state = optimizer.state.get(p, {})
+            master = state.get(MASTER)
+            if REMAINDER in state:  # master_weights="remainder": the param holds the high half
+                master = join_master(p, state[REMAINDER])
             if master is not None:
                 p32.copy_(master)
     return model32

@@ -32,7 +32,11 @@ class SGD(MasterWeightOptimizer):
         maximize (bool): maximize the objective instead of minimizing (default: False).
         foreach, fused: accepted with torch's checks; the step is always one fused pass.
         differentiable (bool): must be False: the fused step runs outside autograd.
-        master_weights (bool): keep fp32 masters for fp16/bf16 params (default: True).
+        master_weights (bool or str): keep fp32 masters for fp16/bf16 params (default: True);
+            ``"remainder"`` keeps them as bf16 param + int16 remainder (see
+            :class:`fused_amp.optim.Adam`).
+        state_dtype, stochastic_rounding, rounding_seed: the momentum buffer's dtype and
+            rounding, as for :class:`fused_amp.optim.Adam`'s moments.
         unscale_grads (bool): leave ``p.grad`` unscaled after a GradScaler step, as torch does
             (default: True); see :class:`fused_amp.optim.Adam`.
         max_grad_norm (float, optional): clip the gradients at every step to this total norm
@@ -47,7 +51,9 @@ class SGD(MasterWeightOptimizer):
                  nesterov: bool = False, *, maximize: bool = False, foreach: Optional[bool] = None,
                  differentiable: bool = False, fused: Optional[bool] = None,
                  master_weights: bool = True, unscale_grads: bool = True,
-                 max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0):
+                 max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
+                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: bool = False,
+                 rounding_seed: Optional[int] = None):
         # torch.optim.SGD's checks and messages, in its order
         if isinstance(lr, torch.Tensor) and lr.numel() != 1:
             raise ValueError("Tensor lr must be 1-element")
@@ -60,7 +66,9 @@ class SGD(MasterWeightOptimizer):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                         nesterov=nesterov, maximize=maximize, foreach=foreach,
                         differentiable=differentiable, fused=fused,
-                        master_weights=master_weights, unscale_grads=unscale_grads)
+                        master_weights=master_weights, unscale_grads=unscale_grads,
+                        state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
+                        rounding_seed=rounding_seed)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         check_torch_flags(type(self).__name__, foreach, fused, differentiable)

@@ -1,10 +1,11 @@
-// The CUDA launcher and kernels (csrc/cuda/amp.cu, optim.cu) compiled for the host with the
+// The CUDA launcher and kernels (csrc/cuda/*.cu) compiled for the host with the
 // simulation shim of csrc/cuda/compat.cuh, behind a C interface for ctypes. The test build sets
 // tiny chunk, block and metadata sizes (FUSED_AMP_SIM_*) so that every boundary of the launch
 // plan is reached with small tensors.
 #include "cuda/amp.cu"
 #include "cuda/norm.cu"
-#include "cuda/optim.cu"
+#include "cuda/adam.cu"
+#include "cuda/sgd.cu"
 
 using namespace fused_amp::cuda;
 
@@ -17,6 +18,10 @@ std::vector<TensorPtrs> tensors_of(int n, int lists, void** ptrs, const int64_t*
     out[i].numel = numels[i];
   }
   return out;
+}
+
+StepKind step_kind(const int* kind) {
+  return {static_cast<Dtype>(kind[0]), static_cast<MasterKind>(kind[1]), static_cast<Dtype>(kind[2])};
 }
 
 }  // namespace
@@ -48,30 +53,36 @@ void fa_sim_grad_norm(int dtype, int n, void** ptrs, const int64_t* numels, doub
 
 int64_t fa_sim_norm_chunks(int64_t numel) { return norm_chunks(numel); }
 
-void fa_sim_adam(int dtype, int has_master, int n, void** ptrs, const int64_t* numels,
+// `kind`: param dtype, master kind (0 none, 1 fp32, 2 remainder), state dtype; `seed` with
+// `stochastic` rounds bf16 state stochastically.
+void fa_sim_adam(const int* kind, int n, void** ptrs, const int64_t* numels,
                  const double* hyper, const int* flags, double lr, const float* lr_ptr,
                  const float* inv_scale, const float* found_inf, int write_grads,
-                 const float* grad_norm, float max_grad_norm, int large) {
+                 const float* grad_norm, float max_grad_norm, int stochastic, int64_t seed, int large) {
   fused_amp_sim_large_args = large;
   const fused_amp::ops::AdamHyper h{hyper[0], hyper[1], hyper[2], hyper[3],
                                     flags[0] != 0, flags[1] != 0, flags[2] != 0};
   const auto list = tensors_of(n, 7, ptrs, numels);
-  adam(static_cast<Dtype>(dtype), has_master, list, h,
-       {lr, lr_ptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm}, nullptr);
+  adam(step_kind(kind), list, h,
+       {lr, lr_ptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
+        stochastic != 0, seed},
+       nullptr);
   std::vector<TensorPtrs> steps(n);
   for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kAdamStep]}, 1};
   increment_steps(steps, found_inf, nullptr);
 }
 
-void fa_sim_sgd(int dtype, int has_master, int n, void** ptrs, const int64_t* numels,
+void fa_sim_sgd(const int* kind, int n, void** ptrs, const int64_t* numels,
                 const double* hyper, const int* flags, double lr, const float* inv_scale,
                 const float* found_inf, int write_grads, const float* grad_norm,
-                float max_grad_norm, int large) {
+                float max_grad_norm, int stochastic, int64_t seed, int large) {
   fused_amp_sim_large_args = large;
   const fused_amp::ops::SgdHyper h{hyper[0], hyper[1], hyper[2], flags[0] != 0, flags[1] != 0};
   const auto list = tensors_of(n, 5, ptrs, numels);
-  sgd(static_cast<Dtype>(dtype), has_master, list, h,
-      {lr, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm}, nullptr);
+  sgd(step_kind(kind), list, h,
+      {lr, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
+       stochastic != 0, seed},
+      nullptr);
   if (hyper[0] != 0.0) {
     std::vector<TensorPtrs> steps(n);
     for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kSgdStep]}, 1};

@@ -1,0 +1,158 @@
+#pragma once
+// What the optimizer kernels (adam.cu, sgd.cu) share: one pass per step that reads each grad,
+// updates the fp32 value of the param (master, param with remainder, or the param itself) and
+// the state, and writes the param back rounded to its dtype.
+#include "cuda/multi_tensor_apply.cuh"
+#include "ops/rounding.h"
+
+namespace fused_amp::cuda {
+
+template <typename T>
+FA_DEVICE T* list_at(const void* const p, int64_t start) {
+  return p ? static_cast<T*>(const_cast<void*>(p)) + start : nullptr;
+}
+
+// Everything both optimizers do around their math: pick the fp32 value of the param, write it
+// back, leave the grad unscaled.
+template <typename param_t, MasterKind kMasterKind>
+struct ParamAccess {
+  param_t* param;
+  param_t* grad;
+  void* master;     // float* (kMasterKind == Fp32) or uint16_t* (Remainder)
+  bool write_grad;  // leave the grad as the step used it (unscaled, clipped), as torch's recipe does
+
+  FA_DEVICE float* master_f() const { return static_cast<float*>(master); }
+  FA_DEVICE uint16_t* remainder() const { return static_cast<uint16_t*>(master); }
+  FA_DEVICE uint16_t* param_bits() const { return reinterpret_cast<uint16_t*>(param); }
+
+  FA_DEVICE bool aligned() const {
+    if (!is_aligned(param) || !is_aligned(grad)) return false;
+    if (kMasterKind == MasterKind::Fp32) return is_aligned(master_f());
+    if (kMasterKind == MasterKind::Remainder) return is_aligned(remainder());
+    return true;
+  }
+  FA_DEVICE void load(float (&p)[kILP], float (&g)[kILP], const IlpIndex& ix) const {
+    if constexpr (kMasterKind == MasterKind::Fp32) {
+      load_ilp(p, master_f(), ix);
+    } else if constexpr (kMasterKind == MasterKind::Remainder) {
+      uint16_t hi[kILP], lo[kILP];
+      load_ilp(hi, param_bits(), ix);
+      load_ilp(lo, remainder(), ix);
+#pragma unroll
+      for (int j = 0; j < kILP; ++j) p[j] = ops::float_of(ops::master_of(hi[j], lo[j]));
+    } else {
+      load_ilp(p, param, ix);
+    }
+    load_ilp(g, grad, ix);
+  }
+  FA_DEVICE void store_unscaled_grad(const float (&g)[kILP], float inv_scale, const IlpIndex& ix) const {
+    if (!write_grad) return;
+    float u[kILP];
+#pragma unroll
+    for (int j = 0; j < kILP; ++j) u[j] = g[j] * inv_scale;
+    store_ilp(grad, u, ix);
+  }
+  FA_DEVICE void store(const float (&p)[kILP], const IlpIndex& ix) const {
+    if constexpr (kMasterKind == MasterKind::Remainder) {
+      uint16_t hi[kILP], lo[kILP];
+#pragma unroll
+      for (int j = 0; j < kILP; ++j) {
+        hi[j] = ops::param_bits_of_master(ops::bits_of(p[j]));
+        lo[j] = ops::remainder_of_master(ops::bits_of(p[j]));
+      }
+      store_ilp(param_bits(), hi, ix);
+      store_ilp(remainder(), lo, ix);
+    } else {
+      if constexpr (kMasterKind == MasterKind::Fp32) store_ilp(master_f(), p, ix);
+      store_ilp(param, p, ix);
+    }
+  }
+};
+
+template <typename param_t, MasterKind kMasterKind, class Meta>
+FA_DEVICE ParamAccess<param_t, kMasterKind> param_access(const Meta& meta, int t, int64_t start,
+                                                     bool write_grad) {
+  void* master = nullptr;
+  if (kMasterKind == MasterKind::Fp32) master = list_at<float>(meta.ptr[kMasterList][t], start);
+  if (kMasterKind == MasterKind::Remainder) master = list_at<uint16_t>(meta.ptr[kMasterList][t], start);
+  return {list_at<param_t>(meta.ptr[kParam][t], start), list_at<param_t>(meta.ptr[kGrad][t], start),
+          master, write_grad};
+}
+
+// How a step stores bf16 state: to nearest even, or stochastically with the random bits of
+// (key, element index) (ops/rounding.h). `start` is the chunk's first element in its tensor.
+struct StateRounding {
+  bool stochastic;
+  uint32_t key;
+  int64_t start;
+
+  // The random bits of the kILP elements at ix: [j] for element j.
+  FA_DEVICE void bits(uint32_t (&r)[kILP], const IlpIndex& ix) const {
+#pragma unroll
+    for (int j = 0; j < kILP; ++j) {
+      r[j] = stochastic ? ops::rounding_bits(key, start + ix.base + (ix.packed ? j : j * ix.stride)) : 0u;
+    }
+  }
+};
+
+// Stores state values: fp32 as they are; bf16 rounded to nearest even, or stochastically with
+// the low (`high` false) or high 16 random bits of each element.
+template <typename state_t>
+FA_DEVICE void store_state(state_t* p, const float (&v)[kILP], const uint32_t (&random)[kILP],
+                           bool stochastic, bool high, const IlpIndex& ix) {
+  if constexpr (std::is_same_v<state_t, __nv_bfloat16>) {
+    if (stochastic) {
+      float r[kILP];
+#pragma unroll
+      for (int j = 0; j < kILP; ++j) {
+        r[j] = ops::stochastic_round_bf16(v[j], high ? random[j] >> 16 : random[j] & 0xffffu);
+      }
+      return store_ilp(p, r, ix);  // exact: the values are bf16 values already
+    }
+  }
+  store_ilp(p, v, ix);
+}
+
+FA_DEVICE bool skip(const StepScalars& s) { return s.found_inf && *s.found_inf != 0.f; }
+FA_DEVICE double lr_of(const StepScalars& s) { return s.lr_ptr ? *s.lr_ptr : s.lr; }
+// What the grads are multiplied by: the scaler's 1/scale, times the clip coefficient.
+FA_DEVICE float grad_mult_of(const StepScalars& s) {
+  const float inv = s.inv_scale ? *s.inv_scale : 1.f;
+  return s.grad_norm ? inv * ops::clip_coef(*s.grad_norm, s.max_grad_norm) : inv;
+}
+FA_DEVICE StateRounding rounding_of(const StepScalars& s, float step, int64_t start) {
+  return {s.stochastic, s.stochastic ? ops::rounding_key(s.rounding_seed, step) : 0u, start};
+}
+
+// Calls launch.run<param_t, kMasterKind, state_t>() for the runtime dtypes and master kind.
+template <typename state_t, class Launch>
+void dispatch_param(Dtype dtype, MasterKind master, const Launch& launch) {
+  switch (dtype) {
+    case Dtype::Float: launch.template run<float, MasterKind::None, state_t>(); break;
+    case Dtype::Half:
+      master == MasterKind::None ? launch.template run<__half, MasterKind::None, state_t>()
+                                 : launch.template run<__half, MasterKind::Fp32, state_t>();
+      break;
+    case Dtype::BFloat16:
+      switch (master) {
+        case MasterKind::None: launch.template run<__nv_bfloat16, MasterKind::None, state_t>(); break;
+        case MasterKind::Fp32: launch.template run<__nv_bfloat16, MasterKind::Fp32, state_t>(); break;
+        case MasterKind::Remainder:
+          launch.template run<__nv_bfloat16, MasterKind::Remainder, state_t>();
+          break;
+      }
+      break;
+    case Dtype::Double: throw std::invalid_argument("fused_amp: float64 params are not supported");
+  }
+}
+
+template <class Launch>
+void dispatch(const StepKind& kind, const Launch& launch) {
+  if (kind.state == Dtype::BFloat16) {
+    dispatch_param<__nv_bfloat16>(kind.param, kind.master, launch);
+  } else {
+    dispatch_param<float>(kind.param, kind.master, launch);
+  }
+}
+
+}  // namespace fused_amp::cuda

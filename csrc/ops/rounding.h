@@ -1,0 +1,84 @@
+#pragma once
+// Two ways to keep fp32 values in 16 bits (scalar spellings; the CPU's vector ones are in
+// cpu/loops_impl.h and compute the same bits):
+// - an exact fp32 master as a bf16 param plus a 16-bit remainder (TransformerEngine's
+//   store_param_remainders): the remainder is the master's low 16 bits, and the param is the
+//   master rounded to nearest with ties away from zero, so that the pair gives the master back;
+// - bf16 optimizer state rounded stochastically, with random bits that depend on a seed, the step
+//   and the element's index in its tensor only (no thread count, no device, no launch plan).
+#include <cstdint>
+#include <cstring>
+
+#include "ops/common.h"
+
+namespace fused_amp::ops {
+
+FA_HD uint32_t bits_of(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+#endif
+}
+
+FA_HD float float_of(uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(b);
+#else
+  float x;
+  std::memcpy(&x, &b, sizeof x);
+  return x;
+#endif
+}
+
+FA_HD bool is_nan_bits(uint32_t b) { return (b & 0x7fffffffu) > 0x7f800000u; }
+
+// The bf16 param of a master: round to nearest, ties away from zero (adding half a bf16 ulp to
+// the magnitude bits carries into the high half exactly when the low half is >= 0x8000). A NaN
+// master keeps its high half with the quiet bit set, so that the param is a NaN too.
+FA_HD uint16_t param_bits_of_master(uint32_t m) {
+  return static_cast<uint16_t>(is_nan_bits(m) ? (m >> 16) | 0x40u : (m + 0x8000u) >> 16);
+}
+FA_HD uint16_t remainder_of_master(uint32_t m) { return static_cast<uint16_t>(m & 0xffffu); }
+// The master again: the param's bits, less the carry the rounding added, over the remainder.
+// Exact for every master that is not NaN (a NaN master comes back as a NaN).
+FA_HD uint32_t master_of(uint16_t param, uint16_t remainder) {
+  return ((static_cast<uint32_t>(param) - (remainder >> 15)) << 16) | remainder;
+}
+
+// A 32-bit integer hash (Chris Wellons' lowbias32): every input bit changes about half the
+// output bits, with two multiplies.
+FA_HD uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// The key of one step of one optimizer: its seed and the (1-based) step count.
+FA_HD uint32_t rounding_key(int64_t seed, float step) {
+  const uint64_t s = static_cast<uint64_t>(seed);
+  return mix32(static_cast<uint32_t>(s) ^ mix32(static_cast<uint32_t>(s >> 32) ^
+                                               mix32(static_cast<uint32_t>(step))));
+}
+
+// 32 random bits for the element at `index`: the low 16 round the first state (exp_avg, the
+// momentum buffer), the high 16 the second (exp_avg_sq, and max_exp_avg_sq with the same bits,
+// so that equal fp32 values stay equal in bf16).
+FA_HD uint32_t rounding_bits(uint32_t key, int64_t index) {
+  return mix32(key ^ static_cast<uint32_t>(index));
+}
+
+// x rounded to a bf16 value stochastically: up in magnitude with probability (low 16 bits of x)
+// / 2^16, given 16 uniform random bits. The result is exact in bf16 (its low half is zero);
+// NaN stays NaN.
+FA_HD float stochastic_round_bf16(float x, uint32_t random16) {
+  const uint32_t b = bits_of(x);
+  return is_nan_bits(b) ? x : float_of((b + random16) & 0xffff0000u);
+}
+
+}  // namespace fused_amp::ops
