@@ -28,14 +28,16 @@ build: $(STAMP)
 
 # The CPU kernels exist once per instruction set; the numerics tests run on each of them
 # (ATEN_CPU_CAPABILITY picks torch's and ours alike), then the whole suite on the native one.
-NUMERICS_TESTS := tests/test_unscale.py tests/test_optim.py tests/test_clip.py
+NUMERICS_TESTS := tests/test_unscale.py tests/test_optim.py tests/test_clip.py tests/test_memory_modes.py
 
 test: build
 	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q $(NUMERICS_TESTS)
 	ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -q $(NUMERICS_TESTS)
 	$(PY) -m pytest -q tests
 
+# the outside references of the memory suite's convergence runs are optional
 bench: build
+	$(PY) -m pip install -r requirements-bench.txt || echo "optional benchmark dependencies not installed: their rows are skipped"
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
 
 # No venv: the GPU machine's own interpreter and torch; results in $$FUSED_AMP_GPU_OUT.

@@ -62,9 +62,10 @@ class ScalerStep:
                 + [t for s in self.optimizer.state.values() for t in s.values()])
 
 
-def fused_amp_step(params, opt_name, device, max_grad_norm=None):
+def fused_amp_step(params, opt_name, device, max_grad_norm=None, **options):
+    """fused_amp's step; ``options`` go to the optimizer (the memory modes)."""
     cls, _, kw = OPTIMIZERS[opt_name]
-    optimizer = cls(params, **kw, **FUSED_AMP_SETTINGS, max_grad_norm=max_grad_norm)
+    optimizer = cls(params, **kw, **FUSED_AMP_SETTINGS, max_grad_norm=max_grad_norm, **options)
     return ScalerStep(params, optimizer, fused_amp.GradScaler, device)
 
 

@@ -76,7 +76,8 @@ def markdown_table(records: List[Dict], suite: str) -> str:
     others = sorted({o for r in rows for o in r["speedup_vs"]})
     head = ["case", "impl", "time ms (range)", "Gparam/s", "GB/s", "of ceiling"]
     head += [f"× vs {o}" for o in others]
-    extra = [k for k in ("loss", "tokens_per_s", "host_syncs_per_step", "peak_mem_bytes", "state_bytes")
+    extra = [k for k in ("loss", "loss_spread", "tokens_per_s", "host_syncs_per_step", "peak_mem_bytes",
+                         "state_bytes")
              if any(r.get(k) is not None for r in rows)]
     head += extra
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -89,7 +90,7 @@ def markdown_table(records: List[Dict], suite: str) -> str:
         for k in extra:
             v = r.get(k)
             cells.append(_fmt(v / 2 ** 20, 0) + " MiB" if k.endswith("bytes") and v is not None
-                         else _fmt(v, 4 if k == "loss" else 0))
+                         else _fmt(v, 4 if k.startswith("loss") else 0))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -218,7 +219,7 @@ def write_markdown(path: str, machine: Dict, ceiling: Dict, records: List[Dict],
     if skipped:
         parts += ["Skipped: " + "; ".join(f"{s['suite']} {s['case']} ({s['reason']})" for s in skipped), ""]
     parts += [f"{suite}: {text}" for suite, text in (notes or {}).items()] + ([""] if notes else [])
-    for suite in ("unscale", "optimizer", "train", "scaling", "distributed"):
+    for suite in ("unscale", "optimizer", "memory", "train", "scaling", "distributed"):
         table = markdown_table(records, suite)
         if table:
             parts += [f"## {suite}", "", table, ""]

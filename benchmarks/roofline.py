@@ -18,11 +18,19 @@ BYTES_PER_PARAM = {
     # Adam with gradient clipping: the global norm must be known before any update, so the grads
     # are read once more (half 2, fp32 4) before the fused update above
     ("adam_clip", "bfloat16"): 30, ("adam_clip", "float16"): 30, ("adam_clip", "float32"): 32,
+    # the memory modes on bf16 params (master_weights="remainder", state_dtype=torch.bfloat16):
+    #   remainder: read g 2, p 2, remainder 2, m 4, v 4; write p 2, remainder 2, m 4, v 4
+    ("adam_remainder", "bfloat16"): 26,
+    #   bf16 state: read g 2, master 4, m 2, v 2; write master 4, m 2, v 2, p 2
+    ("adam_bf16_state", "bfloat16"): 20,
+    #   both: read g 2, p 2, remainder 2, m 2, v 2; write p 2, remainder 2, m 2, v 2
+    ("adam_remainder_bf16_state", "bfloat16"): 18,
 }
 
 
 def bytes_per_param(op: str, dtype: str) -> int:
-    """Roofline bytes per parameter of ``op`` ("unscale", "adam", "adamw", "sgd", "adam_clip")."""
+    """Roofline bytes per parameter of ``op`` ("unscale", "adam", "adamw", "sgd", "adam_clip",
+    and the memory modes "adam_remainder", "adam_bf16_state", "adam_remainder_bf16_state")."""
     return BYTES_PER_PARAM[("adam" if op == "adamw" else op, dtype)]
 
 

@@ -3,8 +3,8 @@
     python benchmarks/run.py [--device cpu|cuda] [--quick] [--repeat N] [--out DIR]
                              [--suite NAME ...] [--params N] [--time-budget SECONDS]
 
-Suites: ceiling (always first: every ceiling_frac refers to it), unscale, optimizer, train,
-scaling, distributed. The whole plan runs --repeat times (3 in a full run, 1 in a quick one), implementations
+Suites: ceiling (always first: every ceiling_frac refers to it), unscale, optimizer, memory,
+train, scaling, distributed. The whole plan runs --repeat times (3 in a full run, 1 in a quick one), implementations
 timed in turns within each; a case is reported by the median of the repeats' medians and their
 range, and fused_amp is called faster or slower only when every repeat agrees. Writes
 DIR/results.json, DIR/results.md and PNG plots, and ends with a summary.

@@ -156,10 +156,12 @@ def test_adam_matches_cpu_op(sim, large, dtype, master, state_dtype, aligned, am
 
 @pytest.mark.parametrize("large", [0, 1])
 @pytest.mark.parametrize("momentum,nesterov", [(0.0, False), (0.9, False), (0.9, True)])
-def test_sgd_matches_cpu_op(sim, large, momentum, nesterov):
+@pytest.mark.parametrize("master,state_dtype", [(True, torch.float32), ("remainder", torch.bfloat16)])
+def test_sgd_matches_cpu_op(sim, large, momentum, nesterov, master, state_dtype):
     gen = torch.Generator().manual_seed(2)
-    params, grads, masters = optimizer_lists(torch.bfloat16, True, gen, aligned=True)
-    bufs = [torch.zeros(p.shape) for p in params] if momentum else [None] * len(params)
+    params, grads, masters = optimizer_lists(torch.bfloat16, master, gen, aligned=True)
+    bufs = [torch.zeros(p.shape, dtype=state_dtype) for p in params] if momentum else [None] * len(params)
+    seed = 99 if state_dtype == torch.bfloat16 else None
     steps = [torch.zeros(1) for _ in params] if momentum else [None] * len(params)
     ref_params, ref_masters = [p.clone() for p in params], [m.clone() for m in masters]
     ref_bufs = [b.clone() for b in bufs] if momentum else []
@@ -168,15 +170,21 @@ def test_sgd_matches_cpu_op(sim, large, momentum, nesterov):
     flags = (ctypes.c_int * 2)(int(nesterov), 0)
     for _ in range(3):
         rows = [[p, g, m, b, s] for p, g, m, b, s in zip(params, grads, masters, bufs, steps)]
-        sim.fa_sim_sgd(kind(torch.bfloat16, True), len(params), ptr_array(rows), numel_array(params),
-                       hyper, flags, ctypes.c_double(0.1), None, None, 0, None, ctypes.c_float(0),
-                       0, ctypes.c_int64(0), large)
+        sim.fa_sim_sgd(kind(torch.bfloat16, master, state_dtype), len(params), ptr_array(rows),
+                       numel_array(params), hyper, flags, ctypes.c_double(0.1), None, None, 0, None,
+                       ctypes.c_float(0), int(seed is not None), ctypes.c_int64(seed or 0), large)
         ops.sgd_step_(ref_params, grads, ref_masters, ref_bufs, ref_steps, lr=0.1,
                       momentum=momentum, dampening=0.1, weight_decay=1e-3, nesterov=nesterov,
-                      maximize=False)
+                      maximize=False, rounding_seed=seed)
     for i in range(len(params)):
-        torch.testing.assert_close(masters[i], ref_masters[i], rtol=2e-6, atol=1e-7)
-        assert torch.equal(params[i], masters[i].bfloat16())
+        if master == "remainder":  # the integer split and the random bits: the same on both
+            assert_bitwise_equal(masters[i], ref_masters[i])
+            assert_bitwise_equal(params[i], ref_params[i])
+            if momentum:
+                assert_bitwise_equal(bufs[i], ref_bufs[i])
+        else:
+            torch.testing.assert_close(masters[i], ref_masters[i], rtol=2e-6, atol=1e-7)
+            assert torch.equal(params[i], masters[i].bfloat16())
 
 
 def test_overflow_step_changes_nothing(sim):

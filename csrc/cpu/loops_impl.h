@@ -24,6 +24,24 @@ static inline VecF nan_max_(const VecF& a, const VecF& b) { return at::vec::maxi
 static inline VecD nan_max_(const VecD& a, const VecD& b) { return at::vec::maximum(a, b); }
 static inline VecF nonfinite_probe(const VecF& x) { return x * VecF(0.f); }
 static inline VecD nonfinite_probe(const VecD& x) { return x * VecD(0.0); }
+// Two vectors updated as one value: each operation of the math is issued for both before the
+// next, so that their long dependency chains (Adam's square root and two divisions) overlap
+// instead of one waiting behind the other's in the processor's window.
+struct VecF2 {
+  VecF a, b;
+  VecF2() = default;
+  explicit VecF2(float x) : a(x), b(x) {}
+  VecF2(const VecF& a_, const VecF& b_) : a(a_), b(b_) {}
+};
+static inline VecF2 operator+(const VecF2& x, const VecF2& y) { return {x.a + y.a, x.b + y.b}; }
+static inline VecF2 operator-(const VecF2& x, const VecF2& y) { return {x.a - y.a, x.b - y.b}; }
+static inline VecF2 operator*(const VecF2& x, const VecF2& y) { return {x.a * y.a, x.b * y.b}; }
+static inline VecF2 operator/(const VecF2& x, const VecF2& y) { return {x.a / y.a, x.b / y.b}; }
+static inline VecF2 sqrt_(const VecF2& x) { return {x.a.sqrt(), x.b.sqrt()}; }
+static inline VecF2 max_(const VecF2& x, const VecF2& y) { return {max_(x.a, y.a), max_(x.b, y.b)}; }
+static inline VecF2 fma_(const VecF2& x, const VecF2& y, const VecF2& z) {
+  return {fma_(x.a, y.a, z.a), fma_(x.b, y.b, z.b)};
+}
 template <typename V>
 static inline bool any_nan(const V& x) {
   typename V::value_type lanes[V::size()];
@@ -167,7 +185,13 @@ inline VecI bits_of(const VecF& x) { return at::vec::cast<int32_t>(x); }
 inline VecF float_of(const VecI& x) { return at::vec::cast<float>(x); }
 // x >> k with zeros shifted in (at::vec's int32 shift is arithmetic)
 inline VecI shift_right_logical(const VecI& x, int k) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_srli_epi32(x, k);
+#elif defined(CPU_CAPABILITY_AVX2)
+  return _mm256_srli_epi32(x, k);
+#else
   return (x >> VecI(k)) & VecI(static_cast<int32_t>(0xffffffffu >> k));
+#endif
 }
 
 // Stores the low 16 bits of each lane of (a, b) to p[0, 2 * VecI::size()).
@@ -201,13 +225,19 @@ inline void load_master_of(const c10::BFloat16* param, const c10::BFloat16* rema
   b = join(p1, r1);
 }
 
+// Stores fp32 values that are bf16 values already (low halves zero) as bf16: their high halves,
+// without the rounding of a conversion.
+inline void store_exact_bf16(c10::BFloat16* p, const VecF& a, const VecF& b) {
+  store_low16(p, shift_right_logical(bits_of(a), 16), shift_right_logical(bits_of(b), 16));
+}
+
 inline void store_master_as(c10::BFloat16* param, c10::BFloat16* remainder, const VecF& a, const VecF& b) {
-  auto rounded = [](const VecF& m) {  // ties away from zero; NaN stays NaN
-    const VecF up = float_of((bits_of(m) + VecI(0x8000)) & VecI(static_cast<int32_t>(0xffff0000u)));
-    return VecF::blendv(up, m, m.isnan());
+  auto rounded = [](const VecF& m) {  // ties away from zero; a NaN keeps its high half, made quiet
+    const VecI bits = bits_of(m);
+    const VecF up = float_of((bits + VecI(0x8000)) & VecI(static_cast<int32_t>(0xffff0000u)));
+    return VecF::blendv(up, float_of(bits | VecI(0x400000)), m.isnan());
   };
-  // the rounded values are bf16 values already: the conversion only packs them
-  at::vec::convert_from_float<c10::BFloat16>(rounded(a), rounded(b)).store(param);
+  store_exact_bf16(param, rounded(a), rounded(b));
   store_low16(remainder, bits_of(a), bits_of(b));
 }
 
@@ -229,8 +259,9 @@ inline void rounding_bits2(uint32_t key, int64_t index, VecI& a, VecI& b) {
 
 // ops::stochastic_round_bf16 on a vector, given random bits in the low 16 bits of each lane.
 inline VecF stochastic_round_bf16(const VecF& x, const VecI& random16) {
-  const VecF r = float_of((bits_of(x) + random16) & VecI(static_cast<int32_t>(0xffff0000u)));
-  return VecF::blendv(r, x, x.isnan());
+  const VecI bits = bits_of(x);
+  const VecF r = float_of((bits + random16) & VecI(static_cast<int32_t>(0xffff0000u)));
+  return VecF::blendv(r, float_of(bits | VecI(0x400000)), x.isnan());
 }
 
 // ---- the step loops ----------------------------------------------------------------------
@@ -297,7 +328,7 @@ inline void store_unscaled_grad(const UpdateRange<T>& r, int64_t i, const VecF& 
 template <typename S>
 inline void store_state2(S* p, const VecF& a, const VecF& b, const VecI* random) {
   if constexpr (std::is_same_v<S, c10::BFloat16>) {
-    if (random) return store2(p, stochastic_round_bf16(a, random[0]), stochastic_round_bf16(b, random[1]));
+    if (random) return store_exact_bf16(p, stochastic_round_bf16(a, random[0]), stochastic_round_bf16(b, random[1]));
   }
   store2(p, a, b);
 }
@@ -392,21 +423,20 @@ void adam_range(const UpdateRange<T>& range, const ops::AdamCoeffs& coeffs) {
   update_range(
       r,
       [&](int64_t i, bool stream) FA_ALWAYS_INLINE {
-        VecF p0, p1, g0, g1, m0, m1, v0, v1, vmax0(0.f), vmax1(0.f);
-        load_value(r, i, p0, p1);
-        load2(r.grad + i, g0, g1);
-        load2(m + i, m0, m1);
-        load2(v + i, v0, v1);
-        if (c.amsgrad) load2(vmax + i, vmax0, vmax1);
-        store_unscaled_grad(r, i, g0, g1, c.inv_scale);
-        ops::adam_update(p0, g0, m0, v0, vmax0, c);
-        ops::adam_update(p1, g1, m1, v1, vmax1, c);
-        store_value(r, i, p0, p1, stream);
+        ops::VecF2 p, g, mv, vv, vmaxv(0.f);
+        load_value(r, i, p.a, p.b);
+        load2(r.grad + i, g.a, g.b);
+        load2(m + i, mv.a, mv.b);
+        load2(v + i, vv.a, vv.b);
+        if (c.amsgrad) load2(vmax + i, vmaxv.a, vmaxv.b);
+        store_unscaled_grad(r, i, g.a, g.b, c.inv_scale);
+        ops::adam_update(p, g, mv, vv, vmaxv, c);
+        store_value(r, i, p.a, p.b, stream);
         VecI bits[4];
         const VecI* random = vector_rounding_bits(r, i, bits);
-        store_state2(m + i, m0, m1, random);
-        store_state2(v + i, v0, v1, random ? random + 2 : nullptr);
-        if (c.amsgrad) store_state2(vmax + i, vmax0, vmax1, random ? random + 2 : nullptr);
+        store_state2(m + i, mv.a, mv.b, random);
+        store_state2(v + i, vv.a, vv.b, random ? random + 2 : nullptr);
+        if (c.amsgrad) store_state2(vmax + i, vmaxv.a, vmaxv.b, random ? random + 2 : nullptr);
       },
       [&](int64_t i) {
         float p = value_at(r, i), mi = state_at(m, i), vi = state_at(v, i);
@@ -428,16 +458,15 @@ void sgd_range(const UpdateRange<T>& range, const ops::SgdCoeffs& coeffs) {
   update_range(
       r,
       [&](int64_t i, bool stream) FA_ALWAYS_INLINE {
-        VecF p0, p1, g0, g1, b0(0.f), b1(0.f);
-        load_value(r, i, p0, p1);
-        load2(r.grad + i, g0, g1);
-        if (buf && !c.first_step) load2(buf + i, b0, b1);
-        store_unscaled_grad(r, i, g0, g1, c.inv_scale);
-        ops::sgd_update(p0, g0, b0, c);
-        ops::sgd_update(p1, g1, b1, c);
-        store_value(r, i, p0, p1, stream);
+        ops::VecF2 p, g, b(0.f);
+        load_value(r, i, p.a, p.b);
+        load2(r.grad + i, g.a, g.b);
+        if (buf && !c.first_step) load2(buf + i, b.a, b.b);
+        store_unscaled_grad(r, i, g.a, g.b, c.inv_scale);
+        ops::sgd_update(p, g, b, c);
+        store_value(r, i, p.a, p.b, stream);
         VecI bits[4];
-        if (buf) store_state2(buf + i, b0, b1, vector_rounding_bits(r, i, bits));
+        if (buf) store_state2(buf + i, b.a, b.b, vector_rounding_bits(r, i, bits));
       },
       [&](int64_t i) {
         float p = value_at(r, i), b = (buf && !c.first_step) ? state_at(buf, i) : 0.f;

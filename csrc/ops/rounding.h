@@ -74,11 +74,11 @@ FA_HD uint32_t rounding_bits(uint32_t key, int64_t index) {
 }
 
 // x rounded to a bf16 value stochastically: up in magnitude with probability (low 16 bits of x)
-// / 2^16, given 16 uniform random bits. The result is exact in bf16 (its low half is zero);
-// NaN stays NaN.
+// / 2^16, given 16 uniform random bits. The result is exact in bf16 (its low half is zero); a
+// NaN keeps its high half, made quiet, so that it stays a NaN there.
 FA_HD float stochastic_round_bf16(float x, uint32_t random16) {
   const uint32_t b = bits_of(x);
-  return is_nan_bits(b) ? x : float_of((b + random16) & 0xffff0000u);
+  return float_of(is_nan_bits(b) ? (b | 0x400000u) & 0xffff0000u : (b + random16) & 0xffff0000u);
 }
 
 }  // namespace fused_amp::ops
