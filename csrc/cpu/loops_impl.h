@@ -210,16 +210,29 @@ inline void store_low16(c10::BFloat16* p, const VecI& a, const VecI& b) {
 #endif
 }
 
-// The masters of bf16 params with remainders: bf16 -> fp32 conversion is a 16-bit shift, so
-// loading both as bf16 gives (param << 16) and (remainder << 16) exactly.
+// Loads 2 * VecI::size() 16-bit values, zero-extended to the lanes of (a, b).
+inline void load_low16(const c10::BFloat16* p, VecI& a, VecI& b) {
+#if defined(CPU_CAPABILITY_AVX512)
+  a = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  b = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p) + 1));
+#elif defined(CPU_CAPABILITY_AVX2)
+  a = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  b = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p) + 1));
+#else
+  int32_t lanes[2 * VecI::size()];
+  for (int j = 0; j < 2 * VecI::size(); ++j) lanes[j] = p[j].x;
+  a = VecI::loadu(lanes);
+  b = VecI::loadu(lanes + VecI::size());
+#endif
+}
+
+// The masters of bf16 params with remainders (ops::master_of on lanes).
 inline void load_master_of(const c10::BFloat16* param, const c10::BFloat16* remainder, VecF& a, VecF& b) {
-  VecF p0, p1, r0, r1;
-  std::tie(p0, p1) = at::vec::convert_to_float<c10::BFloat16>(Vectorized<c10::BFloat16>::loadu(param));
-  std::tie(r0, r1) = at::vec::convert_to_float<c10::BFloat16>(Vectorized<c10::BFloat16>::loadu(remainder));
-  auto join = [](const VecF& p, const VecF& r) {
-    const VecI ri = bits_of(r);
-    const VecI carry = (ri >> VecI(31)) & VecI(0x10000);  // the remainder's top bit: rounded up
-    return float_of((bits_of(p) - carry) | shift_right_logical(ri, 16));
+  VecI p0, p1, r0, r1;
+  load_low16(param, p0, p1);
+  load_low16(remainder, r0, r1);
+  auto join = [](const VecI& p, const VecI& r) {  // the remainder's top bit: the param rounded up
+    return float_of(((p - shift_right_logical(r, 15)) << VecI(16)) | r);
   };
   a = join(p0, r0);
   b = join(p1, r1);
