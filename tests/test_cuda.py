@@ -18,10 +18,10 @@ pytestmark = pytest.mark.cuda
 SHAPES = [(1000, 33), (65537,), (7,), (0,), (3, 5, 9)]
 
 
-def run_optimizer(cls, kw, dtype, master_weights, device, steps=5):
+def run_optimizer(cls, kw, dtype, master_weights, device, steps=5, **options):
     gen = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(s, generator=gen).to(device, dtype)) for s in SHAPES]
-    opt = cls(params, master_weights=master_weights, **kw)
+    opt = cls(params, master_weights=master_weights, **kw, **options)
     for step in range(steps + 1):
         for p in params:
             p.grad = (torch.randn(p.shape, generator=gen) * 256).to(device, dtype)
@@ -68,6 +68,25 @@ def test_optimizer_cuda_bitwise_equal_to_cpu(cls, torch_cls, kw, dtype, master_w
                 cause = "double pow differs between CUDA and the CPU for these betas"
             diff = (a.double() - b.double()).abs().max().item()
             pytest.fail(f"tensor {i} differs (max abs diff {diff:g}); {cause}")
+
+
+MEMORY_MODES = {"remainder": dict(master_weights="remainder"),
+                "bf16-state": dict(master_weights=True, state_dtype=torch.bfloat16),
+                "remainder-bf16-state-sr": dict(master_weights="remainder", state_dtype=torch.bfloat16,
+                                                stochastic_rounding=True, rounding_seed=11)}
+
+
+@pytest.mark.parametrize("mode", list(MEMORY_MODES))
+@pytest.mark.parametrize("cls,torch_cls,kw", CASES, ids=IDS)
+def test_memory_modes_cuda_bitwise_equal_to_cpu(cls, torch_cls, kw, mode):
+    """bf16 params in each memory mode: the remainder split and the stochastic rounding's bits
+    are integer work on both sides, the math as above: everything agrees bit for bit."""
+    options = dict(MEMORY_MODES[mode])
+    master_weights = options.pop("master_weights")
+    cpu = run_optimizer(cls, kw, torch.bfloat16, master_weights, "cpu", **options)
+    gpu = run_optimizer(cls, kw, torch.bfloat16, master_weights, "cuda", **options)
+    for i, (a, b) in enumerate(zip(gpu, cpu)):
+        assert_bitwise_equal(a, b, f"tensor {i}")
 
 
 # ---- unscale_ and non_finite_check_ against torch's CUDA kernel ------------------------------
@@ -184,11 +203,17 @@ def test_clipped_adam_step_cuda_bitwise_equal_to_cpu(dtype, max_norm):
 # ---- a whole training step: no host sync, CUDA graph capture ------------------------------
 
 def optimizer_factories():
-    """Our optimizers on fp16 params (plain, then clipping every step), and torch's fused ones on
-    fp32 params, each with our scaler."""
+    """Our optimizers on fp16 params (plain, then clipping every step), on bf16 params with both
+    memory modes and stochastic rounding (whose random bits follow the step count on the device,
+    so a replay rounds as the eager step does), and torch's fused ones on fp32 params, each with
+    our scaler."""
     out = [(e.ours.__name__, torch.float16, lambda ps, e=e: e.ours(ps, **e.options[-1])) for e in OPTIMIZERS]
     out += [(f"{e.ours.__name__}-max_grad_norm", torch.float16,
              lambda ps, e=e: e.ours(ps, max_grad_norm=0.05, **e.options[-1])) for e in OPTIMIZERS]
+    out += [(f"{e.ours.__name__}-remainder-bf16-state-sr", torch.bfloat16,
+             lambda ps, e=e: e.ours(ps, master_weights="remainder", state_dtype=torch.bfloat16,
+                                    stochastic_rounding=True, rounding_seed=5, **e.options[-1]))
+            for e in OPTIMIZERS]
     out += [(f"torch-{e.theirs.__name__}-fused", torch.float32,
              lambda ps, e=e: e.theirs(ps, fused=True, **e.options[-1])) for e in OPTIMIZERS]
     return out
@@ -227,8 +252,8 @@ def test_training_step_has_no_host_sync(name, dtype, make_opt):
         torch.cuda.set_sync_debug_mode("default")
 
 
-@pytest.mark.parametrize("name,dtype,make_opt", FACTORIES[:2 * len(OPTIMIZERS)],
-                         ids=[f[0] for f in FACTORIES[:2 * len(OPTIMIZERS)]])
+@pytest.mark.parametrize("name,dtype,make_opt", FACTORIES[:3 * len(OPTIMIZERS)],
+                         ids=[f[0] for f in FACTORIES[:3 * len(OPTIMIZERS)]])
 def test_training_step_captured_in_a_cuda_graph_equals_eager(name, dtype, make_opt):
     model, opt, scaler, x = setup(dtype, make_opt)
     ref_model, ref_opt, ref_scaler, _ = setup(dtype, make_opt)
