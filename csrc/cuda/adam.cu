@@ -41,22 +41,11 @@ struct AdamFunctor {
   }
 };
 
-struct AdamLaunch {
-  const std::vector<TensorPtrs>& tensors;
-  const ops::AdamHyper& h;
-  const StepScalars& s;
-  cudaStream_t stream;
-  template <typename param_t, MasterKind kMasterKind, typename state_t>
-  void run() const {
-    multi_tensor_apply<7>(tensors, AdamFunctor<param_t, kMasterKind, state_t>{h, s}, stream);
-  }
-};
-
 }  // namespace
 
 void adam(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::AdamHyper& h,
           const StepScalars& s, cudaStream_t stream) {
-  dispatch(kind, AdamLaunch{tensors, h, s, stream});
+  launch_step<7, AdamFunctor>(kind, tensors, h, s, stream);
 }
 
 }  // namespace fused_amp::cuda

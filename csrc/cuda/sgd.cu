@@ -37,17 +37,6 @@ struct SgdFunctor {
   }
 };
 
-struct SgdLaunch {
-  const std::vector<TensorPtrs>& tensors;
-  const ops::SgdHyper& h;
-  const StepScalars& s;
-  cudaStream_t stream;
-  template <typename param_t, MasterKind kMasterKind, typename state_t>
-  void run() const {
-    multi_tensor_apply<5>(tensors, SgdFunctor<param_t, kMasterKind, state_t>{h, s}, stream);
-  }
-};
-
 struct IncrementStepFunctor {
   const float* found_inf;
 
@@ -62,7 +51,7 @@ struct IncrementStepFunctor {
 
 void sgd(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::SgdHyper& h,
          const StepScalars& s, cudaStream_t stream) {
-  dispatch(kind, SgdLaunch{tensors, h, s, stream});
+  launch_step<5, SgdFunctor>(kind, tensors, h, s, stream);
 }
 
 void increment_steps(const std::vector<TensorPtrs>& steps, const float* found_inf,

@@ -146,8 +146,24 @@ void dispatch_param(Dtype dtype, MasterKind master, const Launch& launch) {
   }
 }
 
-template <class Launch>
-void dispatch(const StepKind& kind, const Launch& launch) {
+// One optimizer step's launches: Functor<param_t, kMasterKind, state_t>{hyper, scalars} over
+// tensors with kLists pointers each, for the kind's dtypes and master kind.
+template <int kLists, template <typename, MasterKind, typename> class Functor, class Hyper>
+struct StepLaunch {
+  const std::vector<TensorPtrs>& tensors;
+  const Hyper& h;
+  const StepScalars& s;
+  cudaStream_t stream;
+  template <typename param_t, MasterKind kMasterKind, typename state_t>
+  void run() const {
+    multi_tensor_apply<kLists>(tensors, Functor<param_t, kMasterKind, state_t>{h, s}, stream);
+  }
+};
+
+template <int kLists, template <typename, MasterKind, typename> class Functor, class Hyper>
+void launch_step(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const Hyper& h,
+                 const StepScalars& s, cudaStream_t stream) {
+  const StepLaunch<kLists, Functor, Hyper> launch{tensors, h, s, stream};
   if (kind.state == Dtype::BFloat16) {
     dispatch_param<__nv_bfloat16>(kind.param, kind.master, launch);
   } else {
