@@ -24,24 +24,6 @@ static inline VecF nan_max_(const VecF& a, const VecF& b) { return at::vec::maxi
 static inline VecD nan_max_(const VecD& a, const VecD& b) { return at::vec::maximum(a, b); }
 static inline VecF nonfinite_probe(const VecF& x) { return x * VecF(0.f); }
 static inline VecD nonfinite_probe(const VecD& x) { return x * VecD(0.0); }
-// Two vectors updated as one value: each operation of the math is issued for both before the
-// next, so that their long dependency chains (Adam's square root and two divisions) overlap
-// instead of one waiting behind the other's in the processor's window.
-struct VecF2 {
-  VecF a, b;
-  VecF2() = default;
-  explicit VecF2(float x) : a(x), b(x) {}
-  VecF2(const VecF& a_, const VecF& b_) : a(a_), b(b_) {}
-};
-static inline VecF2 operator+(const VecF2& x, const VecF2& y) { return {x.a + y.a, x.b + y.b}; }
-static inline VecF2 operator-(const VecF2& x, const VecF2& y) { return {x.a - y.a, x.b - y.b}; }
-static inline VecF2 operator*(const VecF2& x, const VecF2& y) { return {x.a * y.a, x.b * y.b}; }
-static inline VecF2 operator/(const VecF2& x, const VecF2& y) { return {x.a / y.a, x.b / y.b}; }
-static inline VecF2 sqrt_(const VecF2& x) { return {x.a.sqrt(), x.b.sqrt()}; }
-static inline VecF2 max_(const VecF2& x, const VecF2& y) { return {max_(x.a, y.a), max_(x.b, y.b)}; }
-static inline VecF2 fma_(const VecF2& x, const VecF2& y, const VecF2& z) {
-  return {fma_(x.a, y.a, z.a), fma_(x.b, y.b, z.b)};
-}
 template <typename V>
 static inline bool any_nan(const V& x) {
   typename V::value_type lanes[V::size()];
@@ -436,20 +418,21 @@ void adam_range(const UpdateRange<T>& range, const ops::AdamCoeffs& coeffs) {
   update_range(
       r,
       [&](int64_t i, bool stream) FA_ALWAYS_INLINE {
-        ops::VecF2 p, g, mv, vv, vmaxv(0.f);
-        load_value(r, i, p.a, p.b);
-        load2(r.grad + i, g.a, g.b);
-        load2(m + i, mv.a, mv.b);
-        load2(v + i, vv.a, vv.b);
-        if (c.amsgrad) load2(vmax + i, vmaxv.a, vmaxv.b);
-        store_unscaled_grad(r, i, g.a, g.b, c.inv_scale);
-        ops::adam_update(p, g, mv, vv, vmaxv, c);
-        store_value(r, i, p.a, p.b, stream);
+        VecF p0, p1, g0, g1, m0, m1, v0, v1, vmax0(0.f), vmax1(0.f);
+        load_value(r, i, p0, p1);
+        load2(r.grad + i, g0, g1);
+        load2(m + i, m0, m1);
+        load2(v + i, v0, v1);
+        if (c.amsgrad) load2(vmax + i, vmax0, vmax1);
+        store_unscaled_grad(r, i, g0, g1, c.inv_scale);
+        ops::adam_update(p0, g0, m0, v0, vmax0, c);
+        ops::adam_update(p1, g1, m1, v1, vmax1, c);
+        store_value(r, i, p0, p1, stream);
         VecI bits[4];
         const VecI* random = vector_rounding_bits(r, i, bits);
-        store_state2(m + i, mv.a, mv.b, random);
-        store_state2(v + i, vv.a, vv.b, random ? random + 2 : nullptr);
-        if (c.amsgrad) store_state2(vmax + i, vmaxv.a, vmaxv.b, random ? random + 2 : nullptr);
+        store_state2(m + i, m0, m1, random);
+        store_state2(v + i, v0, v1, random ? random + 2 : nullptr);
+        if (c.amsgrad) store_state2(vmax + i, vmax0, vmax1, random ? random + 2 : nullptr);
       },
       [&](int64_t i) {
         float p = value_at(r, i), mi = state_at(m, i), vi = state_at(v, i);
@@ -471,15 +454,16 @@ void sgd_range(const UpdateRange<T>& range, const ops::SgdCoeffs& coeffs) {
   update_range(
       r,
       [&](int64_t i, bool stream) FA_ALWAYS_INLINE {
-        ops::VecF2 p, g, b(0.f);
-        load_value(r, i, p.a, p.b);
-        load2(r.grad + i, g.a, g.b);
-        if (buf && !c.first_step) load2(buf + i, b.a, b.b);
-        store_unscaled_grad(r, i, g.a, g.b, c.inv_scale);
-        ops::sgd_update(p, g, b, c);
-        store_value(r, i, p.a, p.b, stream);
+        VecF p0, p1, g0, g1, b0(0.f), b1(0.f);
+        load_value(r, i, p0, p1);
+        load2(r.grad + i, g0, g1);
+        if (buf && !c.first_step) load2(buf + i, b0, b1);
+        store_unscaled_grad(r, i, g0, g1, c.inv_scale);
+        ops::sgd_update(p0, g0, b0, c);
+        ops::sgd_update(p1, g1, b1, c);
+        store_value(r, i, p0, p1, stream);
         VecI bits[4];
-        if (buf) store_state2(buf + i, b.a, b.b, vector_rounding_bits(r, i, bits));
+        if (buf) store_state2(buf + i, b0, b1, vector_rounding_bits(r, i, bits));
       },
       [&](int64_t i) {
         float p = value_at(r, i), b = (buf && !c.first_step) ? state_at(buf, i) : 0.f;
