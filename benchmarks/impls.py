@@ -132,13 +132,19 @@ def build_steps(shapes, opt_name: str, half_dtype: torch.dtype, device: str, imp
     out = {}
     values, grads = random_values(shapes, device)  # drawn once: the same data for every impl
     for impl in impls:
-        dtype = param_dtype(impl, half_dtype)
-        params = [torch.nn.Parameter(v.to(dtype, copy=True)) for v in values]
-        pristine = [g.to(dtype, copy=True) for g in grads]
-        for p, g in zip(params, pristine):
-            p.grad = g.clone()
+        params, pristine = params_with_grads(values, grads, param_dtype(impl, half_dtype))
         out[impl] = (STEP_CLASSES[impl](params, opt_name, device, max_grad_norm), pristine)
     return out
+
+
+def params_with_grads(values, grads, dtype: torch.dtype):
+    """Params holding ``values`` in ``dtype`` with ``grads`` as their .grad, and the pristine
+    grads that a step's ``prepare`` copies back."""
+    params = [torch.nn.Parameter(v.to(dtype, copy=True)) for v in values]
+    pristine = [g.to(dtype, copy=True) for g in grads]
+    for p, g in zip(params, pristine):
+        p.grad = g.clone()
+    return params, pristine
 
 
 def refresh_grads(step_obj, pristine):

@@ -45,12 +45,10 @@ def run_modes(ctx, shapes):
     steps = {}
     for name, (options, _) in MODES.items():
         dtype = torch.float32 if name.endswith("[fp32 params]") else torch.bfloat16
-        params = [torch.nn.Parameter(v.to(dtype, copy=True)) for v in values]
-        pristine = [g.to(dtype, copy=True) for g in grads]
-        for p, g in zip(params, pristine):
-            p.grad = g.clone()
+        params, pristine = impls.params_with_grads(values, grads, dtype)
         steps[name] = (impls.fused_amp_step(params, "adam", ctx.device, **options), pristine)
-    steps["torch_amp"] = impls.build_steps(shapes, "adam", torch.bfloat16, ctx.device, impls=("torch_amp",))["torch_amp"]
+    params, pristine = impls.params_with_grads(values, grads, torch.float32)  # the same data
+    steps["torch_amp"] = (impls.torch_amp_step(params, "adam", ctx.device), pristine)
     timed = [harness.Impl(name, step.step, (lambda s=step, p=pristine: impls.refresh_grads(s, p)))
              for name, (step, pristine) in steps.items()]
     times = harness.time_alternating(timed, ctx.device, ctx.reps)

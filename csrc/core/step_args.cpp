@@ -19,15 +19,12 @@ void check_states(const char* op, const char* name, at::TensorList list, bool ne
     return;
   }
   check_length(op, name, list.size(), params.size(), false);
+  const bool follows_first = first && !first->empty();
   for (size_t i = 0; i < list.size(); ++i) {
     const at::ScalarType dtype = list[i].defined() ? list[i].scalar_type() : at::kFloat;
-    if (first && !first->empty()) {
-      check_partner(op, name, i, list[i], params[i], (*first)[i].scalar_type(), true);
-      continue;
-    }
-    TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16, op, ": ", name, "[", i,
-                     "] has dtype ", dtype, ", expected Float or BFloat16 (the state dtypes)");
-    check_partner(op, name, i, list[i], params[i], dtype, true);
+    TORCH_CHECK_TYPE(follows_first || dtype == at::kFloat || dtype == at::kBFloat16, op, ": ", name,
+                     "[", i, "] has dtype ", dtype, ", expected Float or BFloat16 (the state dtypes)");
+    check_partner(op, name, i, list[i], params[i], follows_first ? (*first)[i].scalar_type() : dtype, true);
   }
   out = list.vec();
 }

@@ -30,6 +30,10 @@ struct StepTensors {
   // leave the grads as the step used them (unscaled, clipped), as torch's recipe leaves them
   bool write_grads = false;
 
+  // Whether param i's master is the int16 remainder of a bf16 param (not an fp32 master).
+  bool is_remainder(size_t i) const {
+    return !masters.empty() && masters[i].defined() && masters[i].scalar_type() == at::kShort;
+  }
   // The dtype of param i's state (all of it has one); fp32 when it has none (SGD without momentum).
   at::ScalarType state_dtype(size_t i) const {
     if (!states_a.empty()) return states_a[i].scalar_type();

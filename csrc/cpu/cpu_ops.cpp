@@ -105,7 +105,7 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
                                                : static_cast<char*>(list[t].data_ptr()) + b * bytes;
   };
   const size_t state_bytes = c10::elementSize(s.state_dtype(t));
-  const bool remainder = !s.masters.empty() && s.masters[t].defined() && s.masters[t].scalar_type() == at::kShort;
+  const bool remainder = s.is_remainder(t);
   void* master = at_b(s.masters, remainder ? 2 : 4);
   return UpdateRange<T>{static_cast<T*>(s.params[t].data_ptr()) + b,
                         static_cast<T*>(s.grads[t].data_ptr()) + b,

@@ -226,13 +226,17 @@ inline void store_exact_bf16(c10::BFloat16* p, const VecF& a, const VecF& b) {
   store_low16(p, shift_right_logical(bits_of(a), 16), shift_right_logical(bits_of(b), 16));
 }
 
+// ops::round_bits_to_bf16 on a vector: x rounded to a bf16 value by adding `addend` to its
+// magnitude bits; a NaN keeps its high half, made quiet.
+inline VecF round_to_bf16(const VecF& x, const VecI& addend) {
+  const VecI bits = bits_of(x);
+  const VecI mask(static_cast<int32_t>(0xffff0000u));
+  return VecF::blendv(float_of((bits + addend) & mask), float_of((bits | VecI(0x400000)) & mask), x.isnan());
+}
+
 inline void store_master_as(c10::BFloat16* param, c10::BFloat16* remainder, const VecF& a, const VecF& b) {
-  auto rounded = [](const VecF& m) {  // ties away from zero; a NaN keeps its high half, made quiet
-    const VecI bits = bits_of(m);
-    const VecF up = float_of((bits + VecI(0x8000)) & VecI(static_cast<int32_t>(0xffff0000u)));
-    return VecF::blendv(up, float_of(bits | VecI(0x400000)), m.isnan());
-  };
-  store_exact_bf16(param, rounded(a), rounded(b));
+  const VecI half_ulp(0x8000);  // to nearest, ties away from zero (ops::param_bits_of_master)
+  store_exact_bf16(param, round_to_bf16(a, half_ulp), round_to_bf16(b, half_ulp));
   store_low16(remainder, bits_of(a), bits_of(b));
 }
 
@@ -250,13 +254,6 @@ inline void rounding_bits2(uint32_t key, int64_t index, VecI& a, VecI& b) {
   const VecI k(static_cast<int32_t>(key));
   a = mix(k ^ (base + iota));
   b = mix(k ^ (base + iota + VecI(VecI::size())));
-}
-
-// ops::stochastic_round_bf16 on a vector, given random bits in the low 16 bits of each lane.
-inline VecF stochastic_round_bf16(const VecF& x, const VecI& random16) {
-  const VecI bits = bits_of(x);
-  const VecF r = float_of((bits + random16) & VecI(static_cast<int32_t>(0xffff0000u)));
-  return VecF::blendv(r, float_of(bits | VecI(0x400000)), x.isnan());
 }
 
 // ---- the step loops ----------------------------------------------------------------------
@@ -323,7 +320,7 @@ inline void store_unscaled_grad(const UpdateRange<T>& r, int64_t i, const VecF& 
 template <typename S>
 inline void store_state2(S* p, const VecF& a, const VecF& b, const VecI* random) {
   if constexpr (std::is_same_v<S, c10::BFloat16>) {
-    if (random) return store_exact_bf16(p, stochastic_round_bf16(a, random[0]), stochastic_round_bf16(b, random[1]));
+    if (random) return store_exact_bf16(p, round_to_bf16(a, random[0]), round_to_bf16(b, random[1]));
   }
   store2(p, a, b);
 }

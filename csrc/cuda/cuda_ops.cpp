@@ -80,7 +80,7 @@ void per_dtype(at::TensorList tensors, Ptrs&& ptrs, Launch&& launch) {
 
 MasterKind master_kind(const core::StepTensors& st, size_t i) {
   if (!st.masters[i].defined()) return MasterKind::None;
-  return st.masters[i].scalar_type() == at::kShort ? MasterKind::Remainder : MasterKind::Fp32;
+  return st.is_remainder(i) ? MasterKind::Remainder : MasterKind::Fp32;
 }
 
 // One optimizer step on the current stream: params grouped by kind (param dtype, master kind,
@@ -92,16 +92,14 @@ void optimizer_step(const core::StepTensors& st, Ptrs&& ptrs, Kernel&& kernel) {
   const c10::cuda::CUDAGuard guard(st.params[0].device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const Scalars sc = scalars_of(st);
-  std::map<std::tuple<int, int, int>, std::vector<TensorPtrs>> groups;
+  std::map<std::tuple<Dtype, MasterKind, Dtype>, std::vector<TensorPtrs>> groups;
   for (size_t i = 0; i < st.params.size(); ++i) {
-    const StepKind k{dtype_of(st.params[i].scalar_type()), master_kind(st, i), dtype_of(st.state_dtype(i))};
-    groups[{static_cast<int>(k.param), static_cast<int>(k.master), static_cast<int>(k.state)}]
+    groups[{dtype_of(st.params[i].scalar_type()), master_kind(st, i), dtype_of(st.state_dtype(i))}]
         .push_back(ptrs(i));
   }
   for (const auto& [key, list] : groups) {
     const auto [param, master, state] = key;
-    kernel(StepKind{static_cast<Dtype>(param), static_cast<MasterKind>(master), static_cast<Dtype>(state)},
-           list, sc.s, stream);
+    kernel(StepKind{param, master, state}, list, sc.s, stream);
   }
   if (!st.steps.empty()) {
     std::vector<TensorPtrs> steps;

@@ -35,11 +35,17 @@ FA_HD float float_of(uint32_t b) {
 
 FA_HD bool is_nan_bits(uint32_t b) { return (b & 0x7fffffffu) > 0x7f800000u; }
 
-// The bf16 param of a master: round to nearest, ties away from zero (adding half a bf16 ulp to
-// the magnitude bits carries into the high half exactly when the low half is >= 0x8000). A NaN
-// master keeps its high half with the quiet bit set, so that the param is a NaN too.
+// The bits of an fp32 value rounded to a bf16 value (low half zero) by adding `addend` (below
+// 2^16) to its magnitude bits: the high half goes up exactly when the low half plus the addend
+// carries. A NaN keeps its high half with the quiet bit set, so that it stays a NaN there. Both
+// roundings below are this one with another addend.
+FA_HD uint32_t round_bits_to_bf16(uint32_t b, uint32_t addend) {
+  return (is_nan_bits(b) ? b | 0x400000u : b + addend) & 0xffff0000u;
+}
+
+// The bf16 param of a master: round to nearest, ties away from zero (half a bf16 ulp added).
 FA_HD uint16_t param_bits_of_master(uint32_t m) {
-  return static_cast<uint16_t>(is_nan_bits(m) ? (m >> 16) | 0x40u : (m + 0x8000u) >> 16);
+  return static_cast<uint16_t>(round_bits_to_bf16(m, 0x8000u) >> 16);
 }
 FA_HD uint16_t remainder_of_master(uint32_t m) { return static_cast<uint16_t>(m & 0xffffu); }
 // The master again: the param's bits, less the carry the rounding added, over the remainder.
@@ -74,11 +80,9 @@ FA_HD uint32_t rounding_bits(uint32_t key, int64_t index) {
 }
 
 // x rounded to a bf16 value stochastically: up in magnitude with probability (low 16 bits of x)
-// / 2^16, given 16 uniform random bits. The result is exact in bf16 (its low half is zero); a
-// NaN keeps its high half, made quiet, so that it stays a NaN there.
+// / 2^16, given 16 uniform random bits. The result is exact in bf16 (its low half is zero).
 FA_HD float stochastic_round_bf16(float x, uint32_t random16) {
-  const uint32_t b = bits_of(x);
-  return float_of(is_nan_bits(b) ? (b | 0x400000u) & 0xffff0000u : (b + random16) & 0xffff0000u);
+  return float_of(round_bits_to_bf16(bits_of(x), random16));
 }
 
 }  // namespace fused_amp::ops
