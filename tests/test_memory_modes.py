@@ -124,6 +124,31 @@ def test_split_and_join_are_exact_on_every_kind_of_float():
     assert torch.equal(split_master(m)[0].double(), nearest)
 
 
+@pytest.mark.parametrize("cls", [Adam, SGD])
+def test_the_step_splits_and_joins_every_kind_of_float(cls):
+    """The kernels' split and join on random bit patterns (NaNs among them, so that some vectors
+    hold a NaN and some not): a step at lr 0 keeps each master, and leaves param and remainder as
+    split_master gives them; a NaN master stays a NaN."""
+    gen = torch.Generator().manual_seed(1)
+    masters = torch.randint(-2**31, 2**31 - 1, (100_003,), generator=gen, dtype=torch.int32).view(torch.float32)
+    masters[::97] = math.inf
+    p = torch.nn.Parameter(torch.zeros(masters.shape, dtype=torch.bfloat16))
+    opt = cls([p], lr=0.0, master_weights="remainder")
+    opt.load_state_dict({"state": {0: {"master_param": masters.clone(), "step": torch.tensor(0.0)}},
+                         "param_groups": copy.deepcopy(opt.state_dict()["param_groups"])})
+    p.grad = torch.zeros_like(p)
+    opt.step()  # splits the loaded master
+    opt.step()  # joins it, and splits it again
+    finite = ~masters.isnan()
+    param, remainder = split_master(masters)
+    assert_bitwise_equal(bits(p.detach())[finite], bits(param)[finite])
+    assert_bitwise_equal(opt.state[p]["master_remainder"][finite], remainder[finite])
+    assert p.detach()[~finite].isnan().all()
+    back = join_master(p, opt.state[p]["master_remainder"])
+    assert_bitwise_equal(back[finite], masters[finite])
+    assert back[~finite].isnan().all()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_remainder_needs_bf16_params(dtype):
     params = make_params(dtype)

@@ -44,6 +44,10 @@ static inline bool any_nan(const V& x) {
 namespace fused_amp::cpu::CPU_CAPABILITY {
 namespace {
 
+// The vector loops are made of these helpers: a call per vector (GCC keeps some out of line
+// otherwise, the more the more loops it compiles) costs more than the conversions it does.
+#define FA_VECTOR_HELPER inline __attribute__((always_inline))
+
 using at::vec::Vectorized;
 using ops::VecF;
 template <typename T>
@@ -54,23 +58,68 @@ using OpVec = Vectorized<opmath_t<T>>;
 template <typename T>
 constexpr int64_t kStep = 2 * OpVec<T>::size();
 
+#if defined(CPU_CAPABILITY_AVX2)
+// bf16 on AVX2, where at::vec converts with a shift per lane and a pack across 128-bit lanes:
+// unpacks and packs work within 128-bit lanes, so the quarters of 16 elements go in order
+// (0, 2, 1, 3) first, and one unpack puts each element's word over another's.
+// Lanes 0-7 in a, 8-15 in b: the word of `high` over the word of `low`.
+FA_VECTOR_HELPER void interleave16(__m256i low, __m256i high, __m256i& a, __m256i& b) {
+  low = _mm256_permute4x64_epi64(low, 0xd8);
+  high = _mm256_permute4x64_epi64(high, 0xd8);
+  a = _mm256_unpacklo_epi16(low, high);
+  b = _mm256_unpackhi_epi16(low, high);
+}
+// The high words of the lanes of a (elements 0-7) and b (8-15), in element order.
+FA_VECTOR_HELPER __m256i high_words(__m256i a, __m256i b) {
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(_mm256_srli_epi32(a, 16), _mm256_srli_epi32(b, 16)), 0xd8);
+}
+// x rounded to the nearest bf16, ties to even, in the high word of each lane (the low word is
+// left over); a NaN gives all ones. The same bits as at::vec's conversion.
+FA_VECTOR_HELPER __m256i round_nearest_even(__m256 x) {
+  const __m256i bits = _mm256_castps_si256(x);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), odd);
+  return _mm256_or_si256(rounded, _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+}
+#endif
+
 template <typename T>
-inline void load2(const T* p, OpVec<T>& a, OpVec<T>& b) {
+FA_VECTOR_HELPER void load2(const T* p, OpVec<T>& a, OpVec<T>& b) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     a = OpVec<T>::loadu(p);
     b = OpVec<T>::loadu(p + OpVec<T>::size());
-  } else {
+    return;
+  }
+#if defined(CPU_CAPABILITY_AVX2)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    __m256i ai, bi;
+    interleave16(_mm256_setzero_si256(), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), ai, bi);
+    a = _mm256_castsi256_ps(ai);
+    b = _mm256_castsi256_ps(bi);
+    return;
+  }
+#endif
+  if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>) {
     std::tie(a, b) = at::vec::convert_to_float<T>(Vectorized<T>::loadu(p));
   }
 }
 
+// Two op-math vectors as one vector of a 16-bit type, rounded to nearest even.
 template <typename T>
-inline void store2(T* p, const OpVec<T>& a, const OpVec<T>& b) {
+FA_VECTOR_HELPER Vectorized<T> pack2(const VecF& a, const VecF& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) return high_words(round_nearest_even(a), round_nearest_even(b));
+#endif
+  return at::vec::convert_from_float<T>(a, b);
+}
+
+template <typename T>
+FA_VECTOR_HELPER void store2(T* p, const OpVec<T>& a, const OpVec<T>& b) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     a.store(p);
     b.store(p + OpVec<T>::size());
   } else {
-    at::vec::convert_from_float<T>(a, b).store(p);
+    pack2<T>(a, b).store(p);
   }
 }
 
@@ -163,10 +212,10 @@ double norm_range(const T* x, int64_t n, float inv_scale) {
 using VecI = Vectorized<int32_t>;
 static_assert(VecI::size() == VecF::size(), "int32 and float vectors must have the same lanes");
 
-inline VecI bits_of(const VecF& x) { return at::vec::cast<int32_t>(x); }
-inline VecF float_of(const VecI& x) { return at::vec::cast<float>(x); }
+FA_VECTOR_HELPER VecI bits_of(const VecF& x) { return at::vec::cast<int32_t>(x); }
+FA_VECTOR_HELPER VecF float_of(const VecI& x) { return at::vec::cast<float>(x); }
 // x >> k with zeros shifted in (at::vec's int32 shift is arithmetic)
-inline VecI shift_right_logical(const VecI& x, int k) {
+FA_VECTOR_HELPER VecI shift_right_logical(const VecI& x, int k) {
 #if defined(CPU_CAPABILITY_AVX512)
   return _mm512_srli_epi32(x, k);
 #elif defined(CPU_CAPABILITY_AVX2)
@@ -177,7 +226,7 @@ inline VecI shift_right_logical(const VecI& x, int k) {
 }
 
 // Stores the low 16 bits of each lane of (a, b) to p[0, 2 * VecI::size()).
-inline void store_low16(c10::BFloat16* p, const VecI& a, const VecI& b) {
+FA_VECTOR_HELPER void store_low16(c10::BFloat16* p, const VecI& a, const VecI& b) {
 #if defined(CPU_CAPABILITY_AVX512)
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(a));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p) + 1, _mm512_cvtepi32_epi16(b));
@@ -193,7 +242,7 @@ inline void store_low16(c10::BFloat16* p, const VecI& a, const VecI& b) {
 }
 
 // Loads 2 * VecI::size() 16-bit values, zero-extended to the lanes of (a, b).
-inline void load_low16(const c10::BFloat16* p, VecI& a, VecI& b) {
+FA_VECTOR_HELPER void load_low16(const c10::BFloat16* p, VecI& a, VecI& b) {
 #if defined(CPU_CAPABILITY_AVX512)
   a = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   b = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p) + 1));
@@ -209,7 +258,16 @@ inline void load_low16(const c10::BFloat16* p, VecI& a, VecI& b) {
 }
 
 // The masters of bf16 params with remainders (ops::master_of on lanes).
-inline void load_master_of(const c10::BFloat16* param, const c10::BFloat16* remainder, VecF& a, VecF& b) {
+FA_VECTOR_HELPER void load_master_of(const c10::BFloat16* param, const c10::BFloat16* remainder, VecF& a, VecF& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+  // the param less the carry its rounding added (the remainder's top bit), over the remainder
+  const __m256i r = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(remainder));
+  const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(param));
+  __m256i ai, bi;
+  interleave16(r, _mm256_sub_epi16(p, _mm256_srli_epi16(r, 15)), ai, bi);
+  a = _mm256_castsi256_ps(ai);
+  b = _mm256_castsi256_ps(bi);
+#else
   VecI p0, p1, r0, r1;
   load_low16(param, p0, p1);
   load_low16(remainder, r0, r1);
@@ -218,30 +276,51 @@ inline void load_master_of(const c10::BFloat16* param, const c10::BFloat16* rema
   };
   a = join(p0, r0);
   b = join(p1, r1);
+#endif
 }
 
 // Stores fp32 values that are bf16 values already (low halves zero) as bf16: their high halves,
 // without the rounding of a conversion.
-inline void store_exact_bf16(c10::BFloat16* p, const VecF& a, const VecF& b) {
+FA_VECTOR_HELPER void store_exact_bf16(c10::BFloat16* p, const VecF& a, const VecF& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), high_words(_mm256_castps_si256(a), _mm256_castps_si256(b)));
+#else
   store_low16(p, shift_right_logical(bits_of(a), 16), shift_right_logical(bits_of(b), 16));
+#endif
 }
 
 // ops::round_bits_to_bf16 on a vector: x rounded to a bf16 value by adding `addend` to its
 // magnitude bits; a NaN keeps its high half, made quiet.
-inline VecF round_to_bf16(const VecF& x, const VecI& addend) {
+FA_VECTOR_HELPER VecF round_to_bf16(const VecF& x, const VecI& addend) {
   const VecI bits = bits_of(x);
   const VecI mask(static_cast<int32_t>(0xffff0000u));
   return VecF::blendv(float_of((bits + addend) & mask), float_of((bits | VecI(0x400000)) & mask), x.isnan());
 }
 
-inline void store_master_as(c10::BFloat16* param, c10::BFloat16* remainder, const VecF& a, const VecF& b) {
+FA_VECTOR_HELPER void store_master_as(c10::BFloat16* param, c10::BFloat16* remainder, const VecF& a, const VecF& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+  if (_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_UNORD_Q)) == 0) {  // no NaN: split on 16-bit lanes
+    // each 128-bit lane to the low words of its 4 elements, then their high words
+    const __m256i by_half = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                             0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    const __m256i sa = _mm256_shuffle_epi8(_mm256_castps_si256(a), by_half);
+    const __m256i sb = _mm256_shuffle_epi8(_mm256_castps_si256(b), by_half);
+    // quarters (a 0-3, b 0-3 | a 4-7, b 4-7) in order (0, 2, 1, 3): elements 0-15
+    const __m256i low = _mm256_permute4x64_epi64(_mm256_unpacklo_epi64(sa, sb), 0xd8);
+    const __m256i high = _mm256_permute4x64_epi64(_mm256_unpackhi_epi64(sa, sb), 0xd8);
+    // to nearest, ties away from zero: the high half goes up when the low half is 0x8000 or more
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(param), _mm256_add_epi16(high, _mm256_srli_epi16(low, 15)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(remainder), low);
+    return;
+  }
+#endif
   const VecI half_ulp(0x8000);  // to nearest, ties away from zero (ops::param_bits_of_master)
   store_exact_bf16(param, round_to_bf16(a, half_ulp), round_to_bf16(b, half_ulp));
   store_low16(remainder, bits_of(a), bits_of(b));
 }
 
 // ops::rounding_bits of 2 * VecI::size() consecutive elements from `index` (lowbias32 on lanes).
-inline void rounding_bits2(uint32_t key, int64_t index, VecI& a, VecI& b) {
+FA_VECTOR_HELPER void rounding_bits2(uint32_t key, int64_t index, VecI& a, VecI& b) {
   auto mix = [](VecI x) {
     x = x ^ shift_right_logical(x, 16);
     x = x * VecI(0x7feb352d);
@@ -261,7 +340,7 @@ inline void rounding_bits2(uint32_t key, int64_t index, VecI& a, VecI& b) {
 // The fp32 value of the parameter: the master, or the param joined with its remainder, or the
 // param itself.
 template <typename T>
-inline void load_value(const UpdateRange<T>& r, int64_t i, VecF& a, VecF& b) {
+FA_VECTOR_HELPER void load_value(const UpdateRange<T>& r, int64_t i, VecF& a, VecF& b) {
   if (r.master) {
     load2(r.master + i, a, b);
   } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
@@ -280,11 +359,11 @@ inline void load_value(const UpdateRange<T>& r, int64_t i, VecF& a, VecF& b) {
 template <typename T>
 constexpr bool kCanStream = !std::is_same_v<T, float>;
 template <typename T>
-inline void stream_store2(T* p, const VecF& a, const VecF& b) {
+FA_VECTOR_HELPER void stream_store2(T* p, const VecF& a, const VecF& b) {
 #if defined(CPU_CAPABILITY_AVX512)
-  _mm512_stream_si512(reinterpret_cast<__m512i*>(p), at::vec::convert_from_float<T>(a, b));
+  _mm512_stream_si512(reinterpret_cast<__m512i*>(p), pack2<T>(a, b));
 #else
-  _mm256_stream_si256(reinterpret_cast<__m256i*>(p), at::vec::convert_from_float<T>(a, b));
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(p), pack2<T>(a, b));
 #endif
 }
 inline void stream_fence() { _mm_sfence(); }
@@ -292,12 +371,12 @@ inline void stream_fence() { _mm_sfence(); }
 template <typename T>
 constexpr bool kCanStream = false;
 template <typename T>
-inline void stream_store2(T*, const VecF&, const VecF&) {}
+FA_VECTOR_HELPER void stream_store2(T*, const VecF&, const VecF&) {}
 inline void stream_fence() {}
 #endif
 
 template <typename T>
-inline void store_value(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream) {
+FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (r.remainder) return store_master_as(r.param + i, r.remainder + i, a, b);
   }
@@ -310,7 +389,7 @@ inline void store_value(const UpdateRange<T>& r, int64_t i, const VecF& a, const
 
 // The grad as the GradScaler leaves it after a step: unscaled, in its own dtype.
 template <typename T>
-inline void store_unscaled_grad(const UpdateRange<T>& r, int64_t i, const VecF& g0, const VecF& g1,
+FA_VECTOR_HELPER void store_unscaled_grad(const UpdateRange<T>& r, int64_t i, const VecF& g0, const VecF& g1,
                                 float inv_scale) {
   if (r.write_grad) store2(r.grad + i, g0 * VecF(inv_scale), g1 * VecF(inv_scale));
 }
@@ -318,7 +397,7 @@ inline void store_unscaled_grad(const UpdateRange<T>& r, int64_t i, const VecF& 
 // A state vector pair to its storage: fp32 as it is, bf16 rounded to nearest even (torch's
 // conversion) or, with `random` (16 random bits per lane), stochastically.
 template <typename S>
-inline void store_state2(S* p, const VecF& a, const VecF& b, const VecI* random) {
+FA_VECTOR_HELPER void store_state2(S* p, const VecF& a, const VecF& b, const VecI* random) {
   if constexpr (std::is_same_v<S, c10::BFloat16>) {
     if (random) return store_exact_bf16(p, round_to_bf16(a, random[0]), round_to_bf16(b, random[1]));
   }
@@ -371,7 +450,7 @@ inline void set_state_at(S* p, int64_t i, float v, bool stochastic, uint32_t ran
 // The random bits of the vector at i, split for the two states: [0, 1] the low 16 bits of each
 // lane, [2, 3] the high 16 (null when the range rounds to nearest).
 template <typename T>
-inline const VecI* vector_rounding_bits(const UpdateRange<T>& r, int64_t i, VecI (&bits)[4]) {
+FA_VECTOR_HELPER const VecI* vector_rounding_bits(const UpdateRange<T>& r, int64_t i, VecI (&bits)[4]) {
   if (!r.stochastic) return nullptr;
   rounding_bits2(r.round_key, r.first + i, bits[0], bits[1]);
   bits[2] = shift_right_logical(bits[0], 16);
@@ -381,15 +460,12 @@ inline const VecI* vector_rounding_bits(const UpdateRange<T>& r, int64_t i, VecI
   return bits;
 }
 
-// The vector step is the loop body: a call per vector (GCC keeps the half-precision ones out of
-// line otherwise) costs more than the conversions it does.
-#define FA_ALWAYS_INLINE __attribute__((always_inline))
-
-// Runs vector_step(i, stream) over whole vectors and scalar_step(i) over the elements before
-// the first aligned vector (when streaming) and after the last whole one. Both compute the
-// same IEEE operations, so where an element falls does not change its result.
-template <typename T, class VectorStep, class ScalarStep>
-void update_range(const UpdateRange<T>& r, VectorStep&& vector_step, ScalarStep&& scalar_step) {
+// Runs vector_loop(begin, end, stream) over the whole vectors of the range and scalar_step(i)
+// over the elements before the first aligned vector (when streaming) and after the last whole
+// one. Both compute the same IEEE operations, so where an element falls does not change its
+// result.
+template <typename T, class VectorLoop, class ScalarStep>
+void update_range(const UpdateRange<T>& r, VectorLoop&& vector_loop, ScalarStep&& scalar_step) {
   const bool stream = kCanStream<T> && r.master != nullptr;
   int64_t i = 0;
   if (stream) {
@@ -398,39 +474,60 @@ void update_range(const UpdateRange<T>& r, VectorStep&& vector_step, ScalarStep&
     const int64_t head = misaligned ? (kBytes - misaligned) / static_cast<int64_t>(sizeof(T)) : 0;
     for (; i < std::min(head, r.n); ++i) scalar_step(i);
   }
-  for (; i + kStep<T> <= r.n; i += kStep<T>) vector_step(i, stream);
-  for (; i < r.n; ++i) scalar_step(i);
+  const int64_t vectors_end = i + (r.n - i) / kStep<T> * kStep<T>;
+  if (vectors_end > i) vector_loop(i, vectors_end, stream);
+  for (i = std::max(i, vectors_end); i < r.n; ++i) scalar_step(i);
   if (stream) stream_fence();  // order the streaming stores before the threads join
 }
 
-template <typename T, typename S>
-void adam_range(const UpdateRange<T>& range, const ops::AdamCoeffs& coeffs) {
-  // Local copies: vector stores may alias anything in memory, locals they cannot, so the
-  // pointers and coefficients stay in registers instead of being reloaded for every vector.
-  const UpdateRange<T> r = range;
-  const ops::AdamCoeffs c = coeffs;
+// The vector loops take the range and the coefficients by value, as their own copies: no store
+// in the loop can alias those (vector stores may alias any memory that a pointer reaches), so
+// pointers and coefficients stay in registers instead of being reloaded for every vector.
+#define FA_VECTOR_LOOP __attribute__((noinline))
+
+// The coefficients of the usual runs, with their options fixed at compile time (no amsgrad,
+// beta1 >= 0.5, no weight decay or AdamW's): their loop has no branch on an option.
+template <bool kDecoupledWeightDecay>
+struct UsualAdamCoeffs : ops::AdamCoeffs {
+  static constexpr bool has_weight_decay = kDecoupledWeightDecay;
+  static constexpr bool decoupled_weight_decay = kDecoupledWeightDecay;
+  static constexpr bool amsgrad = false;
+  static constexpr bool lerp_from_start = true;
+  explicit UsualAdamCoeffs(const ops::AdamCoeffs& c) : ops::AdamCoeffs(c) {}
+};
+
+// C: ops::AdamCoeffs, or UsualAdamCoeffs
+template <typename T, typename S, typename C>
+FA_VECTOR_LOOP void adam_vectors(const UpdateRange<T> r, const C c, int64_t begin, int64_t end, bool stream) {
+  S* const m = static_cast<S*>(r.exp_avg);
+  S* const v = static_cast<S*>(r.exp_avg_sq);
+  S* const vmax = static_cast<S*>(r.aux);
+  for (int64_t i = begin; i < end; i += kStep<T>) {
+    VecF p0, p1, g0, g1, m0, m1, v0, v1, vmax0(0.f), vmax1(0.f);
+    load_value(r, i, p0, p1);
+    load2(r.grad + i, g0, g1);
+    load2(m + i, m0, m1);
+    load2(v + i, v0, v1);
+    if (c.amsgrad) load2(vmax + i, vmax0, vmax1);
+    store_unscaled_grad(r, i, g0, g1, c.inv_scale);
+    ops::adam_update(p0, g0, m0, v0, vmax0, c);
+    ops::adam_update(p1, g1, m1, v1, vmax1, c);
+    store_value(r, i, p0, p1, stream);
+    VecI bits[4];
+    const VecI* random = vector_rounding_bits(r, i, bits);
+    store_state2(m + i, m0, m1, random);
+    store_state2(v + i, v0, v1, random ? random + 2 : nullptr);
+    if (c.amsgrad) store_state2(vmax + i, vmax0, vmax1, random ? random + 2 : nullptr);
+  }
+}
+
+template <typename T, typename S, typename C>
+void adam_range_with(const UpdateRange<T>& r, const C& c) {
   S* const m = static_cast<S*>(r.exp_avg);
   S* const v = static_cast<S*>(r.exp_avg_sq);
   S* const vmax = static_cast<S*>(r.aux);
   update_range(
-      r,
-      [&](int64_t i, bool stream) FA_ALWAYS_INLINE {
-        VecF p0, p1, g0, g1, m0, m1, v0, v1, vmax0(0.f), vmax1(0.f);
-        load_value(r, i, p0, p1);
-        load2(r.grad + i, g0, g1);
-        load2(m + i, m0, m1);
-        load2(v + i, v0, v1);
-        if (c.amsgrad) load2(vmax + i, vmax0, vmax1);
-        store_unscaled_grad(r, i, g0, g1, c.inv_scale);
-        ops::adam_update(p0, g0, m0, v0, vmax0, c);
-        ops::adam_update(p1, g1, m1, v1, vmax1, c);
-        store_value(r, i, p0, p1, stream);
-        VecI bits[4];
-        const VecI* random = vector_rounding_bits(r, i, bits);
-        store_state2(m + i, m0, m1, random);
-        store_state2(v + i, v0, v1, random ? random + 2 : nullptr);
-        if (c.amsgrad) store_state2(vmax + i, vmax0, vmax1, random ? random + 2 : nullptr);
-      },
+      r, [&](int64_t begin, int64_t end, bool stream) { adam_vectors<T, S>(r, c, begin, end, stream); },
       [&](int64_t i) {
         float p = value_at(r, i), mi = state_at(m, i), vi = state_at(v, i);
         float vmaxi = c.amsgrad ? state_at(vmax, i) : 0.f;
@@ -444,24 +541,37 @@ void adam_range(const UpdateRange<T>& range, const ops::AdamCoeffs& coeffs) {
 }
 
 template <typename T, typename S>
-void sgd_range(const UpdateRange<T>& range, const ops::SgdCoeffs& coeffs) {
-  const UpdateRange<T> r = range;  // locals, as in adam_range
-  const ops::SgdCoeffs c = coeffs;
+void adam_range(const UpdateRange<T>& range, const ops::AdamCoeffs& c) {
+  if (!c.amsgrad && c.lerp_from_start) {
+    if (!c.has_weight_decay) return adam_range_with<T, S>(range, UsualAdamCoeffs<false>(c));
+    if (c.decoupled_weight_decay) return adam_range_with<T, S>(range, UsualAdamCoeffs<true>(c));
+  }
+  adam_range_with<T, S>(range, c);
+}
+
+template <typename T, typename S>
+FA_VECTOR_LOOP void sgd_vectors(const UpdateRange<T> r, const ops::SgdCoeffs c, int64_t begin, int64_t end,
+                                bool stream) {
+  S* const buf = static_cast<S*>(r.aux);
+  for (int64_t i = begin; i < end; i += kStep<T>) {
+    VecF p0, p1, g0, g1, b0(0.f), b1(0.f);
+    load_value(r, i, p0, p1);
+    load2(r.grad + i, g0, g1);
+    if (buf && !c.first_step) load2(buf + i, b0, b1);
+    store_unscaled_grad(r, i, g0, g1, c.inv_scale);
+    ops::sgd_update(p0, g0, b0, c);
+    ops::sgd_update(p1, g1, b1, c);
+    store_value(r, i, p0, p1, stream);
+    VecI bits[4];
+    if (buf) store_state2(buf + i, b0, b1, vector_rounding_bits(r, i, bits));
+  }
+}
+
+template <typename T, typename S>
+void sgd_range(const UpdateRange<T>& r, const ops::SgdCoeffs& c) {
   S* const buf = static_cast<S*>(r.aux);
   update_range(
-      r,
-      [&](int64_t i, bool stream) FA_ALWAYS_INLINE {
-        VecF p0, p1, g0, g1, b0(0.f), b1(0.f);
-        load_value(r, i, p0, p1);
-        load2(r.grad + i, g0, g1);
-        if (buf && !c.first_step) load2(buf + i, b0, b1);
-        store_unscaled_grad(r, i, g0, g1, c.inv_scale);
-        ops::sgd_update(p0, g0, b0, c);
-        ops::sgd_update(p1, g1, b1, c);
-        store_value(r, i, p0, p1, stream);
-        VecI bits[4];
-        if (buf) store_state2(buf + i, b0, b1, vector_rounding_bits(r, i, bits));
-      },
+      r, [&](int64_t begin, int64_t end, bool stream) { sgd_vectors<T, S>(r, c, begin, end, stream); },
       [&](int64_t i) {
         float p = value_at(r, i), b = (buf && !c.first_step) ? state_at(buf, i) : 0.f;
         ops::sgd_update(p, grad_at(r, i, c.inv_scale), b, c);

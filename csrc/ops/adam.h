@@ -19,6 +19,8 @@ struct AdamCoeffs {
   float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
   bool decoupled_weight_decay;  // AdamW
   bool amsgrad;
+  bool has_weight_decay;        // weight_decay != 0
+  bool lerp_from_start;         // one_minus_beta1 < 0.5: lerp_'s first form
 };
 
 struct AdamHyper {
@@ -46,13 +48,16 @@ FA_HD AdamCoeffs adam_coeffs(const AdamHyper& h, double lr, double step, float i
   c.bias_correction2_sqrt = static_cast<float>(sqrt(bias_correction2));
   c.decoupled_weight_decay = h.decoupled_weight_decay;
   c.amsgrad = h.amsgrad;
+  c.has_weight_decay = c.weight_decay != 0.f;
+  c.lerp_from_start = c.one_minus_beta1 < 0.5f;
   return c;
 }
 
-// a + w (b - a), formed as torch's lerp forms it (exact at w = 0 and w = 1).
+// a + w (b - a), formed as torch's lerp forms it (exact at w = 0 and w = 1): from a when
+// w < 0.5 (`from_start`), else from b.
 template <typename T>
-FA_HD T lerp_(T a, T b, float w) {
-  return w < 0.5f ? fma_(T(w), b - a, a) : b - (b - a) * T(1.f - w);
+FA_HD T lerp_(T a, T b, float w, bool from_start) {
+  return from_start ? fma_(T(w), b - a, a) : b - (b - a) * T(1.f - w);
 }
 
 // One element of Adam on fp32 values (T = float or a vector of floats), with the operations and
@@ -62,18 +67,18 @@ FA_HD T lerp_(T a, T b, float w) {
 //   g = grad * grad_mult;  g += wd * p (Adam)  or  p *= 1 - lr * wd (AdamW)
 //   m = lerp(m, g, 1 - beta1);  v = beta2 v + (1 - beta2) g g;  vmax = max(vmax, v) (amsgrad)
 //   p -= step_size * m / (sqrt(v or vmax) / sqrt(1 - beta2^t) + eps)
-template <typename T>
-FA_HD void adam_update(T& param, T grad, T& exp_avg, T& exp_avg_sq, T& max_exp_avg_sq,
-                       const AdamCoeffs& c) {
+// C is AdamCoeffs, or a type derived from it that fixes its options at compile time.
+template <typename T, typename C>
+FA_HD void adam_update(T& param, T grad, T& exp_avg, T& exp_avg_sq, T& max_exp_avg_sq, const C& c) {
   grad = grad * T(c.grad_mult);
-  if (c.weight_decay != 0.f) {
+  if (c.has_weight_decay) {
     if (c.decoupled_weight_decay) {
       param = param * T(c.weight_decay_factor);
     } else {
       grad = fma_(param, T(c.weight_decay), grad);
     }
   }
-  exp_avg = lerp_(exp_avg, grad, c.one_minus_beta1);
+  exp_avg = lerp_(exp_avg, grad, c.one_minus_beta1, c.lerp_from_start);
   exp_avg_sq = fma_(T(c.one_minus_beta2) * grad, grad, exp_avg_sq * T(c.beta2));
   T second_moment = exp_avg_sq;
   if (c.amsgrad) {
