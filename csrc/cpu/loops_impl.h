@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <tuple>
+#include <utility>
 
 #include "ops/common.h"
 
@@ -81,6 +83,10 @@ FA_VECTOR_HELPER __m256i round_nearest_even(__m256 x) {
   const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), odd);
   return _mm256_or_si256(rounded, _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
 }
+// (a, b) as 16 bf16 values, to nearest even.
+FA_VECTOR_HELPER __m256i bf16_of(__m256 a, __m256 b) {
+  return high_words(round_nearest_even(a), round_nearest_even(b));
+}
 #endif
 
 template <typename T>
@@ -104,22 +110,20 @@ FA_VECTOR_HELPER void load2(const T* p, OpVec<T>& a, OpVec<T>& b) {
   }
 }
 
-// Two op-math vectors as one vector of a 16-bit type, rounded to nearest even.
-template <typename T>
-FA_VECTOR_HELPER Vectorized<T> pack2(const VecF& a, const VecF& b) {
-#if defined(CPU_CAPABILITY_AVX2)
-  if constexpr (std::is_same_v<T, c10::BFloat16>) return high_words(round_nearest_even(a), round_nearest_even(b));
-#endif
-  return at::vec::convert_from_float<T>(a, b);
-}
-
 template <typename T>
 FA_VECTOR_HELPER void store2(T* p, const OpVec<T>& a, const OpVec<T>& b) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     a.store(p);
     b.store(p + OpVec<T>::size());
-  } else {
-    pack2<T>(a, b).store(p);
+    return;
+  }
+#if defined(CPU_CAPABILITY_AVX2)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_of(a, b));
+  }
+#endif
+  if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>) {
+    at::vec::convert_from_float<T>(a, b).store(p);
   }
 }
 
@@ -209,55 +213,50 @@ double norm_range(const T* x, int64_t n, float inv_scale) {
 }
 
 // ---- 16-bit storage of fp32 values (ops/rounding.h), on vectors -------------------------------
-using VecI = Vectorized<int32_t>;
-static_assert(VecI::size() == VecF::size(), "int32 and float vectors must have the same lanes");
+// The bits of float vectors as GCC vectors of as many 32-bit lanes: their operators always
+// inline, where at::vec's int32 vectors do not (GCC 12 keeps their AVX-512 operators as calls).
+constexpr int kLanes = VecF::size();
+using U32 = uint32_t __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+using U16 = uint16_t __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+static_assert(sizeof(U32) == sizeof(VecF), "a float vector and its bits must have the same size");
 
-FA_VECTOR_HELPER VecI bits_of(const VecF& x) { return at::vec::cast<int32_t>(x); }
-FA_VECTOR_HELPER VecF float_of(const VecI& x) { return at::vec::cast<float>(x); }
-// x >> k with zeros shifted in (at::vec's int32 shift is arithmetic)
-FA_VECTOR_HELPER VecI shift_right_logical(const VecI& x, int k) {
-#if defined(CPU_CAPABILITY_AVX512)
-  return _mm512_srli_epi32(x, k);
-#elif defined(CPU_CAPABILITY_AVX2)
-  return _mm256_srli_epi32(x, k);
-#else
-  return (x >> VecI(k)) & VecI(static_cast<int32_t>(0xffffffffu >> k));
-#endif
+FA_VECTOR_HELPER U32 bits_of(const VecF& x) {
+  U32 bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits;
 }
+FA_VECTOR_HELPER VecF float_of(const U32& bits) {
+  VecF x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+template <uint32_t... J>
+constexpr U32 lane_index(std::integer_sequence<uint32_t, J...>) { return U32{J...}; }
+constexpr U32 kLaneIndex = lane_index(std::make_integer_sequence<uint32_t, kLanes>{});  // 0, 1, 2, ...
+// All ones in the lanes where x is a NaN.
+FA_VECTOR_HELPER U32 nan_lanes(const U32& bits) { return (U32)((bits & 0x7fffffffu) > 0x7f800000u); }
 
-// Stores the low 16 bits of each lane of (a, b) to p[0, 2 * VecI::size()).
-FA_VECTOR_HELPER void store_low16(c10::BFloat16* p, const VecI& a, const VecI& b) {
-#if defined(CPU_CAPABILITY_AVX512)
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(a));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p) + 1, _mm512_cvtepi32_epi16(b));
-#elif defined(CPU_CAPABILITY_AVX2)
-  const __m256i packed = _mm256_packus_epi32(a & VecI(0xffff), b & VecI(0xffff));
+// Stores the low 16 bits of each lane of (a, b) to p[0, 2 * kLanes).
+FA_VECTOR_HELPER void store_low16(c10::BFloat16* p, const U32& a, const U32& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+  const __m256i packed = _mm256_packus_epi32((__m256i)(a & 0xffffu), (__m256i)(b & 0xffffu));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_permute4x64_epi64(packed, 0xd8));
 #else
-  int32_t lanes[2 * VecI::size()];
-  a.store(lanes);
-  b.store(lanes + VecI::size());
-  for (int j = 0; j < 2 * VecI::size(); ++j) p[j].x = static_cast<uint16_t>(lanes[j]);
+  const U16 low_a = __builtin_convertvector(a, U16), low_b = __builtin_convertvector(b, U16);
+  std::memcpy(p, &low_a, sizeof low_a);
+  std::memcpy(p + kLanes, &low_b, sizeof low_b);
 #endif
 }
 
-// Loads 2 * VecI::size() 16-bit values, zero-extended to the lanes of (a, b).
-FA_VECTOR_HELPER void load_low16(const c10::BFloat16* p, VecI& a, VecI& b) {
-#if defined(CPU_CAPABILITY_AVX512)
-  a = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  b = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p) + 1));
-#elif defined(CPU_CAPABILITY_AVX2)
-  a = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  b = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p) + 1));
-#else
-  int32_t lanes[2 * VecI::size()];
-  for (int j = 0; j < 2 * VecI::size(); ++j) lanes[j] = p[j].x;
-  a = VecI::loadu(lanes);
-  b = VecI::loadu(lanes + VecI::size());
-#endif
+// Loads 2 * kLanes 16-bit values, zero-extended to the lanes of (a, b).
+FA_VECTOR_HELPER void load_low16(const c10::BFloat16* p, U32& a, U32& b) {
+  U16 low_a, low_b;
+  std::memcpy(&low_a, p, sizeof low_a);
+  std::memcpy(&low_b, p + kLanes, sizeof low_b);
+  a = __builtin_convertvector(low_a, U32);
+  b = __builtin_convertvector(low_b, U32);
 }
 
-// The masters of bf16 params with remainders (ops::master_of on lanes).
 FA_VECTOR_HELPER void load_master_of(const c10::BFloat16* param, const c10::BFloat16* remainder, VecF& a, VecF& b) {
 #if defined(CPU_CAPABILITY_AVX2)
   // the param less the carry its rounding added (the remainder's top bit), over the remainder
@@ -268,11 +267,11 @@ FA_VECTOR_HELPER void load_master_of(const c10::BFloat16* param, const c10::BFlo
   a = _mm256_castsi256_ps(ai);
   b = _mm256_castsi256_ps(bi);
 #else
-  VecI p0, p1, r0, r1;
+  U32 p0, p1, r0, r1;
   load_low16(param, p0, p1);
   load_low16(remainder, r0, r1);
-  auto join = [](const VecI& p, const VecI& r) {  // the remainder's top bit: the param rounded up
-    return float_of(((p - shift_right_logical(r, 15)) << VecI(16)) | r);
+  auto join = [](const U32& p, const U32& r) {  // the remainder's top bit: the param rounded up
+    return float_of(((p - (r >> 15)) << 16) | r);
   };
   a = join(p0, r0);
   b = join(p1, r1);
@@ -285,16 +284,16 @@ FA_VECTOR_HELPER void store_exact_bf16(c10::BFloat16* p, const VecF& a, const Ve
 #if defined(CPU_CAPABILITY_AVX2)
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), high_words(_mm256_castps_si256(a), _mm256_castps_si256(b)));
 #else
-  store_low16(p, shift_right_logical(bits_of(a), 16), shift_right_logical(bits_of(b), 16));
+  store_low16(p, bits_of(a) >> 16, bits_of(b) >> 16);
 #endif
 }
 
 // ops::round_bits_to_bf16 on a vector: x rounded to a bf16 value by adding `addend` to its
 // magnitude bits; a NaN keeps its high half, made quiet.
-FA_VECTOR_HELPER VecF round_to_bf16(const VecF& x, const VecI& addend) {
-  const VecI bits = bits_of(x);
-  const VecI mask(static_cast<int32_t>(0xffff0000u));
-  return VecF::blendv(float_of((bits + addend) & mask), float_of((bits | VecI(0x400000)) & mask), x.isnan());
+FA_VECTOR_HELPER VecF round_to_bf16(const VecF& x, const U32& addend) {
+  const U32 bits = bits_of(x);
+  const U32 nan = nan_lanes(bits);
+  return float_of(((nan & (bits | 0x400000u)) | (~nan & (bits + addend))) & 0xffff0000u);
 }
 
 FA_VECTOR_HELPER void store_master_as(c10::BFloat16* param, c10::BFloat16* remainder, const VecF& a, const VecF& b) {
@@ -314,25 +313,23 @@ FA_VECTOR_HELPER void store_master_as(c10::BFloat16* param, c10::BFloat16* remai
     return;
   }
 #endif
-  const VecI half_ulp(0x8000);  // to nearest, ties away from zero (ops::param_bits_of_master)
+  const U32 half_ulp = U32{} + 0x8000u;  // to nearest, ties away from zero (ops::param_bits_of_master)
   store_exact_bf16(param, round_to_bf16(a, half_ulp), round_to_bf16(b, half_ulp));
   store_low16(remainder, bits_of(a), bits_of(b));
 }
 
-// ops::rounding_bits of 2 * VecI::size() consecutive elements from `index` (lowbias32 on lanes).
-FA_VECTOR_HELPER void rounding_bits2(uint32_t key, int64_t index, VecI& a, VecI& b) {
-  auto mix = [](VecI x) {
-    x = x ^ shift_right_logical(x, 16);
-    x = x * VecI(0x7feb352d);
-    x = x ^ shift_right_logical(x, 15);
-    x = x * VecI(static_cast<int32_t>(0x846ca68bu));
-    return x ^ shift_right_logical(x, 16);
+// ops::rounding_bits of 2 * kLanes consecutive elements from `index` (lowbias32 on lanes).
+FA_VECTOR_HELPER void rounding_bits2(uint32_t key, int64_t index, U32& a, U32& b) {
+  auto mix = [](U32 x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
   };
-  const VecI base(static_cast<int32_t>(static_cast<uint32_t>(index)));
-  const VecI iota = VecI::arange(0, 1);
-  const VecI k(static_cast<int32_t>(key));
-  a = mix(k ^ (base + iota));
-  b = mix(k ^ (base + iota + VecI(VecI::size())));
+  const U32 first = kLaneIndex + static_cast<uint32_t>(index);
+  a = mix(key ^ first);
+  b = mix(key ^ (first + kLanes));
 }
 
 // ---- the step loops ----------------------------------------------------------------------
@@ -361,9 +358,13 @@ constexpr bool kCanStream = !std::is_same_v<T, float>;
 template <typename T>
 FA_VECTOR_HELPER void stream_store2(T* p, const VecF& a, const VecF& b) {
 #if defined(CPU_CAPABILITY_AVX512)
-  _mm512_stream_si512(reinterpret_cast<__m512i*>(p), pack2<T>(a, b));
+  _mm512_stream_si512(reinterpret_cast<__m512i*>(p), at::vec::convert_from_float<T>(a, b));
 #else
-  _mm256_stream_si256(reinterpret_cast<__m256i*>(p), pack2<T>(a, b));
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), bf16_of(a, b));
+  } else {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), at::vec::convert_from_float<T>(a, b));
+  }
 #endif
 }
 inline void stream_fence() { _mm_sfence(); }
@@ -397,7 +398,7 @@ FA_VECTOR_HELPER void store_unscaled_grad(const UpdateRange<T>& r, int64_t i, co
 // A state vector pair to its storage: fp32 as it is, bf16 rounded to nearest even (torch's
 // conversion) or, with `random` (16 random bits per lane), stochastically.
 template <typename S>
-FA_VECTOR_HELPER void store_state2(S* p, const VecF& a, const VecF& b, const VecI* random) {
+FA_VECTOR_HELPER void store_state2(S* p, const VecF& a, const VecF& b, const U32* random) {
   if constexpr (std::is_same_v<S, c10::BFloat16>) {
     if (random) return store_exact_bf16(p, round_to_bf16(a, random[0]), round_to_bf16(b, random[1]));
   }
@@ -450,13 +451,13 @@ inline void set_state_at(S* p, int64_t i, float v, bool stochastic, uint32_t ran
 // The random bits of the vector at i, split for the two states: [0, 1] the low 16 bits of each
 // lane, [2, 3] the high 16 (null when the range rounds to nearest).
 template <typename T>
-FA_VECTOR_HELPER const VecI* vector_rounding_bits(const UpdateRange<T>& r, int64_t i, VecI (&bits)[4]) {
+FA_VECTOR_HELPER const U32* vector_rounding_bits(const UpdateRange<T>& r, int64_t i, U32 (&bits)[4]) {
   if (!r.stochastic) return nullptr;
   rounding_bits2(r.round_key, r.first + i, bits[0], bits[1]);
-  bits[2] = shift_right_logical(bits[0], 16);
-  bits[3] = shift_right_logical(bits[1], 16);
-  bits[0] = bits[0] & VecI(0xffff);
-  bits[1] = bits[1] & VecI(0xffff);
+  bits[2] = bits[0] >> 16;
+  bits[3] = bits[1] >> 16;
+  bits[0] &= 0xffffu;
+  bits[1] &= 0xffffu;
   return bits;
 }
 
@@ -513,8 +514,8 @@ FA_VECTOR_LOOP void adam_vectors(const UpdateRange<T> r, const C c, int64_t begi
     ops::adam_update(p0, g0, m0, v0, vmax0, c);
     ops::adam_update(p1, g1, m1, v1, vmax1, c);
     store_value(r, i, p0, p1, stream);
-    VecI bits[4];
-    const VecI* random = vector_rounding_bits(r, i, bits);
+    U32 bits[4];
+    const U32* random = vector_rounding_bits(r, i, bits);
     store_state2(m + i, m0, m1, random);
     store_state2(v + i, v0, v1, random ? random + 2 : nullptr);
     if (c.amsgrad) store_state2(vmax + i, vmax0, vmax1, random ? random + 2 : nullptr);
@@ -562,7 +563,7 @@ FA_VECTOR_LOOP void sgd_vectors(const UpdateRange<T> r, const ops::SgdCoeffs c, 
     ops::sgd_update(p0, g0, b0, c);
     ops::sgd_update(p1, g1, b1, c);
     store_value(r, i, p0, p1, stream);
-    VecI bits[4];
+    U32 bits[4];
     if (buf) store_state2(buf + i, b0, b1, vector_rounding_bits(r, i, bits));
   }
 }
