@@ -233,8 +233,6 @@ FA_VECTOR_HELPER VecF float_of(const U32& bits) {
 template <uint32_t... J>
 constexpr U32 lane_index(std::integer_sequence<uint32_t, J...>) { return U32{J...}; }
 constexpr U32 kLaneIndex = lane_index(std::make_integer_sequence<uint32_t, kLanes>{});  // 0, 1, 2, ...
-// All ones in the lanes where x is a NaN.
-FA_VECTOR_HELPER U32 nan_lanes(const U32& bits) { return (U32)((bits & 0x7fffffffu) > 0x7f800000u); }
 
 // Stores the low 16 bits of each lane of (a, b) to p[0, 2 * kLanes).
 FA_VECTOR_HELPER void store_low16(c10::BFloat16* p, const U32& a, const U32& b) {
@@ -292,8 +290,7 @@ FA_VECTOR_HELPER void store_exact_bf16(c10::BFloat16* p, const VecF& a, const Ve
 // magnitude bits; a NaN keeps its high half, made quiet.
 FA_VECTOR_HELPER VecF round_to_bf16(const VecF& x, const U32& addend) {
   const U32 bits = bits_of(x);
-  const U32 nan = nan_lanes(bits);
-  return float_of(((nan & (bits | 0x400000u)) | (~nan & (bits + addend))) & 0xffff0000u);
+  return VecF::blendv(float_of((bits + addend) & 0xffff0000u), float_of((bits | 0x400000u) & 0xffff0000u), x.isnan());
 }
 
 FA_VECTOR_HELPER void store_master_as(c10::BFloat16* param, c10::BFloat16* remainder, const VecF& a, const VecF& b) {
