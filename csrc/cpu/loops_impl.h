@@ -94,18 +94,14 @@ FA_VECTOR_HELPER void load2(const T* p, OpVec<T>& a, OpVec<T>& b) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     a = OpVec<T>::loadu(p);
     b = OpVec<T>::loadu(p + OpVec<T>::size());
-    return;
-  }
 #if defined(CPU_CAPABILITY_AVX2)
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
     __m256i ai, bi;
     interleave16(_mm256_setzero_si256(), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), ai, bi);
     a = _mm256_castsi256_ps(ai);
     b = _mm256_castsi256_ps(bi);
-    return;
-  }
 #endif
-  if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>) {
+  } else {
     std::tie(a, b) = at::vec::convert_to_float<T>(Vectorized<T>::loadu(p));
   }
 }
@@ -115,14 +111,11 @@ FA_VECTOR_HELPER void store2(T* p, const OpVec<T>& a, const OpVec<T>& b) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     a.store(p);
     b.store(p + OpVec<T>::size());
-    return;
-  }
 #if defined(CPU_CAPABILITY_AVX2)
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    return _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_of(a, b));
-  }
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_of(a, b));
 #endif
-  if constexpr (!std::is_same_v<T, float> && !std::is_same_v<T, double>) {
+  } else {
     at::vec::convert_from_float<T>(a, b).store(p);
   }
 }
@@ -236,14 +229,9 @@ constexpr U32 kLaneIndex = lane_index(std::make_integer_sequence<uint32_t, kLane
 
 // Stores the low 16 bits of each lane of (a, b) to p[0, 2 * kLanes).
 FA_VECTOR_HELPER void store_low16(c10::BFloat16* p, const U32& a, const U32& b) {
-#if defined(CPU_CAPABILITY_AVX2)
-  const __m256i packed = _mm256_packus_epi32((__m256i)(a & 0xffffu), (__m256i)(b & 0xffffu));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_permute4x64_epi64(packed, 0xd8));
-#else
   const U16 low_a = __builtin_convertvector(a, U16), low_b = __builtin_convertvector(b, U16);
   std::memcpy(p, &low_a, sizeof low_a);
   std::memcpy(p + kLanes, &low_b, sizeof low_b);
-#endif
 }
 
 // Loads 2 * kLanes 16-bit values, zero-extended to the lanes of (a, b).
