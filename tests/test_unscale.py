@@ -61,6 +61,56 @@ def test_bitwise_equal_to_torch(inv_scale, nonfinite):
     assert found_ours.item() == found_theirs.item()
 
 
+# Powers of two (the scaler's 1/scale; the CPU loops multiply bf16 by them on the exponent field
+# where the product is exact) from one whose products are all subnormal or zero but for the
+# largest values to one that overflows most of them; and one that is not a power of two.
+BF16_MULTIPLIERS = [2.0 ** -149, 2.0 ** -133, 2.0 ** -126, 2.0 ** -16, 0.5, 2.0, 2.0 ** 16, 2.0 ** 127, 0.75]
+
+
+def every_bf16(finite_only=False, skip=0):
+    """Every bf16 bit pattern, in order of its bits (runs of 128 share an exponent): vectors hold
+    values of one exponent, or with `skip` values of two; then normal values with zeros of both
+    signs among them (as grads have)."""
+    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)[skip:]
+    if finite_only:
+        x = x[x.isfinite()]
+    normal = torch.randn(4099, generator=torch.Generator().manual_seed(skip)).bfloat16()
+    normal[::3] = 0.0
+    normal[::7] = -0.0
+    return torch.cat([x, normal])
+
+
+@pytest.mark.parametrize("inv_scale", BF16_MULTIPLIERS)
+@pytest.mark.parametrize("skip", [0, 5])
+def test_every_bf16_value_unscales_as_torch(inv_scale, skip):
+    for finite_only in (True, False):
+        ours, theirs, found_ours, found_theirs = run_both([every_bf16(finite_only, skip)], inv_scale)
+        assert_bitwise_equal(ours[0], theirs[0], f"inv_scale {inv_scale}, finite only {finite_only}")
+        assert found_ours.item() == found_theirs.item() == (0.0 if finite_only else 1.0)
+
+
+@pytest.mark.parametrize("inv_scale", BF16_MULTIPLIERS)
+@pytest.mark.parametrize("step", ["adam_step_", "sgd_step_"])
+def test_every_bf16_grad_is_left_unscaled_as_torch_unscales_it(inv_scale, step):
+    """The grads a step leaves unscaled (GradScaler's contract) for every finite bf16 value, as
+    torch's own unscale gives them."""
+    grad = every_bf16(finite_only=True, skip=5)
+    expected = grad.clone()
+    torch._amp_foreach_non_finite_check_and_unscale_([expected], torch.zeros(1), torch.tensor([inv_scale]))
+    param = torch.zeros_like(grad)
+    master, steps = param.float(), torch.zeros(())
+    kw = dict(inv_scale=torch.tensor([inv_scale]), found_inf=torch.zeros(1), lr=1e-3, weight_decay=0.0,
+              maximize=False)
+    if step == "adam_step_":
+        ops.adam_step_([param], [grad], [master], [torch.zeros_like(master)], [torch.zeros_like(master)], [],
+                       [steps], beta1=0.9, beta2=0.999, eps=1e-8, amsgrad=False, decoupled_weight_decay=False,
+                       **kw)
+    else:
+        ops.sgd_step_([param], [grad], [master], [torch.zeros_like(master)], [steps], momentum=0.9,
+                      dampening=0.0, nesterov=False, **kw)
+    assert_bitwise_equal(grad, expected, f"{step}, inv_scale {inv_scale}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("position", [0, 5, 16, 31, 32767, 65535, 65536, 99999])
 def test_single_nonfinite_anywhere_is_found(dtype, position):

@@ -89,6 +89,51 @@ FA_VECTOR_HELPER __m256i bf16_of(__m256 a, __m256 b) {
 }
 #endif
 
+// The bits of float vectors as GCC vectors of as many 32-bit lanes: their operators always
+// inline, where at::vec's int32 vectors do not (GCC 12 keeps their AVX-512 operators as calls).
+constexpr int kLanes = VecF::size();
+using U32 = uint32_t __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+using U16 = uint16_t __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+static_assert(sizeof(U32) == sizeof(VecF), "a float vector and its bits must have the same size");
+
+FA_VECTOR_HELPER U32 bits_of(const VecF& x) {
+  U32 bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits;
+}
+FA_VECTOR_HELPER VecF float_of(const U32& bits) {
+  VecF x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+template <uint32_t... J>
+constexpr U32 lane_index(std::integer_sequence<uint32_t, J...>) { return U32{J...}; }
+constexpr U32 kLaneIndex = lane_index(std::make_integer_sequence<uint32_t, kLanes>{});  // 0, 1, 2, ...
+
+// Stores the low 16 bits of each lane of (a, b) to p[0, 2 * kLanes).
+FA_VECTOR_HELPER void store_low16(c10::BFloat16* p, const U32& a, const U32& b) {
+  const U16 low_a = __builtin_convertvector(a, U16), low_b = __builtin_convertvector(b, U16);
+  std::memcpy(p, &low_a, sizeof low_a);
+  std::memcpy(p + kLanes, &low_b, sizeof low_b);
+}
+
+// Loads 2 * kLanes 16-bit values, zero-extended to the lanes of (a, b).
+FA_VECTOR_HELPER void load_low16(const c10::BFloat16* p, U32& a, U32& b) {
+  U16 low_a, low_b;
+  std::memcpy(&low_a, p, sizeof low_a);
+  std::memcpy(&low_b, p + kLanes, sizeof low_b);
+  a = __builtin_convertvector(low_a, U32);
+  b = __builtin_convertvector(low_b, U32);
+}
+
+// x rounded to the nearest bf16, ties to even, in the low 16 bits of each lane; a NaN gives all
+// ones. The same bits as the AVX2 spelling above and as at::vec's AVX-512 conversion, which GCC
+// leaves as a call per vector in the larger loops.
+FA_VECTOR_HELPER U32 nearest_bf16_of(const VecF& x) {
+  const U32 bits = bits_of(x);
+  return ((bits + 0x7fffu + ((bits >> 16) & 1u)) | bits_of(x.isnan())) >> 16;
+}
+
 template <typename T>
 FA_VECTOR_HELPER void load2(const T* p, OpVec<T>& a, OpVec<T>& b) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
@@ -114,6 +159,9 @@ FA_VECTOR_HELPER void store2(T* p, const OpVec<T>& a, const OpVec<T>& b) {
 #if defined(CPU_CAPABILITY_AVX2)
   } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_of(a, b));
+#else
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    store_low16(p, nearest_bf16_of(a), nearest_bf16_of(b));
 #endif
   } else {
     at::vec::convert_from_float<T>(a, b).store(p);
@@ -152,26 +200,6 @@ bool check_range(const T* x, int64_t n) {
   return tail != 0;
 }
 
-template <typename T>
-bool unscale_range(T* x, int64_t n, opmath_t<T> inv_scale, bool write) {
-  if (!write) return check_range(x, n);
-  using V = OpVec<T>;
-  using S = opmath_t<T>;
-  const V inv(inv_scale);
-  V nonfinite(S(0));
-  int64_t i = 0;
-  for (; i + kStep<T> <= n; i += kStep<T>) {
-    V a, b;
-    load2(x + i, a, b);
-    store2(x + i, ops::unscale(a, inv, nonfinite), ops::unscale(b, inv, nonfinite));
-  }
-  S tail_nonfinite = S(0);
-  for (; i < n; ++i) {
-    x[i] = static_cast<T>(ops::unscale(static_cast<S>(x[i]), inv_scale, tail_nonfinite));
-  }
-  return ops::any_nan(nonfinite) || ops::any_nan(tail_nonfinite);
-}
-
 // The partial value of a norm kind over x[0, n) of unscaled elements (x * inv_scale): op-math
 // vectors accumulate blocks of kNormBlock elements, whose lanes are then folded into a double in
 // lane order. The result depends on the range alone, so a fixed split of the tensors into ranges
@@ -206,43 +234,6 @@ double norm_range(const T* x, int64_t n, float inv_scale) {
 }
 
 // ---- 16-bit storage of fp32 values (ops/rounding.h), on vectors -------------------------------
-// The bits of float vectors as GCC vectors of as many 32-bit lanes: their operators always
-// inline, where at::vec's int32 vectors do not (GCC 12 keeps their AVX-512 operators as calls).
-constexpr int kLanes = VecF::size();
-using U32 = uint32_t __attribute__((vector_size(kLanes * sizeof(uint32_t))));
-using U16 = uint16_t __attribute__((vector_size(kLanes * sizeof(uint16_t))));
-static_assert(sizeof(U32) == sizeof(VecF), "a float vector and its bits must have the same size");
-
-FA_VECTOR_HELPER U32 bits_of(const VecF& x) {
-  U32 bits;
-  std::memcpy(&bits, &x, sizeof bits);
-  return bits;
-}
-FA_VECTOR_HELPER VecF float_of(const U32& bits) {
-  VecF x;
-  std::memcpy(&x, &bits, sizeof x);
-  return x;
-}
-template <uint32_t... J>
-constexpr U32 lane_index(std::integer_sequence<uint32_t, J...>) { return U32{J...}; }
-constexpr U32 kLaneIndex = lane_index(std::make_integer_sequence<uint32_t, kLanes>{});  // 0, 1, 2, ...
-
-// Stores the low 16 bits of each lane of (a, b) to p[0, 2 * kLanes).
-FA_VECTOR_HELPER void store_low16(c10::BFloat16* p, const U32& a, const U32& b) {
-  const U16 low_a = __builtin_convertvector(a, U16), low_b = __builtin_convertvector(b, U16);
-  std::memcpy(p, &low_a, sizeof low_a);
-  std::memcpy(p + kLanes, &low_b, sizeof low_b);
-}
-
-// Loads 2 * kLanes 16-bit values, zero-extended to the lanes of (a, b).
-FA_VECTOR_HELPER void load_low16(const c10::BFloat16* p, U32& a, U32& b) {
-  U16 low_a, low_b;
-  std::memcpy(&low_a, p, sizeof low_a);
-  std::memcpy(&low_b, p + kLanes, sizeof low_b);
-  a = __builtin_convertvector(low_a, U32);
-  b = __builtin_convertvector(low_b, U32);
-}
-
 FA_VECTOR_HELPER void load_master_of(const c10::BFloat16* param, const c10::BFloat16* remainder, VecF& a, VecF& b) {
 #if defined(CPU_CAPABILITY_AVX2)
   // the param less the carry its rounding added (the remainder's top bit), over the remainder
@@ -303,6 +294,91 @@ FA_VECTOR_HELPER void store_master_as(c10::BFloat16* param, c10::BFloat16* remai
   store_low16(remainder, bits_of(a), bits_of(b));
 }
 
+// ---- bf16 grads times a power of two ----------------------------------------------------------
+// The scaler's 1/scale is a power of two, 2^k. A bf16 grad times it is then exact (so rounding
+// it changes nothing) unless the product leaves the normal range, and the product's bits are the
+// grad's with k added to the exponent field: one 16-bit add per element, where the general path
+// converts, multiplies and rounds.
+using I16 = int16_t __attribute__((vector_size(2 * kLanes * sizeof(int16_t))));
+
+struct ExponentShift {
+  bool exact = false;  // the multiplier is 2^k, and some bf16 values times it are normal
+  int16_t add = 0;     // k in the exponent field
+  int16_t above = 0;   // the magnitude bits of the values whose product is normal lie
+  int16_t below = 0;   // strictly between these two
+};
+
+inline ExponentShift exponent_shift_of(float multiplier) {
+  ExponentShift s;
+  int e = 0;
+  if (std::frexp(multiplier, &e) != 0.5f) return s;  // not a positive power of two, or not finite
+  const int k = e - 1;
+  const int lowest = std::max(1, 1 - k), highest = std::min(254, 254 - k);  // exponent fields
+  if (lowest > highest) return s;
+  s.exact = true;
+  s.add = static_cast<int16_t>(k * 128);
+  s.above = static_cast<int16_t>(lowest * 128 - 1);
+  s.below = static_cast<int16_t>(highest * 128 + 128);
+  return s;
+}
+
+// True when every lane of a comparison's result is set.
+FA_VECTOR_HELPER bool all_lanes(const I16& mask) {
+#if defined(CPU_CAPABILITY_AVX2)
+  __m256i m;
+  std::memcpy(&m, &mask, sizeof m);
+  return _mm256_testc_si256(m, _mm256_set1_epi32(-1));
+#elif defined(CPU_CAPABILITY_AVX512)
+  __m512i m;
+  std::memcpy(&m, &mask, sizeof m);
+  return _mm512_movepi16_mask(m) == 0xffffffffu;
+#else
+  uint64_t words[sizeof(I16) / sizeof(uint64_t)];
+  std::memcpy(words, &mask, sizeof words);
+  uint64_t all = ~uint64_t{0};
+  for (const uint64_t w : words) all &= w;
+  return all == ~uint64_t{0};
+#endif
+}
+
+// Multiplies the 2 * kLanes bf16 values at p by the shift's 2^k in place when every product is
+// exact (zero or normal) and returns true; otherwise writes nothing and returns false.
+FA_VECTOR_HELPER bool scale_exactly(c10::BFloat16* p, const ExponentShift& s) {
+  I16 x;
+  std::memcpy(&x, p, sizeof x);
+  const I16 magnitude = x & 0x7fff;
+  const I16 normal = (magnitude > s.above) & (magnitude < s.below);
+  if (!all_lanes(normal | (magnitude == 0))) return false;
+  x += normal & s.add;
+  std::memcpy(p, &x, sizeof x);
+  return true;
+}
+
+// x[0, n) times inv_scale in place (write), or only checked; true when some element is inf or NaN.
+template <typename T>
+bool unscale_range(T* x, int64_t n, opmath_t<T> inv_scale, bool write) {
+  if (!write) return check_range(x, n);
+  using V = OpVec<T>;
+  using S = opmath_t<T>;
+  const V inv(inv_scale);
+  V nonfinite(S(0));
+  [[maybe_unused]] const ExponentShift shift = exponent_shift_of(static_cast<float>(inv_scale));
+  int64_t i = 0;
+  for (; i + kStep<T> <= n; i += kStep<T>) {
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (shift.exact && scale_exactly(x + i, shift)) continue;  // all finite
+    }
+    V a, b;
+    load2(x + i, a, b);
+    store2(x + i, ops::unscale(a, inv, nonfinite), ops::unscale(b, inv, nonfinite));
+  }
+  S tail_nonfinite = S(0);
+  for (; i < n; ++i) {
+    x[i] = static_cast<T>(ops::unscale(static_cast<S>(x[i]), inv_scale, tail_nonfinite));
+  }
+  return ops::any_nan(nonfinite) || ops::any_nan(tail_nonfinite);
+}
+
 // ops::rounding_bits of 2 * kLanes consecutive elements from `index` (lowbias32 on lanes).
 FA_VECTOR_HELPER void rounding_bits2(uint32_t key, int64_t index, U32& a, U32& b) {
   auto mix = [](U32 x) {
@@ -343,7 +419,15 @@ constexpr bool kCanStream = !std::is_same_v<T, float>;
 template <typename T>
 FA_VECTOR_HELPER void stream_store2(T* p, const VecF& a, const VecF& b) {
 #if defined(CPU_CAPABILITY_AVX512)
-  _mm512_stream_si512(reinterpret_cast<__m512i*>(p), at::vec::convert_from_float<T>(a, b));
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const U16 halves[2] = {__builtin_convertvector(nearest_bf16_of(a), U16),
+                           __builtin_convertvector(nearest_bf16_of(b), U16)};
+    __m512i bits;
+    std::memcpy(&bits, halves, sizeof bits);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), bits);
+  } else {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), at::vec::convert_from_float<T>(a, b));
+  }
 #else
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     _mm256_stream_si256(reinterpret_cast<__m256i*>(p), bf16_of(a, b));
@@ -376,8 +460,12 @@ FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF
 // The grad as the GradScaler leaves it after a step: unscaled, in its own dtype.
 template <typename T>
 FA_VECTOR_HELPER void store_unscaled_grad(const UpdateRange<T>& r, int64_t i, const VecF& g0, const VecF& g1,
-                                float inv_scale) {
-  if (r.write_grad) store2(r.grad + i, g0 * VecF(inv_scale), g1 * VecF(inv_scale));
+                                          float inv_scale, const ExponentShift& shift) {
+  if (!r.write_grad) return;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (shift.exact && scale_exactly(r.grad + i, shift)) return;
+  }
+  store2(r.grad + i, g0 * VecF(inv_scale), g1 * VecF(inv_scale));
 }
 
 // A state vector pair to its storage: fp32 as it is, bf16 rounded to nearest even (torch's
@@ -488,6 +576,7 @@ FA_VECTOR_LOOP void adam_vectors(const UpdateRange<T> r, const C c, int64_t begi
   S* const m = static_cast<S*>(r.exp_avg);
   S* const v = static_cast<S*>(r.exp_avg_sq);
   S* const vmax = static_cast<S*>(r.aux);
+  const ExponentShift shift = exponent_shift_of(c.inv_scale);
   for (int64_t i = begin; i < end; i += kStep<T>) {
     VecF p0, p1, g0, g1, m0, m1, v0, v1, vmax0(0.f), vmax1(0.f);
     load_value(r, i, p0, p1);
@@ -495,7 +584,7 @@ FA_VECTOR_LOOP void adam_vectors(const UpdateRange<T> r, const C c, int64_t begi
     load2(m + i, m0, m1);
     load2(v + i, v0, v1);
     if (c.amsgrad) load2(vmax + i, vmax0, vmax1);
-    store_unscaled_grad(r, i, g0, g1, c.inv_scale);
+    store_unscaled_grad(r, i, g0, g1, c.inv_scale, shift);
     ops::adam_update(p0, g0, m0, v0, vmax0, c);
     ops::adam_update(p1, g1, m1, v1, vmax1, c);
     store_value(r, i, p0, p1, stream);
@@ -539,12 +628,13 @@ template <typename T, typename S>
 FA_VECTOR_LOOP void sgd_vectors(const UpdateRange<T> r, const ops::SgdCoeffs c, int64_t begin, int64_t end,
                                 bool stream) {
   S* const buf = static_cast<S*>(r.aux);
+  const ExponentShift shift = exponent_shift_of(c.inv_scale);
   for (int64_t i = begin; i < end; i += kStep<T>) {
     VecF p0, p1, g0, g1, b0(0.f), b1(0.f);
     load_value(r, i, p0, p1);
     load2(r.grad + i, g0, g1);
     if (buf && !c.first_step) load2(buf + i, b0, b1);
-    store_unscaled_grad(r, i, g0, g1, c.inv_scale);
+    store_unscaled_grad(r, i, g0, g1, c.inv_scale, shift);
     ops::sgd_update(p0, g0, b0, c);
     ops::sgd_update(p1, g1, b1, c);
     store_value(r, i, p0, p1, stream);
