@@ -60,35 +60,6 @@ using OpVec = Vectorized<opmath_t<T>>;
 template <typename T>
 constexpr int64_t kStep = 2 * OpVec<T>::size();
 
-#if defined(CPU_CAPABILITY_AVX2)
-// bf16 on AVX2, where at::vec converts with a shift per lane and a pack across 128-bit lanes:
-// unpacks and packs work within 128-bit lanes, so the quarters of 16 elements go in order
-// (0, 2, 1, 3) first, and one unpack puts each element's word over another's.
-// Lanes 0-7 in a, 8-15 in b: the word of `high` over the word of `low`.
-FA_VECTOR_HELPER void interleave16(__m256i low, __m256i high, __m256i& a, __m256i& b) {
-  low = _mm256_permute4x64_epi64(low, 0xd8);
-  high = _mm256_permute4x64_epi64(high, 0xd8);
-  a = _mm256_unpacklo_epi16(low, high);
-  b = _mm256_unpackhi_epi16(low, high);
-}
-// The high words of the lanes of a (elements 0-7) and b (8-15), in element order.
-FA_VECTOR_HELPER __m256i high_words(__m256i a, __m256i b) {
-  return _mm256_permute4x64_epi64(_mm256_packus_epi32(_mm256_srli_epi32(a, 16), _mm256_srli_epi32(b, 16)), 0xd8);
-}
-// x rounded to the nearest bf16, ties to even, in the high word of each lane (the low word is
-// left over); a NaN gives all ones. The same bits as at::vec's conversion.
-FA_VECTOR_HELPER __m256i round_nearest_even(__m256 x) {
-  const __m256i bits = _mm256_castps_si256(x);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7fff)), odd);
-  return _mm256_or_si256(rounded, _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
-}
-// (a, b) as 16 bf16 values, to nearest even.
-FA_VECTOR_HELPER __m256i bf16_of(__m256 a, __m256 b) {
-  return high_words(round_nearest_even(a), round_nearest_even(b));
-}
-#endif
-
 // The bits of float vectors as GCC vectors of as many 32-bit lanes: their operators always
 // inline, where at::vec's int32 vectors do not (GCC 12 keeps their AVX-512 operators as calls).
 constexpr int kLanes = VecF::size();
@@ -127,12 +98,36 @@ FA_VECTOR_HELPER void load_low16(const c10::BFloat16* p, U32& a, U32& b) {
 }
 
 // x rounded to the nearest bf16, ties to even, in the low 16 bits of each lane; a NaN gives all
-// ones. The same bits as the AVX2 spelling above and as at::vec's AVX-512 conversion, which GCC
-// leaves as a call per vector in the larger loops.
+// ones. The same bits as at::vec's AVX2 and AVX-512 conversions, which GCC leaves as calls per
+// vector in the larger loops.
 FA_VECTOR_HELPER U32 nearest_bf16_of(const VecF& x) {
   const U32 bits = bits_of(x);
   return ((bits + 0x7fffu + ((bits >> 16) & 1u)) | bits_of(x.isnan())) >> 16;
 }
+
+#if defined(CPU_CAPABILITY_AVX2)
+// bf16 on AVX2, where at::vec converts with a shift per lane and a pack across 128-bit lanes:
+// unpacks and packs work within 128-bit lanes, so the quarters of 16 elements go in order
+// (0, 2, 1, 3) first, and one unpack puts each element's word over another's.
+// Lanes 0-7 in a, 8-15 in b: the word of `high` over the word of `low`.
+FA_VECTOR_HELPER void interleave16(__m256i low, __m256i high, __m256i& a, __m256i& b) {
+  low = _mm256_permute4x64_epi64(low, 0xd8);
+  high = _mm256_permute4x64_epi64(high, 0xd8);
+  a = _mm256_unpacklo_epi16(low, high);
+  b = _mm256_unpackhi_epi16(low, high);
+}
+// The high words of the lanes of a (elements 0-7) and b (8-15), in element order.
+FA_VECTOR_HELPER __m256i high_words(__m256i a, __m256i b) {
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(_mm256_srli_epi32(a, 16), _mm256_srli_epi32(b, 16)), 0xd8);
+}
+// (a, b) as 16 bf16 values, to nearest even.
+FA_VECTOR_HELPER __m256i bf16_of(const VecF& a, const VecF& b) {
+  __m256i words[2];  // each lane's bf16 in its low word, the high word zero: packs without saturating
+  const U32 rounded[2] = {nearest_bf16_of(a), nearest_bf16_of(b)};
+  std::memcpy(words, rounded, sizeof words);
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(words[0], words[1]), 0xd8);
+}
+#endif
 
 template <typename T>
 FA_VECTOR_HELPER void load2(const T* p, OpVec<T>& a, OpVec<T>& b) {
