@@ -1,0 +1,76 @@
+// Nanoseconds per element of the CPU Adam loop on bf16 params, one thread, no Python: the loop of
+// one instruction set (LOOPS_FILE, e.g. cpu/loops_avx2.cpp) on n elements in each memory mode,
+// with the grads left unscaled as GradScaler's steps leave them. A small n keeps the data in
+// cache, a large one in memory: equal times mean the loop, not memory, sets the pace.
+// Build and run with tools/loop_bench.sh.
+#include LOOPS_FILE
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+namespace {
+
+using fused_amp::cpu::UpdateRange;
+using BF16 = c10::BFloat16;
+
+struct Mode {
+  const char* name;
+  bool remainder;  // master_weights="remainder" (else fp32 masters)
+  bool bf16_state;
+  bool stochastic;
+};
+
+double ns_per_element(const Mode& mode, int64_t n, int reps) {
+  std::mt19937 gen(0);
+  std::normal_distribution<float> normal;
+  std::vector<BF16> param(n), grad(n), remainder(n), state16(2 * n);
+  std::vector<float> master(n), state32(2 * n, 0.f);
+  for (int64_t i = 0; i < n; ++i) {
+    master[i] = normal(gen);
+    param[i] = master[i];
+    remainder[i].x = 0;
+    grad[i] = 1024.f * normal(gen);
+    state16[i] = state16[n + i] = 0.f;
+  }
+  void* state = mode.bf16_state ? static_cast<void*>(state16.data()) : static_cast<void*>(state32.data());
+  const size_t state_bytes = mode.bf16_state ? 2 : 4;
+  const UpdateRange<BF16> range{param.data(), grad.data(), mode.remainder ? nullptr : master.data(),
+                                mode.remainder ? remainder.data() : nullptr, state,
+                                static_cast<char*>(state) + n * state_bytes, nullptr, n, 0, 12345u,
+                                mode.stochastic, true};
+  const fused_amp::ops::AdamHyper hyper{0.9, 0.999, 1e-8, 0.0, false, false, false};
+  // 1/scale alternates between 2^-10 and 2^10, so that the grads left unscaled stay where they were
+  const fused_amp::ops::AdamCoeffs down = fused_amp::ops::adam_coeffs(hyper, 1e-3, 10.0, 1.f / 1024.f);
+  const fused_amp::ops::AdamCoeffs up = fused_amp::ops::adam_coeffs(hyper, 1e-3, 10.0, 1024.f);
+  const auto step = fused_amp::cpu::CPU_CAPABILITY::loops().adam_bfloat16[mode.bf16_state ? 1 : 0];
+  std::vector<double> batches;
+  for (int b = 0; b < 7; ++b) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int r = 0; r < reps; ++r) step(range, r % 2 ? up : down);
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    batches.push_back(took.count() / reps / n * 1e9);
+  }
+  std::sort(batches.begin(), batches.end());
+  return batches[batches.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  const Mode modes[] = {{"fp32 masters", false, false, false},
+                        {"remainder", true, false, false},
+                        {"bf16 state", false, true, false},
+                        {"bf16 state, stochastic", false, true, true},
+                        {"remainder + bf16 state", true, true, false}};
+  std::printf("%s loops, one thread: ns per element, median of 7 batches\n",
+              fused_amp::cpu::CPU_CAPABILITY::loops().isa);
+  std::printf("%-24s %14s %14s\n", "mode", "8,192 (cache)", "4M (memory)");
+  for (const Mode& mode : modes) {
+    std::printf("%-24s %14.3f %14.3f\n", mode.name, ns_per_element(mode, 8192, 2000),
+                ns_per_element(mode, 4 << 20, 6));
+  }
+  return 0;
+}

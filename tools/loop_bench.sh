@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds tools/loop_bench.cpp against the installed torch's headers, with the CPU loops of one
+# instruction set (default: the widest this CPU has, as the extension picks it), and runs it.
+# Usage: tools/loop_bench.sh [--build-only] [default|avx2|avx512]; the Python is $PY or
+# .venv/bin/python. CI builds it only, so that it keeps compiling.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_ONLY=0
+if [[ "${1:-}" == "--build-only" ]]; then BUILD_ONLY=1; shift; fi
+FLAGS="$(grep -m1 '^flags' /proc/cpuinfo || true)"
+ISA=default
+if [[ "$FLAGS" == *" avx2 "* && "$FLAGS" == *" fma "* ]]; then ISA=avx2; fi
+if [[ "$FLAGS" == *" avx512f "* && "$FLAGS" == *" avx512bw "* && "$FLAGS" == *" avx512vl "* && "$FLAGS" == *" avx512dq "* ]]; then ISA=avx512; fi
+ISA="${1:-$ISA}"
+PY="${PY:-.venv/bin/python}"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+read -r -a INCLUDES <<< "$("$PY" -c 'from torch.utils.cpp_extension import include_paths; print(" ".join("-I" + p for p in include_paths()))' 2>/dev/null)"
+LIB="$("$PY" -c 'from torch.utils.cpp_extension import library_paths; print(library_paths()[0])' 2>/dev/null)"
+# the extension's flags (setup.py): contraction off, so that each fma_ is one and nothing else fuses
+g++ -O3 -std=c++17 -ffp-contract=off -Wno-psabi -Icsrc "${INCLUDES[@]}" -DLOOPS_FILE="\"cpu/loops_${ISA}.cpp\"" \
+  tools/loop_bench.cpp -o "$WORK/loop_bench" -L"$LIB" -lc10 -Wl,-rpath,"$LIB"
+echo "tools/loop_bench.cpp built with the ${ISA} loops"
+if [[ "$BUILD_ONLY" == 0 ]]; then "$WORK/loop_bench"; fi
