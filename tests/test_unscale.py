@@ -70,13 +70,16 @@ BF16_MULTIPLIERS = [2.0 ** -149, 2.0 ** -133, 2.0 ** -126, 2.0 ** -16, 0.5, 2.0,
 def every_bf16(finite_only=False, skip=0):
     """Every bf16 bit pattern, in order of its bits (runs of 128 share an exponent): vectors hold
     values of one exponent, or with `skip` values of two; then normal values with zeros of both
-    signs among them (as grads have)."""
+    signs among them (as grads have), and unless `finite_only` an infinity among them."""
     x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)[skip:]
     if finite_only:
         x = x[x.isfinite()]
     normal = torch.randn(4099, generator=torch.Generator().manual_seed(skip)).bfloat16()
     normal[::3] = 0.0
     normal[::7] = -0.0
+    if not finite_only:
+        normal[1001] = float("inf")
+        normal[2002] = float("-inf")
     return torch.cat([x, normal])
 
 
