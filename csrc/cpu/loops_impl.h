@@ -65,6 +65,7 @@ constexpr int64_t kStep = 2 * OpVec<T>::size();
 constexpr int kLanes = VecF::size();
 using U32 = uint32_t __attribute__((vector_size(kLanes * sizeof(uint32_t))));
 using U16 = uint16_t __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+using I16 = int16_t __attribute__((vector_size(2 * kLanes * sizeof(int16_t))));  // the words of a step's elements
 static_assert(sizeof(U32) == sizeof(VecF), "a float vector and its bits must have the same size");
 
 FA_VECTOR_HELPER U32 bits_of(const VecF& x) {
@@ -80,13 +81,6 @@ FA_VECTOR_HELPER VecF float_of(const U32& bits) {
 template <uint32_t... J>
 constexpr U32 lane_index(std::integer_sequence<uint32_t, J...>) { return U32{J...}; }
 constexpr U32 kLaneIndex = lane_index(std::make_integer_sequence<uint32_t, kLanes>{});  // 0, 1, 2, ...
-
-// Stores the low 16 bits of each lane of (a, b) to p[0, 2 * kLanes).
-FA_VECTOR_HELPER void store_low16(c10::BFloat16* p, const U32& a, const U32& b) {
-  const U16 low_a = __builtin_convertvector(a, U16), low_b = __builtin_convertvector(b, U16);
-  std::memcpy(p, &low_a, sizeof low_a);
-  std::memcpy(p + kLanes, &low_b, sizeof low_b);
-}
 
 // Loads 2 * kLanes 16-bit values, zero-extended to the lanes of (a, b).
 FA_VECTOR_HELPER void load_low16(const c10::BFloat16* p, U32& a, U32& b) {
@@ -116,18 +110,31 @@ FA_VECTOR_HELPER void interleave16(__m256i low, __m256i high, __m256i& a, __m256
   a = _mm256_unpacklo_epi16(low, high);
   b = _mm256_unpackhi_epi16(low, high);
 }
-// The high words of the lanes of a (elements 0-7) and b (8-15), in element order.
-FA_VECTOR_HELPER __m256i high_words(__m256i a, __m256i b) {
-  return _mm256_permute4x64_epi64(_mm256_packus_epi32(_mm256_srli_epi32(a, 16), _mm256_srli_epi32(b, 16)), 0xd8);
-}
-// (a, b) as 16 bf16 values, to nearest even.
-FA_VECTOR_HELPER __m256i bf16_of(const VecF& a, const VecF& b) {
-  __m256i words[2];  // each lane's bf16 in its low word, the high word zero: packs without saturating
-  const U32 rounded[2] = {nearest_bf16_of(a), nearest_bf16_of(b)};
-  std::memcpy(words, rounded, sizeof words);
-  return _mm256_permute4x64_epi64(_mm256_packus_epi32(words[0], words[1]), 0xd8);
-}
 #endif
+
+// The lanes of (a, b), each holding a 16-bit value, as 2 * kLanes words in element order.
+FA_VECTOR_HELPER I16 words_of(const U32& a, const U32& b) {
+  I16 out;
+#if defined(CPU_CAPABILITY_AVX2)
+  // a pack works within 128-bit lanes: its quarters go back in order (0, 2, 1, 3); the values fit
+  // in 16 bits, so it does not saturate
+  __m256i lanes[2];
+  const U32 in[2] = {a, b};
+  std::memcpy(lanes, in, sizeof lanes);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(lanes[0], lanes[1]), 0xd8);
+  std::memcpy(&out, &packed, sizeof out);
+#else
+  const U16 halves[2] = {__builtin_convertvector(a, U16), __builtin_convertvector(b, U16)};
+  std::memcpy(&out, halves, sizeof out);
+#endif
+  return out;
+}
+
+// Stores the lanes of (a, b), each holding a 16-bit value, to p[0, 2 * kLanes).
+FA_VECTOR_HELPER void store_words(c10::BFloat16* p, const U32& a, const U32& b) {
+  const I16 words = words_of(a, b);
+  std::memcpy(p, &words, sizeof words);
+}
 
 template <typename T>
 FA_VECTOR_HELPER void load2(const T* p, OpVec<T>& a, OpVec<T>& b) {
@@ -151,13 +158,8 @@ FA_VECTOR_HELPER void store2(T* p, const OpVec<T>& a, const OpVec<T>& b) {
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
     a.store(p);
     b.store(p + OpVec<T>::size());
-#if defined(CPU_CAPABILITY_AVX2)
   } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), bf16_of(a, b));
-#else
-  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    store_low16(p, nearest_bf16_of(a), nearest_bf16_of(b));
-#endif
+    store_words(p, nearest_bf16_of(a), nearest_bf16_of(b));
   } else {
     at::vec::convert_from_float<T>(a, b).store(p);
   }
@@ -253,11 +255,7 @@ FA_VECTOR_HELPER void load_master_of(const c10::BFloat16* param, const c10::BFlo
 // Stores fp32 values that are bf16 values already (low halves zero) as bf16: their high halves,
 // without the rounding of a conversion.
 FA_VECTOR_HELPER void store_exact_bf16(c10::BFloat16* p, const VecF& a, const VecF& b) {
-#if defined(CPU_CAPABILITY_AVX2)
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), high_words(_mm256_castps_si256(a), _mm256_castps_si256(b)));
-#else
-  store_low16(p, bits_of(a) >> 16, bits_of(b) >> 16);
-#endif
+  store_words(p, bits_of(a) >> 16, bits_of(b) >> 16);
 }
 
 // ops::round_bits_to_bf16 on a vector: x rounded to a bf16 value by adding `addend` to its
@@ -286,7 +284,7 @@ FA_VECTOR_HELPER void store_master_as(c10::BFloat16* param, c10::BFloat16* remai
 #endif
   const U32 half_ulp = U32{} + 0x8000u;  // to nearest, ties away from zero (ops::param_bits_of_master)
   store_exact_bf16(param, round_to_bf16(a, half_ulp), round_to_bf16(b, half_ulp));
-  store_low16(remainder, bits_of(a), bits_of(b));
+  store_words(remainder, bits_of(a) & 0xffffu, bits_of(b) & 0xffffu);
 }
 
 // ---- bf16 grads times a power of two ----------------------------------------------------------
@@ -294,8 +292,6 @@ FA_VECTOR_HELPER void store_master_as(c10::BFloat16* param, c10::BFloat16* remai
 // it changes nothing) unless the product leaves the normal range, and the product's bits are the
 // grad's with k added to the exponent field: one 16-bit add per element, where the general path
 // converts, multiplies and rounds.
-using I16 = int16_t __attribute__((vector_size(2 * kLanes * sizeof(int16_t))));
-
 struct ExponentShift {
   bool exact = false;  // the multiplier is 2^k, and some bf16 values times it are normal
   int16_t add = 0;     // k in the exponent field
@@ -315,6 +311,15 @@ inline ExponentShift exponent_shift_of(float multiplier) {
   s.above = static_cast<int16_t>(lowest * 128 - 1);
   s.below = static_cast<int16_t>(highest * 128 + 128);
   return s;
+}
+
+// The shift of a loop that multiplies T values by `multiplier` in place (`write`): bf16 only.
+template <typename T>
+inline ExponentShift exponent_shift_of(float multiplier, bool write) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (write) return exponent_shift_of(multiplier);
+  }
+  return {};
 }
 
 // True when every lane of a comparison's result is set.
@@ -357,7 +362,7 @@ bool unscale_range(T* x, int64_t n, opmath_t<T> inv_scale, bool write) {
   using S = opmath_t<T>;
   const V inv(inv_scale);
   V nonfinite(S(0));
-  [[maybe_unused]] const ExponentShift shift = exponent_shift_of(static_cast<float>(inv_scale));
+  const ExponentShift shift = exponent_shift_of<T>(static_cast<float>(inv_scale), true);
   int64_t i = 0;
   for (; i + kStep<T> <= n; i += kStep<T>) {
     if constexpr (std::is_same_v<T, c10::BFloat16>) {
@@ -414,21 +419,21 @@ constexpr bool kCanStream = !std::is_same_v<T, float>;
 template <typename T>
 FA_VECTOR_HELPER void stream_store2(T* p, const VecF& a, const VecF& b) {
 #if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    const U16 halves[2] = {__builtin_convertvector(nearest_bf16_of(a), U16),
-                           __builtin_convertvector(nearest_bf16_of(b), U16)};
-    __m512i bits;
-    std::memcpy(&bits, halves, sizeof bits);
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), bits);
-  } else {
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(p), at::vec::convert_from_float<T>(a, b));
-  }
+  using Words = __m512i;
 #else
+  using Words = __m256i;
+#endif
+  Words words;
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), bf16_of(a, b));
+    const I16 bf16 = words_of(nearest_bf16_of(a), nearest_bf16_of(b));
+    std::memcpy(&words, &bf16, sizeof words);
   } else {
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), at::vec::convert_from_float<T>(a, b));
+    words = at::vec::convert_from_float<T>(a, b);
   }
+#if defined(CPU_CAPABILITY_AVX512)
+  _mm512_stream_si512(reinterpret_cast<Words*>(p), words);
+#else
+  _mm256_stream_si256(reinterpret_cast<Words*>(p), words);
 #endif
 }
 inline void stream_fence() { _mm_sfence(); }
@@ -571,7 +576,7 @@ FA_VECTOR_LOOP void adam_vectors(const UpdateRange<T> r, const C c, int64_t begi
   S* const m = static_cast<S*>(r.exp_avg);
   S* const v = static_cast<S*>(r.exp_avg_sq);
   S* const vmax = static_cast<S*>(r.aux);
-  const ExponentShift shift = exponent_shift_of(c.inv_scale);
+  const ExponentShift shift = exponent_shift_of<T>(c.inv_scale, r.write_grad);
   for (int64_t i = begin; i < end; i += kStep<T>) {
     VecF p0, p1, g0, g1, m0, m1, v0, v1, vmax0(0.f), vmax1(0.f);
     load_value(r, i, p0, p1);
@@ -623,7 +628,7 @@ template <typename T, typename S>
 FA_VECTOR_LOOP void sgd_vectors(const UpdateRange<T> r, const ops::SgdCoeffs c, int64_t begin, int64_t end,
                                 bool stream) {
   S* const buf = static_cast<S*>(r.aux);
-  const ExponentShift shift = exponent_shift_of(c.inv_scale);
+  const ExponentShift shift = exponent_shift_of<T>(c.inv_scale, r.write_grad);
   for (int64_t i = begin; i < end; i += kStep<T>) {
     VecF p0, p1, g0, g1, b0(0.f), b1(0.f);
     load_value(r, i, p0, p1);
