@@ -4,6 +4,7 @@ hang fails."""
 import copy
 import os
 import tempfile
+import time
 
 import pytest
 import torch
@@ -22,6 +23,27 @@ def run_ranks(fn, world, *args):
         return harness.run_ranks(fn, world, *args, deadline_s=DEADLINE_S)
     except RuntimeError as e:
         pytest.fail(str(e))
+
+
+def failing_run(rank, world, how):
+    if rank == 1:
+        if how == "raise":
+            raise ValueError("rank 1 fails")
+        os.abort()
+    time.sleep(DEADLINE_S)  # until the harness stops it, rank 1's failure being the one reported
+
+
+@pytest.mark.parametrize("how,cause", [("raise", "ValueError: rank 1 fails"), ("abort", "signal SIGABRT")])
+def test_a_failing_rank_fails_the_run_and_says_why(how, cause, capfd):
+    """The harness's own contract, now that a finished rank leaves by os._exit: a rank that
+    raises or dies of a signal still fails the run, and one killed by a signal prints its
+    stacks (C++ and Python) on stderr."""
+    with pytest.raises(RuntimeError, match="a rank failed") as e:
+        harness.run_ranks(failing_run, 2, how, deadline_s=DEADLINE_S)
+    assert cause in str(e.value)
+    if how == "abort":
+        err = capfd.readouterr().err
+        assert "SIGABRT(6), PID" in err and "Fatal Python error: Aborted" in err
 
 
 def make_model():
