@@ -7,12 +7,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_ONLY=0
 if [[ "${1:-}" == "--build-only" ]]; then BUILD_ONLY=1; shift; fi
-FLAGS="$(grep -m1 '^flags' /proc/cpuinfo || true)"
-ISA=default
-if [[ "$FLAGS" == *" avx2 "* && "$FLAGS" == *" fma "* ]]; then ISA=avx2; fi
-if [[ "$FLAGS" == *" avx512f "* && "$FLAGS" == *" avx512bw "* && "$FLAGS" == *" avx512vl "* && "$FLAGS" == *" avx512dq "* ]]; then ISA=avx512; fi
-ISA="${1:-$ISA}"
 PY="${PY:-.venv/bin/python}"
+# torch's choice, which csrc/cpu/dispatch.cpp follows (cpuinfo and ATEN_CPU_CAPABILITY)
+case "$("$PY" -c 'import torch; print(torch.backends.cpu.get_cpu_capability())')" in
+  AVX512) ISA=avx512 ;;
+  AVX2) ISA=avx2 ;;
+  *) ISA=default ;;
+esac
+ISA="${1:-$ISA}"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 read -r -a INCLUDES <<< "$("$PY" -c 'from torch.utils.cpp_extension import include_paths; print(" ".join("-I" + p for p in include_paths()))' 2>/dev/null)"
