@@ -341,23 +341,17 @@ FA_VECTOR_HELPER bool all_lanes(const I16& mask) {
 #endif
 }
 
-// Multiplies the 2 * kLanes values at p by the shift's 2^k in place when they are bf16 and every
-// product is exact (zero or normal), and returns true; otherwise writes nothing and returns false.
-template <typename T>
-FA_VECTOR_HELPER bool scale_exactly(T* p, const ExponentShift& s) {
-  if constexpr (!std::is_same_v<T, c10::BFloat16>) {
-    return false;
-  } else {
-    if (!s.exact) return false;
-    I16 x;
-    std::memcpy(&x, p, sizeof x);
-    const I16 magnitude = x & 0x7fff;
-    const I16 normal = (magnitude > s.above) & (magnitude < s.below);
-    if (!all_lanes(normal | (magnitude == 0))) return false;
-    x += normal & s.add;
-    std::memcpy(p, &x, sizeof x);
-    return true;
-  }
+// Multiplies the 2 * kLanes bf16 values at p by the shift's 2^k in place when every product is
+// exact (zero or normal) and returns true; otherwise writes nothing and returns false.
+FA_VECTOR_HELPER bool scale_exactly(c10::BFloat16* p, const ExponentShift& s) {
+  I16 x;
+  std::memcpy(&x, p, sizeof x);
+  const I16 magnitude = x & 0x7fff;
+  const I16 normal = (magnitude > s.above) & (magnitude < s.below);
+  if (!all_lanes(normal | (magnitude == 0))) return false;
+  x += normal & s.add;
+  std::memcpy(p, &x, sizeof x);
+  return true;
 }
 
 // x[0, n) times inv_scale in place (write), or only checked; true when some element is inf or NaN.
@@ -371,7 +365,9 @@ bool unscale_range(T* x, int64_t n, opmath_t<T> inv_scale, bool write) {
   const ExponentShift shift = exponent_shift_of<T>(static_cast<float>(inv_scale), true);
   int64_t i = 0;
   for (; i + kStep<T> <= n; i += kStep<T>) {
-    if (scale_exactly(x + i, shift)) continue;  // all finite
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      if (shift.exact && scale_exactly(x + i, shift)) continue;  // all finite
+    }
     V a, b;
     load2(x + i, a, b);
     store2(x + i, ops::unscale(a, inv, nonfinite), ops::unscale(b, inv, nonfinite));
@@ -465,7 +461,10 @@ FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF
 template <typename T>
 FA_VECTOR_HELPER void store_unscaled_grad(const UpdateRange<T>& r, int64_t i, const VecF& g0, const VecF& g1,
                                           float inv_scale, const ExponentShift& shift) {
-  if (!r.write_grad || scale_exactly(r.grad + i, shift)) return;
+  if (!r.write_grad) return;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (shift.exact && scale_exactly(r.grad + i, shift)) return;
+  }
   store2(r.grad + i, g0 * VecF(inv_scale), g1 * VecF(inv_scale));
 }
 
