@@ -77,7 +77,8 @@ struct Entry {
   static void adam_step_(at::TensorList params, at::TensorList grads,
                          const c10::List<std::optional<at::Tensor>>& master_params,
                          at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                         at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr,
+                         at::TensorList max_exp_avg_sqs, at::TensorList steps,
+                         const c10::List<std::optional<at::Tensor>>& state_absmaxes, double lr,
                          const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,
                          double eps, double weight_decay, bool amsgrad, bool maximize,
                          bool decoupled_weight_decay, const std::optional<at::Tensor>& inv_scale,
@@ -91,7 +92,7 @@ struct Entry {
     const core::AdamArgs a{
         core::validate_step("adam_step_", params, grads, master_params, exp_avgs, "exp_avgs",
                             exp_avg_sqs, "exp_avg_sqs", max_exp_avg_sqs, "max_exp_avg_sqs", amsgrad,
-                            steps, true, lr, lr_tensor, inv_scale, found_inf, grad_norm,
+                            state_absmaxes, steps, true, lr, lr_tensor, inv_scale, found_inf, grad_norm,
                             max_grad_norm, rounding_seed, unscale_grads,
                             check_only ? nullptr : &staging),
         {beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad, maximize}};
@@ -102,7 +103,8 @@ struct Entry {
 
   static void sgd_step_(at::TensorList params, at::TensorList grads,
                         const c10::List<std::optional<at::Tensor>>& master_params,
-                        at::TensorList momentum_buffers, at::TensorList steps, double lr,
+                        at::TensorList momentum_buffers, at::TensorList steps,
+                        const c10::List<std::optional<at::Tensor>>& state_absmaxes, double lr,
                         const std::optional<at::Tensor>& lr_tensor, double momentum,
                         double dampening, double weight_decay, bool nesterov, bool maximize,
                         const std::optional<at::Tensor>& inv_scale,
@@ -116,7 +118,8 @@ struct Entry {
     const bool has_momentum = momentum != 0.0;
     const core::SgdArgs a{
         core::validate_step("sgd_step_", params, grads, master_params, {}, nullptr, {}, nullptr,
-                            momentum_buffers, "momentum_buffers", has_momentum, steps, has_momentum,
+                            momentum_buffers, "momentum_buffers", has_momentum, state_absmaxes, steps,
+                            has_momentum,
                             lr, lr_tensor, inv_scale, found_inf, grad_norm, max_grad_norm,
                             rounding_seed, unscale_grads, check_only ? nullptr : &staging),
         {momentum, dampening, weight_decay, nesterov, maximize},

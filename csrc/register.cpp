@@ -24,13 +24,15 @@ constexpr const char* kSchemas[] = {
     "Tensor(c!)? hysteresis_tracker=None, float? min_scale=None, float? max_scale=None) -> ()",
     "adam_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
     "Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, "
-    "Tensor(f!)[] steps, *, float lr, Tensor? lr_tensor=None, float beta1, float beta2, "
+    "Tensor(f!)[] steps, *, Tensor(h!)?[] state_absmaxes, float lr, Tensor? lr_tensor=None, "
+    "float beta1, float beta2, "
     "float eps, float weight_decay, bool amsgrad, bool maximize, bool decoupled_weight_decay, "
     "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
     "float? max_grad_norm=None, int? rounding_seed=None, bool unscale_grads=True, "
     "bool check_only=False) -> ()",
     "sgd_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
-    "Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, *, float lr, Tensor? lr_tensor=None, "
+    "Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, *, Tensor(h!)?[] state_absmaxes, float lr, "
+    "Tensor? lr_tensor=None, "
     "float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
     "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
     "float? max_grad_norm=None, int? rounding_seed=None, bool unscale_grads=True, "

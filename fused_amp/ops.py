@@ -81,7 +81,7 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
                master_params: List[Optional[torch.Tensor]], exp_avgs: List[torch.Tensor],
                exp_avg_sqs: List[torch.Tensor], max_exp_avg_sqs: List[torch.Tensor],
                steps: List[torch.Tensor], *, lr: float, lr_tensor: Optional[torch.Tensor] = None,
-               beta1: float, beta2: float, eps: float, weight_decay: float, amsgrad: bool,
+               state_absmaxes: Optional[List[Optional[torch.Tensor]]] = None, beta1: float, beta2: float, eps: float, weight_decay: float, amsgrad: bool,
                maximize: bool, decoupled_weight_decay: bool,
                inv_scale: Optional[torch.Tensor] = None,
                found_inf: Optional[torch.Tensor] = None, grad_norm: Optional[torch.Tensor] = None,
@@ -95,7 +95,14 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
     nearest with ties away from zero); ``None`` (or an empty list) updates the param in place.
     The state tensors of a param are all fp32 or all bf16 (math in fp32, stored rounded to
     nearest even, or stochastically with ``rounding_seed``: the random bits depend on the seed,
-    the step and the element's index only, the same on every device and thread count). Grads are
+    the step and the element's index only, the same on every device and thread count), or all
+    uint8: 8-bit codes in blocks of 256 elements of their memory order (laid out as the param),
+    whose fp32 absmax per block ``state_absmaxes[i]`` holds, one row per state list in use
+    (exp_avg, exp_avg_sq, max_exp_avg_sq), one column per block (None for a param whose state is
+    not 8-bit). The maps (exp_avg signed: ``absmax * sign(c) (c/127)^2``; exp_avg_sq and
+    max_exp_avg_sq unsigned: ``absmax * (c/255)^2``) are those of ``fused_amp.optim``'s
+    ``state_dtype=torch.uint8``; the update dequantizes, computes as with fp32 state, and
+    requantizes to nearest with the block's new absmax. Grads are
     multiplied by ``inv_scale`` when given and, with ``unscale_grads``, left unscaled in place
     (as torch's fused optimizers leave them). When ``found_inf`` is nonzero nothing is written
     and ``steps`` stay as they are; otherwise each step is incremented. With ``grad_norm`` (the
@@ -111,7 +118,7 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
                     _tensors(op, "master_params", master_params), _tensors(op, "exp_avgs", exp_avgs),
                     _tensors(op, "exp_avg_sqs", exp_avg_sqs),
                     _tensors(op, "max_exp_avg_sqs", max_exp_avg_sqs), _tensors(op, "steps", steps),
-                    lr=lr, lr_tensor=lr_tensor, beta1=beta1, beta2=beta2, eps=eps,
+                    state_absmaxes=_tensors(op, "state_absmaxes", state_absmaxes or []), lr=lr, lr_tensor=lr_tensor, beta1=beta1, beta2=beta2, eps=eps,
                     weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
                     decoupled_weight_decay=decoupled_weight_decay, inv_scale=inv_scale,
                     found_inf=found_inf, grad_norm=grad_norm, max_grad_norm=max_grad_norm,
@@ -121,7 +128,7 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
 def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
               master_params: List[Optional[torch.Tensor]], momentum_buffers: List[torch.Tensor],
               steps: List[torch.Tensor], *, lr: float, lr_tensor: Optional[torch.Tensor] = None,
-              momentum: float, dampening: float, weight_decay: float, nesterov: bool,
+              state_absmaxes: Optional[List[Optional[torch.Tensor]]] = None, momentum: float, dampening: float, weight_decay: float, nesterov: bool,
               maximize: bool, inv_scale: Optional[torch.Tensor] = None,
               found_inf: Optional[torch.Tensor] = None, grad_norm: Optional[torch.Tensor] = None,
               max_grad_norm: Optional[float] = None, rounding_seed: Optional[int] = None,
@@ -129,7 +136,8 @@ def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
     """One fused SGD step over all params; see ``fused_amp.optim.SGD`` for the rule.
 
     With ``momentum != 0``, ``momentum_buffers`` and ``steps`` are required: a param whose step
-    is 0 starts its buffer from its gradient, as torch does. Masters, ``inv_scale``,
+    is 0 starts its buffer from its gradient, as torch does; an 8-bit (uint8) buffer has its absmax
+    in ``state_absmaxes`` (one row), with the signed map of :func:`adam_step_`. Masters, ``inv_scale``,
     ``found_inf``, ``grad_norm``, ``max_grad_norm``, ``rounding_seed``, ``unscale_grads`` and
     ``check_only`` as in :func:`adam_step_`.
     """
@@ -137,7 +145,7 @@ def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
     _ops.sgd_step_(_tensors(op, "params", params), _tensors(op, "grads", grads),
                    _tensors(op, "master_params", master_params),
                    _tensors(op, "momentum_buffers", momentum_buffers), _tensors(op, "steps", steps),
-                   lr=lr, lr_tensor=lr_tensor, momentum=momentum, dampening=dampening,
+                   state_absmaxes=_tensors(op, "state_absmaxes", state_absmaxes or []), lr=lr, lr_tensor=lr_tensor, momentum=momentum, dampening=dampening,
                    weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
                    inv_scale=inv_scale, found_inf=found_inf, grad_norm=grad_norm,
                    max_grad_norm=max_grad_norm, rounding_seed=rounding_seed,

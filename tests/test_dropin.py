@@ -351,7 +351,8 @@ def test_signature_is_torchs_plus_our_keywords(entry):
         if param.default is not inspect.Parameter.empty:
             assert ours[name].default == param.default, name
     assert set(ours) - set(theirs) == {"master_weights", "unscale_grads", "max_grad_norm", "grad_norm_type",
-                                       "state_dtype", "stochastic_rounding", "rounding_seed"}
+                                       "state_dtype", "stochastic_rounding", "rounding_seed",
+                                       "min_8bit_size"}
 
 
 @pytest.mark.parametrize("flags", [dict(foreach=True), dict(foreach=False), dict(fused=True),

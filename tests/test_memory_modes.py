@@ -267,7 +267,7 @@ def test_stochastic_rounding_repeats_exactly_and_follows_the_seed():
 
 
 def test_memory_options_are_checked():
-    with pytest.raises(ValueError, match="state_dtype must be torch.float32 or torch.bfloat16"):
+    with pytest.raises(ValueError, match="state_dtype must be torch.float32, torch.bfloat16 or torch.uint8"):
         Adam(make_params(), state_dtype=torch.float16)
     with pytest.raises(ValueError, match="stochastic_rounding=True rounds bf16 state"):
         SGD(make_params(), momentum=0.9, stochastic_rounding=True)

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -19,7 +20,7 @@ using BF16 = c10::BFloat16;
 struct Mode {
   const char* name;
   bool remainder;  // master_weights="remainder" (else fp32 masters)
-  bool bf16_state;
+  int state;       // fused_amp::cpu::StateType: fp32, bf16 or 8-bit codes
   bool stochastic;
 };
 
@@ -28,6 +29,9 @@ double ns_per_element(const Mode& mode, int64_t n, int reps) {
   std::normal_distribution<float> normal;
   std::vector<BF16> param(n), grad(n), remainder(n), state16(2 * n);
   std::vector<float> master(n), state32(2 * n, 0.f);
+  std::vector<uint8_t> state8(2 * n, 0);
+  const int64_t blocks = fused_amp::ops::quant_blocks(n);
+  std::vector<float> absmax(2 * blocks, 0.f);
   for (int64_t i = 0; i < n; ++i) {
     master[i] = normal(gen);
     param[i] = master[i];
@@ -35,17 +39,23 @@ double ns_per_element(const Mode& mode, int64_t n, int reps) {
     grad[i] = 1024.f * normal(gen);
     state16[i] = state16[n + i] = 0.f;
   }
-  void* state = mode.bf16_state ? static_cast<void*>(state16.data()) : static_cast<void*>(state32.data());
-  const size_t state_bytes = mode.bf16_state ? 2 : 4;
+  using fused_amp::cpu::kBFloat16State;
+  using fused_amp::cpu::kUInt8State;
+  void* state = mode.state == kBFloat16State ? static_cast<void*>(state16.data())
+                : mode.state == kUInt8State  ? static_cast<void*>(state8.data())
+                                             : static_cast<void*>(state32.data());
+  const size_t state_bytes = mode.state == kBFloat16State ? 2 : mode.state == kUInt8State ? 1 : 4;
+  const bool quantized = mode.state == kUInt8State;
   const UpdateRange<BF16> range{param.data(), grad.data(), mode.remainder ? nullptr : master.data(),
                                 mode.remainder ? remainder.data() : nullptr, state,
-                                static_cast<char*>(state) + n * state_bytes, nullptr, n, 0, 12345u,
+                                static_cast<char*>(state) + n * state_bytes, nullptr,
+                                quantized ? absmax.data() : nullptr, quantized ? blocks : 0, n, 0, 12345u,
                                 mode.stochastic, true};
   const fused_amp::ops::AdamHyper hyper{0.9, 0.999, 1e-8, 0.0, false, false, false};
   // 1/scale alternates between 2^-10 and 2^10, so that the grads left unscaled stay where they were
   const fused_amp::ops::AdamCoeffs down = fused_amp::ops::adam_coeffs(hyper, 1e-3, 10.0, 1.f / 1024.f);
   const fused_amp::ops::AdamCoeffs up = fused_amp::ops::adam_coeffs(hyper, 1e-3, 10.0, 1024.f);
-  const auto step = fused_amp::cpu::CPU_CAPABILITY::loops().adam_bfloat16[mode.bf16_state ? 1 : 0];
+  const auto step = fused_amp::cpu::CPU_CAPABILITY::loops().adam_bfloat16[mode.state];
   std::vector<double> batches;
   for (int b = 0; b < 7; ++b) {
     const auto start = std::chrono::steady_clock::now();
@@ -59,16 +69,23 @@ double ns_per_element(const Mode& mode, int64_t n, int reps) {
 
 }  // namespace
 
-int main() {
-  const Mode modes[] = {{"fp32 masters", false, false, false},
-                        {"remainder", true, false, false},
-                        {"bf16 state", false, true, false},
-                        {"bf16 state, stochastic", false, true, true},
-                        {"remainder + bf16 state", true, true, false}};
+int main(int argc, char** argv) {
+  const char* only = argc > 1 ? argv[1] : nullptr;  // a mode's name: time that mode alone
+  using fused_amp::cpu::kBFloat16State;
+  using fused_amp::cpu::kFloatState;
+  using fused_amp::cpu::kUInt8State;
+  const Mode modes[] = {{"fp32 masters", false, kFloatState, false},
+                        {"remainder", true, kFloatState, false},
+                        {"bf16 state", false, kBFloat16State, false},
+                        {"bf16 state, stochastic", false, kBFloat16State, true},
+                        {"remainder + bf16 state", true, kBFloat16State, false},
+                        {"8-bit state", false, kUInt8State, false},
+                        {"remainder + 8-bit state", true, kUInt8State, false}};
   std::printf("%s loops, one thread: ns per element, median of 7 batches\n",
               fused_amp::cpu::CPU_CAPABILITY::loops().isa);
   std::printf("%-24s %14s %14s\n", "mode", "8,192 (cache)", "4M (memory)");
   for (const Mode& mode : modes) {
+    if (only && std::strcmp(only, mode.name) != 0) continue;
     std::printf("%-24s %14.3f %14.3f\n", mode.name, ns_per_element(mode, 8192, 2000),
                 ns_per_element(mode, 4 << 20, 6));
   }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds tools/loop_bench.cpp against the installed torch's headers, with the CPU loops of one
 # instruction set (default: the widest this CPU has, as the extension picks it), and runs it.
-# Usage: tools/loop_bench.sh [--build-only] [default|avx2|avx512]; the Python is $PY or
-# .venv/bin/python. CI builds it only, so that it keeps compiling.
+# Usage: tools/loop_bench.sh [--build-only] [default|avx2|avx512] [MODE]; the Python is $PY or
+# .venv/bin/python; MODE (a row's name, e.g. "8-bit state") times that mode alone. CI builds it
+# only, so that it keeps compiling.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_ONLY=0
@@ -23,4 +24,4 @@ LIB="$("$PY" -c 'from torch.utils.cpp_extension import library_paths; print(libr
 g++ -O3 -std=c++17 -ffp-contract=off -Wno-psabi -Icsrc "${INCLUDES[@]}" -DLOOPS_FILE="\"cpu/loops_${ISA}.cpp\"" \
   tools/loop_bench.cpp -o "$WORK/loop_bench" -L"$LIB" -lc10 -Wl,-rpath,"$LIB"
 echo "tools/loop_bench.cpp built with the ${ISA} loops"
-if [[ "$BUILD_ONLY" == 0 ]]; then "$WORK/loop_bench"; fi
+if [[ "$BUILD_ONLY" == 0 ]]; then "$WORK/loop_bench" "${@:2}"; fi

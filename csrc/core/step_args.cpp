@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include "core/validate.h"
+#include "ops/quantize.h"
 
 namespace fused_amp::core {
 
@@ -22,11 +23,46 @@ void check_states(const char* op, const char* name, at::TensorList list, bool ne
   const bool follows_first = first && !first->empty();
   for (size_t i = 0; i < list.size(); ++i) {
     const at::ScalarType dtype = list[i].defined() ? list[i].scalar_type() : at::kFloat;
-    TORCH_CHECK_TYPE(follows_first || dtype == at::kFloat || dtype == at::kBFloat16, op, ": ", name,
-                     "[", i, "] has dtype ", dtype, ", expected Float or BFloat16 (the state dtypes)");
+    TORCH_CHECK_TYPE(follows_first || dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kByte,
+                     op, ": ", name, "[", i, "] has dtype ", dtype,
+                     ", expected Float, BFloat16 or Byte (the state dtypes; Byte: 8-bit codes)");
     check_partner(op, name, i, list[i], params[i], follows_first ? (*first)[i].scalar_type() : dtype, true);
   }
   out = list.vec();
+}
+
+// The absmax of each param with 8-bit state: fp32, contiguous, (state rows, blocks); none for
+// other params.
+void check_absmaxes(const char* op, const c10::List<std::optional<at::Tensor>>& absmaxes, StepTensors& s) {
+  const size_t n = s.params.size();
+  check_length(op, "state_absmaxes", absmaxes.size(), n, true);
+  const int64_t rows = static_cast<int64_t>(!s.states_a.empty()) + static_cast<int64_t>(!s.states_b.empty()) +
+                       static_cast<int64_t>(!s.aux.empty());
+  s.absmaxes.resize(absmaxes.empty() ? 0 : n);
+  for (size_t i = 0; i < n; ++i) {
+    const std::optional<at::Tensor> a = absmaxes.empty() ? std::nullopt : absmaxes[i];
+    const bool given = a.has_value() && a->defined();
+    const bool quantized = s.state_dtype(i) == at::kByte;
+    if (rows == 0) {
+      TORCH_CHECK_VALUE(!given, op, ": state_absmaxes[", i, "] is given but the step keeps no state");
+      continue;
+    }
+    TORCH_CHECK_VALUE(given == quantized, op, ": state_absmaxes[", i, "] ",
+                      quantized ? "is missing: the state of params[i] is 8-bit codes"
+                                : "is given but the state of params[i] is not 8-bit codes");
+    if (!given) continue;
+    const at::Tensor& t = *a;
+    const int64_t blocks = ops::quant_blocks(s.params[i].numel());
+    TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": state_absmaxes[", i, "] has dtype ",
+                     t.scalar_type(), ", expected Float");
+    TORCH_CHECK_VALUE(t.device() == s.params[i].device(), op, ": state_absmaxes[", i, "] is on ",
+                      t.device(), " but params[", i, "] is on ", s.params[i].device());
+    TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == rows && t.size(1) == blocks, op, ": state_absmaxes[",
+                      i, "] has shape ", t.sizes(), ", expected [", rows, ", ", blocks,
+                      "] (one row per state, one absmax per block of ", ops::kQuantBlock, " elements)");
+    TORCH_CHECK_VALUE(t.is_contiguous(), op, ": state_absmaxes[", i, "] must be contiguous");
+    s.absmaxes[i] = t;
+  }
 }
 
 void check_lr_tensor(const char* op, const at::Tensor& t, const at::Device& device) {
@@ -44,6 +80,7 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
                           at::TensorList states_a, const char* states_a_name,
                           at::TensorList states_b, const char* states_b_name,
                           at::TensorList aux, const char* aux_name, bool need_aux,
+                          const c10::List<std::optional<at::Tensor>>& state_absmaxes,
                           at::TensorList steps, bool need_steps, double lr,
                           const std::optional<at::Tensor>& lr_tensor,
                           const std::optional<at::Tensor>& inv_scale,
@@ -60,6 +97,7 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
     check_states(op, states_a_name, states_a, false, params, s.states_a);
     check_states(op, states_b_name, states_b, false, params, s.states_b);
     check_states(op, aux_name, aux, false, params, s.aux);
+    check_length(op, "state_absmaxes", state_absmaxes.size(), 0, true);
     TORCH_CHECK_VALUE(steps.empty(), op, ": steps has ", steps.size(), " tensors but params has 0");
     return s;
   }
@@ -110,6 +148,7 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
   check_states(op, states_a_name, states_a, states_a_name != nullptr, params, s.states_a);
   check_states(op, states_b_name, states_b, states_b_name != nullptr, params, s.states_b, &s.states_a);
   check_states(op, aux_name, aux, need_aux, params, s.aux, s.states_a.empty() ? nullptr : &s.states_a);
+  check_absmaxes(op, state_absmaxes, s);
   if (need_steps) {
     check_length(op, "steps", steps.size(), params.size(), false);
     for (size_t i = 0; i < steps.size(); ++i) {
@@ -126,7 +165,13 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
     const at::Tensor& param = s.params[i];
     s.grads[i] = staging->like(s.grads[i], param, s.write_grads);
     for (auto* list : {&s.masters, &s.states_a, &s.states_b, &s.aux}) {
-      if (!list->empty() && (*list)[i].defined()) (*list)[i] = staging->like((*list)[i], param, true);
+      if (list->empty() || !(*list)[i].defined()) continue;
+      // 8-bit codes are not staged: their blocks follow their own memory order, which must be the
+      // order in which the kernels walk the param
+      TORCH_CHECK_VALUE(!s.is_quantized(i) || list == &s.masters || (*list)[i].strides() == param.strides(), op,
+                        ": the 8-bit state of params[", i, "] must be laid out as the param (strides ",
+                        param.strides(), "), got strides ", (*list)[i].strides());
+      (*list)[i] = staging->like((*list)[i], param, true);
     }
   }
   return s;

@@ -15,6 +15,10 @@ namespace fused_amp::core {
 
 struct StepTensors {
   std::vector<at::Tensor> params, grads, masters, states_a, states_b, aux, steps;
+  // With 8-bit state (uint8 codes in states_a/b and aux, ops/quantize.h), absmaxes[i] holds the
+  // fp32 absmax of every block of param i's states: one row per state, in the order exp_avg,
+  // exp_avg_sq, max_exp_avg_sq (Adam) or momentum_buffer (SGD); undefined for other state.
+  std::vector<at::Tensor> absmaxes;
   // masters[i] is undefined where params[i] is updated in place, fp32 for a master, int16 for the
   // remainder of a bf16 param (ops/rounding.h); states_* and aux follow the op: Adam: exp_avgs,
   // exp_avg_sqs, max_exp_avg_sqs (amsgrad); SGD: momentum_buffers in aux. A param's state
@@ -34,6 +38,7 @@ struct StepTensors {
   bool is_remainder(size_t i) const {
     return !masters.empty() && masters[i].defined() && masters[i].scalar_type() == at::kShort;
   }
+  bool is_quantized(size_t i) const { return !absmaxes.empty() && absmaxes[i].defined(); }
   // The dtype of param i's state (all of it has one); fp32 when it has none (SGD without momentum).
   at::ScalarType state_dtype(size_t i) const {
     if (!states_a.empty()) return states_a[i].scalar_type();
@@ -42,7 +47,8 @@ struct StepTensors {
 };
 
 // Checks every list against params (length, device, shape, dtype) and the scalars (lr_tensor,
-// inv_scale, found_inf, grad_norm); raises before anything is touched. `need_*` says which lists the
+// inv_scale, found_inf, grad_norm) and, for 8-bit state, its absmaxes (one row per state list in
+// use, one column per block); raises before anything is touched. `need_*` says which lists the
 // update reads: a list that is not needed must be empty. With `staging`, tensors whose layout
 // the kernels cannot walk are replaced by staged copies (core::Staging); without, only checks.
 StepTensors validate_step(const char* op, at::TensorList params, at::TensorList grads,
@@ -50,6 +56,7 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
                           at::TensorList states_a, const char* states_a_name,
                           at::TensorList states_b, const char* states_b_name,
                           at::TensorList aux, const char* aux_name, bool need_aux,
+                          const c10::List<std::optional<at::Tensor>>& state_absmaxes,
                           at::TensorList steps, bool need_steps, double lr,
                           const std::optional<at::Tensor>& lr_tensor,
                           const std::optional<at::Tensor>& inv_scale,

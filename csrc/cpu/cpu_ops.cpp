@@ -11,6 +11,7 @@
 #include "core/step_args.h"
 #include "cpu/loops.h"
 #include "ops/grad_norm.h"
+#include "ops/quantize.h"
 #include "ops/rounding.h"
 #include "ops/update_scale.h"
 #include "ops_impl.h"
@@ -27,6 +28,10 @@ std::vector<int64_t> numels_of(at::TensorList tensors) {
   n.reserve(tensors.size());
   for (const auto& t : tensors) n.push_back(t.numel());
   return n;
+}
+
+int64_t round_up_to_block(int64_t i) {
+  return (i + ops::kQuantBlock - 1) / ops::kQuantBlock * ops::kQuantBlock;
 }
 
 template <class F>
@@ -107,12 +112,15 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
   const size_t state_bytes = c10::elementSize(s.state_dtype(t));
   const bool remainder = s.is_remainder(t);
   void* master = at_b(s.masters, remainder ? 2 : 4);
+  const bool quantized = s.is_quantized(t);
   return UpdateRange<T>{static_cast<T*>(s.params[t].data_ptr()) + b,
                         static_cast<T*>(s.grads[t].data_ptr()) + b,
                         remainder ? nullptr : static_cast<float*>(master),
                         remainder ? static_cast<c10::BFloat16*>(master) : nullptr,
                         at_b(s.states_a, state_bytes), at_b(s.states_b, state_bytes),
-                        at_b(s.aux, state_bytes), e - b, b, round_key,
+                        at_b(s.aux, state_bytes),
+                        quantized ? static_cast<float*>(s.absmaxes[t].data_ptr()) : nullptr,
+                        quantized ? s.absmaxes[t].stride(0) : 0, e - b, b, round_key,
                         s.rounding_seed.has_value(), write_grads};
 }
 
@@ -122,12 +130,19 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
 template <class Coeffs>
 void update_all(const core::StepTensors& s, float grad_mult, const std::vector<Coeffs>& coeffs,
                 const std::vector<uint32_t>& round_keys,
-                void (*const (&on_float)[2])(const UpdateRange<float>&, const Coeffs&),
-                void (*const (&on_half)[2])(const UpdateRange<c10::Half>&, const Coeffs&),
-                void (*const (&on_bfloat16)[2])(const UpdateRange<c10::BFloat16>&, const Coeffs&)) {
+                void (*const (&on_float)[kStateTypes])(const UpdateRange<float>&, const Coeffs&),
+                void (*const (&on_half)[kStateTypes])(const UpdateRange<c10::Half>&, const Coeffs&),
+                void (*const (&on_bfloat16)[kStateTypes])(const UpdateRange<c10::BFloat16>&, const Coeffs&)) {
   const bool w = s.write_grads && grad_mult != 1.f;
   parallel_over(core::flat_offsets(numels_of(s.params)), [&](size_t t, int64_t b, int64_t e) {
-    const int st = s.state_dtype(t) == at::kBFloat16 ? kBFloat16State : kFloatState;
+    const at::ScalarType state = s.state_dtype(t);
+    const int st = state == at::kBFloat16 ? kBFloat16State : (state == at::kByte ? kUInt8State : kFloatState);
+    if (st == kUInt8State) {  // a quant block belongs to the range that holds its first element
+      const int64_t n = s.params[t].numel();
+      b = std::min(n, round_up_to_block(b));
+      e = e == n ? n : std::min(n, round_up_to_block(e));
+      if (b == e) return;
+    }
     const uint32_t key = round_keys[t];
     switch (s.params[t].scalar_type()) {
       case at::kFloat: on_float[st](range_of<float>(s, t, b, e, w, key), coeffs[t]); break;

@@ -20,7 +20,9 @@ namespace fused_amp::cpu {
 // null without amsgrad, the momentum buffer for SGD, null without momentum) is fp32 or bf16, as
 // the loop's state type says; bf16 state rounds to nearest, or with `stochastic` by the random
 // bits of `round_key`. With `write_grad` the grad is left unscaled (grad * inv_scale), as torch's
-// fused steps leave it.
+// fused steps leave it. 8-bit state (ops/quantize.h) holds codes in the state pointers and its
+// blocks' absmax in `absmax`: state k's row starts at absmax + k * absmax_row_stride, at the
+// block of element 0 of the tensor (`first` is then a multiple of ops::kQuantBlock).
 template <typename param_t>
 struct UpdateRange {
   param_t* param;
@@ -30,15 +32,21 @@ struct UpdateRange {
   void* exp_avg;
   void* exp_avg_sq;
   void* aux;
+  float* absmax;
+  int64_t absmax_row_stride;
   int64_t n;
   int64_t first;
   uint32_t round_key;
   bool stochastic;
   bool write_grad;
+  // streaming stores of the param (see update_range); off for the short ranges of 8-bit state,
+  // where the fence after each would stall every block
+  bool may_stream = true;
 };
 
 // The state dtypes a step loop exists for, as indices into the Loops arrays.
-enum StateType : int { kFloatState = 0, kBFloat16State = 1 };
+enum StateType : int { kFloatState = 0, kBFloat16State = 1, kUInt8State = 2 };
+constexpr int kStateTypes = 3;
 
 struct Loops {
   const char* isa;
@@ -54,12 +62,12 @@ struct Loops {
   double (*norm_half[3])(const c10::Half*, int64_t, float);
   double (*norm_bfloat16[3])(const c10::BFloat16*, int64_t, float);
   // indexed by StateType
-  void (*adam_float[2])(const UpdateRange<float>&, const ops::AdamCoeffs&);
-  void (*adam_half[2])(const UpdateRange<c10::Half>&, const ops::AdamCoeffs&);
-  void (*adam_bfloat16[2])(const UpdateRange<c10::BFloat16>&, const ops::AdamCoeffs&);
-  void (*sgd_float[2])(const UpdateRange<float>&, const ops::SgdCoeffs&);
-  void (*sgd_half[2])(const UpdateRange<c10::Half>&, const ops::SgdCoeffs&);
-  void (*sgd_bfloat16[2])(const UpdateRange<c10::BFloat16>&, const ops::SgdCoeffs&);
+  void (*adam_float[kStateTypes])(const UpdateRange<float>&, const ops::AdamCoeffs&);
+  void (*adam_half[kStateTypes])(const UpdateRange<c10::Half>&, const ops::AdamCoeffs&);
+  void (*adam_bfloat16[kStateTypes])(const UpdateRange<c10::BFloat16>&, const ops::AdamCoeffs&);
+  void (*sgd_float[kStateTypes])(const UpdateRange<float>&, const ops::SgdCoeffs&);
+  void (*sgd_half[kStateTypes])(const UpdateRange<c10::Half>&, const ops::SgdCoeffs&);
+  void (*sgd_bfloat16[kStateTypes])(const UpdateRange<c10::BFloat16>&, const ops::SgdCoeffs&);
 };
 
 namespace DEFAULT { const Loops& loops(); }

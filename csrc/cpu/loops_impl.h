@@ -4,8 +4,10 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <tuple>
 #include <utility>
 
@@ -24,6 +26,33 @@ static inline VecD abs_(const VecD& x) { return x.abs(); }
 // at::vec::maximum propagates NaN, as the norm's max must
 static inline VecF nan_max_(const VecF& a, const VecF& b) { return at::vec::maximum(a, b); }
 static inline VecD nan_max_(const VecD& a, const VecD& b) { return at::vec::maximum(a, b); }
+// never given a NaN (ops/quantize.h): the plain instruction, without at::vec's NaN handling
+static inline VecF unit_min_(const VecF& a, const VecF& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+  return _mm256_min_ps(a, b);
+#elif defined(CPU_CAPABILITY_AVX512)
+  return _mm512_min_ps(a, b);
+#else
+  return at::vec::minimum(a, b);
+#endif
+}
+static inline VecF code_max_(const VecF& a, const VecF& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+  return _mm256_max_ps(a, b);
+#elif defined(CPU_CAPABILITY_AVX512)
+  return _mm512_max_ps(a, b);
+#else
+  return at::vec::maximum(a, b);
+#endif
+}
+static inline VecF rint_(const VecF& x) { return x.round(); }  // to nearest, ties to even
+static inline VecF copysign_(const VecF& magnitude, const VecF& sign) {
+  return magnitude.abs() | (sign & VecF(-0.f));
+}
+static inline VecF positive_(const VecF& x) { return (x > VecF(0.f)) & VecF(1.f); }
+static inline VecF where_top_(const VecF& code, float top, const VecF& exact, const VecF& value) {
+  return VecF::blendv(value, exact, code == VecF(top));
+}
 static inline VecF nonfinite_probe(const VecF& x) { return x * VecF(0.f); }
 static inline VecD nonfinite_probe(const VecD& x) { return x * VecD(0.0); }
 template <typename V>
@@ -40,6 +69,7 @@ static inline bool any_nan(const V& x) {
 // The op templates must come after the vector spellings above to see them.
 #include "cpu/loops.h"
 #include "ops/grad_norm.h"
+#include "ops/quantize.h"
 #include "ops/rounding.h"
 #include "ops/unscale.h"
 
@@ -540,7 +570,7 @@ FA_VECTOR_HELPER const U32* vector_rounding_bits(const UpdateRange<T>& r, int64_
 // result.
 template <typename T, class VectorLoop, class ScalarStep>
 void update_range(const UpdateRange<T>& r, VectorLoop&& vector_loop, ScalarStep&& scalar_step) {
-  const bool stream = kCanStream<T> && r.master != nullptr;
+  const bool stream = kCanStream<T> && r.master != nullptr && r.may_stream;
   int64_t i = 0;
   if (stream) {
     constexpr int64_t kBytes = kStep<T> * sizeof(T);
@@ -658,6 +688,8 @@ void sgd_range(const UpdateRange<T>& r, const ops::SgdCoeffs& c) {
       });
 }
 
+#include "cpu/quantized_state.h"
+
 }  // namespace
 
 const Loops& loops() {
@@ -676,12 +708,12 @@ const Loops& loops() {
        norm_range<c10::Half, ops::NormKind::L2>},
       {norm_range<BF16, ops::NormKind::Inf>, norm_range<BF16, ops::NormKind::L1>,
        norm_range<BF16, ops::NormKind::L2>},
-      {adam_range<float, float>, adam_range<float, BF16>},
-      {adam_range<c10::Half, float>, adam_range<c10::Half, BF16>},
-      {adam_range<BF16, float>, adam_range<BF16, BF16>},
-      {sgd_range<float, float>, sgd_range<float, BF16>},
-      {sgd_range<c10::Half, float>, sgd_range<c10::Half, BF16>},
-      {sgd_range<BF16, float>, sgd_range<BF16, BF16>},
+      {adam_range<float, float>, adam_range<float, BF16>, adam_range_q8<float>},
+      {adam_range<c10::Half, float>, adam_range<c10::Half, BF16>, adam_range_q8<c10::Half>},
+      {adam_range<BF16, float>, adam_range<BF16, BF16>, adam_range_q8<BF16>},
+      {sgd_range<float, float>, sgd_range<float, BF16>, sgd_range_q8<float>},
+      {sgd_range<c10::Half, float>, sgd_range<c10::Half, BF16>, sgd_range_q8<c10::Half>},
+      {sgd_range<BF16, float>, sgd_range<BF16, BF16>, sgd_range_q8<BF16>},
   };
   return table;
 }

@@ -89,6 +89,10 @@ MasterKind master_kind(const core::StepTensors& st, size_t i) {
 // found_inf says overflow.
 template <class Ptrs, class Kernel>
 void optimizer_step(const core::StepTensors& st, Ptrs&& ptrs, Kernel&& kernel) {
+  for (size_t i = 0; i < st.params.size(); ++i) {
+    TORCH_CHECK_NOT_IMPLEMENTED(!st.is_quantized(i), "8-bit optimizer state (uint8 codes) has no CUDA "
+                                "kernel yet: params[", i, "] is on ", st.params[i].device());
+  }
   const c10::cuda::CUDAGuard guard(st.params[0].device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const Scalars sc = scalars_of(st);

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from fused_amp import _scaling
-from fused_amp.optim import _memory
+from fused_amp.optim import _memory, _quantize
 from fused_amp.optim._grad_norm import DTensor, check_clip_options, local_shard, total_grad_norm
 from fused_amp.optim._memory import MASTER as _MASTER, REMAINDER as _REMAINDER
 
@@ -20,6 +20,11 @@ def _master_entry(state):
     """What the fused op takes as a param's master: the fp32 master, the remainder, or None."""
     master = state.get(_MASTER)
     return master if master is not None else state.get(_REMAINDER)
+
+
+def _absmax_entry(state):
+    """The absmax rows of a param's 8-bit state, or None."""
+    return state.get(_quantize.ABSMAX)
 
 
 class _GroupLists:
@@ -40,6 +45,7 @@ class _GroupLists:
         self.options = options
         self.tensors = {key: list(map(operator.itemgetter(key), state_dicts)) for key in keys}
         self.masters = list(map(_master_entry, state_dicts))
+        self.absmaxes = list(map(_absmax_entry, state_dicts))
         self.by_device = by_device  # device -> (lists, indices into the group's params)
 
     def still_valid(self, group, params, state, options) -> bool:
@@ -55,7 +61,8 @@ class _GroupLists:
                     return False
         except KeyError:  # a state entry was deleted
             return False
-        return all(map(operator.is_, map(_master_entry, state_dicts), self.masters))
+        return (all(map(operator.is_, map(_master_entry, state_dicts), self.masters))
+                and all(map(operator.is_, map(_absmax_entry, state_dicts), self.absmaxes)))
 
 
 class _ClipState:
@@ -101,7 +108,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
     # What a loaded group lacking an option gets (subclasses: as torch's __setstate__ sets it)
     _group_defaults: Dict[str, Any] = {"master_weights": True, "unscale_grads": True,
                                        "state_dtype": torch.float32, "stochastic_rounding": False,
-                                       "rounding_seed": 0}
+                                       "rounding_seed": 0, "min_8bit_size": _quantize.MIN_8BIT_SIZE}
 
     def __init__(self, params, defaults, max_grad_norm=None, grad_norm_type=2.0):
         check_clip_options(max_grad_norm, grad_norm_type)
@@ -124,7 +131,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                                  "only float32, float16 and bfloat16 params are supported")
         group["rounding_seed"] = _memory.check_memory_options(
             name, group["master_weights"], group["state_dtype"], group["stochastic_rounding"],
-            group["rounding_seed"])
+            group["rounding_seed"], group["min_8bit_size"])
         _memory.check_group_params(name, group, index)
 
     # ---- state -------------------------------------------------------------------------
@@ -142,14 +149,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             state["step"] = torch.tensor(float(step or 0), dtype=torch.float32, device=p.device)
         elif step.device != p.device:  # e.g. moved to the CPU by ZeroRedundancyOptimizer
             state["step"] = step.to(p.device, torch.float32).reshape(())
-        state_dtype = group["state_dtype"]
-        for key in self._state_keys_for(group):
-            value = state.get(key)
-            if value is None:
-                state[key] = torch.zeros_like(p, dtype=state_dtype, memory_format=torch.preserve_format)
-            elif isinstance(value, torch.Tensor) and value.dtype != state_dtype:
-                raise TypeError(f"{type(self).__name__}: state[{key!r}] of a param is {value.dtype} "
-                                f"but its group's state_dtype is {state_dtype}")
+        _memory.bring_state(type(self).__name__, p, group, state, self._state_keys_for(group))
         kind = _memory.master_kind(group)
         if kind == "remainder":
             master = state.pop(_MASTER, None)
@@ -172,7 +172,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         params = group["params"]
         grads = [p.grad for p in params]
         keys = self._state_keys_for(group)
-        options = (keys, group["master_weights"], group["state_dtype"])
+        options = (keys, group["master_weights"], group["state_dtype"], group["min_8bit_size"])
         all_grads = all(g is not None for g in grads)
         cached = self._lists_cache.get(index)
         if all_grads and cached is not None and cached.still_valid(group, params, self.state, options):
@@ -190,13 +190,15 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             lists["grads"].append(grads[i])
             lists["master_params"].append(_master_entry(state))
             lists["steps"].append(state["step"])
+            lists["state_absmaxes"].append(_absmax_entry(state))
             for key in keys:
                 lists[key].append(state[key])
         # no masters at all (fp32 params): an empty list, which the op takes for "none" (and which
         # torch.compile's functionalization handles, unlike a list of Nones)
         for lists, _ in by_device.values():
-            if not any(m is not None for m in lists["master_params"]):
-                lists["master_params"] = []
+            for key in ("master_params", "state_absmaxes"):
+                if not any(m is not None for m in lists[key]):
+                    lists[key] = []
         # DTensor params (FSDP2): the kernels run on the local shards of param, grad, master and
         # state, which share the param's placement; the state itself stays DTensor
         sharded = DTensor is not None and any(isinstance(p, DTensor) for p in params)
@@ -349,10 +351,15 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         ids: Dict[int, int] = {}  # torch's numbering: params in group order, each once
         for p in params:
             ids.setdefault(id(p), len(ids))
+        group_of = {id(p): g for g in self.param_groups for p in g["params"]}
         for p, state in self.state.items():
-            if isinstance(p, torch.Tensor) and _REMAINDER in state:
-                packed = {k: v for k, v in state.items() if k != _REMAINDER}
+            if not isinstance(p, torch.Tensor) or id(p) not in ids:
+                continue
+            packed = _memory.unpacked_state(p, state, self._state_keys_for(group_of[id(p)]))
+            if _REMAINDER in state:
+                packed = {k: v for k, v in packed.items() if k != _REMAINDER}
                 packed[_MASTER] = _memory.join_master(p, state[_REMAINDER])
+            if packed is not state:
                 state_dict["state"][ids[id(p)]] = packed
         for post_hook in post_hooks.values():
             result = post_hook(self, state_dict)
@@ -381,6 +388,11 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
+        for saved in state_dict.get("state", {}).values():
+            if isinstance(saved, dict) and _quantize.ABSMAX in saved:
+                raise ValueError(f"{type(self).__name__}.load_state_dict: the state holds 8-bit codes "
+                                 f"({_quantize.ABSMAX!r}); checkpoints hold fp32 moments (state_dict() "
+                                 "writes them), and a compact 8-bit checkpoint form is not supported yet")
         # torch's loading, with the hooks run here around it instead of inside it
         self._optimizer_load_state_dict_pre_hooks = type(pre_hooks)()
         self._optimizer_load_state_dict_post_hooks = type(post_hooks)()
@@ -401,11 +413,14 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             state = self.state[p]
             group = group_of[id(p)]
             moments = self._state_keys_for(group)
+            moment_dtype = torch.float32 if group["state_dtype"] == torch.uint8 else group["state_dtype"]
             for key, value in saved_state[saved_id].items():
                 if isinstance(value, torch.Tensor):
-                    dtype = group["state_dtype"] if key in moments else torch.float32
+                    dtype = moment_dtype if key in moments else torch.float32
                     state[key] = _state_like(value, p, dtype)
             self._complete_loaded_state(p, state)
+            if _memory.quantized(p, group):  # fp32 moments to codes now, not at the next step
+                _memory.bring_state(type(self).__name__, p, group, state, moments)
         for post_hook in post_hooks.values():
             post_hook(self)
 

@@ -1,17 +1,21 @@
 """The memory modes: where the fp32 value of a half param lives (``master_weights``) and the
-dtype of the optimizer state (``state_dtype``, with optional stochastic rounding)."""
+dtype of the optimizer state (``state_dtype``: fp32, bf16 with optional stochastic rounding, or
+8-bit blockwise codes, fused_amp/optim/_quantize.py)."""
 from typing import Optional, Tuple
 
 import torch
 
+from fused_amp.optim import _quantize
 from fused_amp.optim._grad_norm import DTensor, local_shard
 
 MASTER = "master_param"        # fp32 master (master_weights=True or "fp32")
 REMAINDER = "master_remainder"  # int16 low half of the master of a bf16 param ("remainder")
 MASTER_WEIGHTS = (True, False, "fp32", "remainder")
-STATE_DTYPES = (torch.float32, torch.bfloat16)
+STATE_DTYPES = (torch.float32, torch.bfloat16, torch.uint8)
+# the 8-bit map of each state: signed for first moments, unsigned for second moments
+SIGNED_STATES = ("exp_avg", "momentum_buffer")
 # how the optimizer stores its state, which a loaded checkpoint does not change
-MEMORY_OPTIONS = ("master_weights", "state_dtype", "stochastic_rounding")
+MEMORY_OPTIONS = ("master_weights", "state_dtype", "stochastic_rounding", "min_8bit_size")
 
 
 def master_kind(group) -> Optional[str]:
@@ -21,7 +25,7 @@ def master_kind(group) -> Optional[str]:
 
 
 def check_memory_options(name: str, master_weights, state_dtype, stochastic_rounding,
-                         rounding_seed) -> int:
+                         rounding_seed, min_8bit_size=_quantize.MIN_8BIT_SIZE) -> int:
     """Refuse what the memory options cannot be; returns the rounding seed to keep: when not
     given, the seed of torch's default generator (``torch.manual_seed`` decides it; nothing is
     drawn from the generator, so building an optimizer leaves the random stream as it was)."""
@@ -32,7 +36,10 @@ def check_memory_options(name: str, master_weights, state_dtype, stochastic_roun
         raise TypeError(f"{name}: master_weights must be True, False, 'fp32' or 'remainder', "
                         f"got {type(master_weights).__name__}")
     if state_dtype not in STATE_DTYPES:
-        raise ValueError(f"{name}: state_dtype must be torch.float32 or torch.bfloat16, got {state_dtype}")
+        raise ValueError(f"{name}: state_dtype must be torch.float32, torch.bfloat16 or torch.uint8 "
+                         f"(8-bit codes), got {state_dtype}")
+    if isinstance(min_8bit_size, bool) or not isinstance(min_8bit_size, int) or min_8bit_size < 0:
+        raise ValueError(f"{name}: min_8bit_size must be an int >= 0, got {min_8bit_size!r}")
     if stochastic_rounding and state_dtype != torch.bfloat16:
         raise ValueError(f"{name}: stochastic_rounding=True rounds bf16 state; it needs "
                          f"state_dtype=torch.bfloat16, got {state_dtype}")
@@ -44,7 +51,17 @@ def check_memory_options(name: str, master_weights, state_dtype, stochastic_roun
 
 
 def check_group_params(name: str, group, index: int):
-    """master_weights="remainder" keeps the master in a bf16 param's low half: bf16 params only."""
+    """master_weights="remainder" keeps the master in a bf16 param's low half: bf16 params only.
+    8-bit state has CPU kernels only, for plain (not DTensor) params."""
+    if group["state_dtype"] == torch.uint8:
+        for i, p in enumerate(group["params"]):
+            where = f"param {i} of group {index}"
+            if DTensor is not None and isinstance(p, DTensor):
+                raise ValueError(f"{name}: state_dtype=torch.uint8 does not support DTensor (FSDP2) "
+                                 f"params yet; {where} is a DTensor")
+            if p.device.type != "cpu" and quantized(p, group):
+                raise ValueError(f"{name}: state_dtype=torch.uint8 has CPU kernels only so far; {where} "
+                                 f"is on {p.device}")
     if master_kind(group) != "remainder":
         return
     for i, p in enumerate(group["params"]):
@@ -95,3 +112,77 @@ def join_master(param: torch.Tensor, remainder: torch.Tensor) -> torch.Tensor:
         bits = ((high - (low >> 15)) << 16) | low
         return (bits - ((bits >> 31) << 32)).to(torch.int32).view(torch.float32)
     return _on_locals(join, param, param.detach(), remainder)
+
+
+# ---- 8-bit state: which params have it, and bringing a param's state to its group's form ----
+
+def quantized(p: torch.Tensor, group) -> bool:
+    """Whether p's state is 8-bit codes: the group says uint8 and p is not small."""
+    return group["state_dtype"] == torch.uint8 and p.numel() >= group["min_8bit_size"]
+
+
+def _fp32_values(p, state, keys):
+    """The fp32 value of each state in ``keys`` (codes dequantized with their absmax row; zeros
+    where missing), dropping the codes' absmax."""
+    absmax = state.pop(_quantize.ABSMAX, None)
+    values = []
+    for row, key in enumerate(keys):
+        value = state.get(key)
+        if value is None:
+            values.append(torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format))
+        elif value.dtype == torch.uint8:
+            if absmax is None or row >= absmax.shape[0]:
+                raise ValueError(f"state[{key!r}] holds 8-bit codes but no absmax row for them")
+            values.append(_quantize.dequantize(value, absmax[row], key in SIGNED_STATES))
+        else:
+            values.append(value.float())
+    return values
+
+
+def bring_state(name: str, p: torch.Tensor, group, state, keys) -> None:
+    """Create the moments ``keys`` a param's step needs, in its group's form: ``state_dtype``
+    tensors shaped like p, or for 8-bit state uint8 codes with ``state["state_absmax"]`` (one row
+    per key). State in another form (fp32 moments from a checkpoint, codes after a change of
+    ``state_dtype`` or of ``amsgrad``) is converted; a float state in the other float dtype is
+    refused, as before."""
+    if keys and quantized(p, group):
+        codes = [state.get(k) for k in keys]
+        absmax = state.get(_quantize.ABSMAX)
+        if all(c is None for c in codes) and absmax is None:
+            state.update({k: torch.zeros_like(p, dtype=torch.uint8, memory_format=torch.preserve_format)
+                          for k in keys})
+            state[_quantize.ABSMAX] = torch.zeros(len(keys), _quantize.blocks_of(p.numel()),
+                                                  dtype=torch.float32, device=p.device)
+            return
+        if (all(c is not None and c.dtype == torch.uint8 for c in codes) and absmax is not None
+                and absmax.shape == (len(keys), _quantize.blocks_of(p.numel()))):
+            return
+        values = _fp32_values(p, state, keys)
+        new_codes, state[_quantize.ABSMAX] = _quantize.quantize_states(
+            values, p.detach(), [k in SIGNED_STATES for k in keys])
+        state.update(zip(keys, new_codes))
+        return
+    state_dtype = torch.float32 if group["state_dtype"] == torch.uint8 else group["state_dtype"]
+    if _quantize.ABSMAX in state:  # codes left from 8-bit state: fp32 values again
+        held = [k for k in keys if k in state]
+        for key, value in zip(held, _fp32_values(p, state, held)):
+            state[key] = value.to(state_dtype)
+    for key in keys:
+        value = state.get(key)
+        if value is None:
+            state[key] = torch.zeros_like(p, dtype=state_dtype, memory_format=torch.preserve_format)
+        elif isinstance(value, torch.Tensor) and value.dtype != state_dtype:
+            raise TypeError(f"{name}: state[{key!r}] of a param is {value.dtype} "
+                            f"but its group's state_dtype is {group['state_dtype']}")
+
+
+def unpacked_state(p: torch.Tensor, state, keys):
+    """A copy of a param's state with 8-bit codes as fp32 values (for ``state_dict``), or the
+    state itself when it has none."""
+    if _quantize.ABSMAX not in state:
+        return state
+    out = dict(state)
+    held = [k for k in keys if k in out]
+    for key, value in zip(held, _fp32_values(p, out, held)):
+        out[key] = value
+    return out

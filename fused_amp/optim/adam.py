@@ -46,7 +46,12 @@ class Adam(MasterWeightOptimizer):
             ties away from zero, where True rounds ties to even) and an int16 remainder its low
             half. With False, half params are updated in place (fp32 math, rounded each step).
         state_dtype (torch.dtype): dtype of ``exp_avg``, ``exp_avg_sq`` and ``max_exp_avg_sq``:
-            torch.float32 (default) or torch.bfloat16 (math in fp32, stored rounded).
+            torch.float32 (default), torch.bfloat16 (math in fp32, stored rounded) or
+            torch.uint8: 8-bit codes in blocks of 256 elements with one fp32 absmax per block
+            (``state["state_absmax"]``), :math:`m = a\,\mathrm{sign}(c)(c/127)^2`,
+            :math:`v = a\,(c/255)^2`, rounded to the nearest code after each step (CPU only).
+        min_8bit_size (int): with ``state_dtype=torch.uint8``, params with fewer elements keep
+            fp32 state (default: 4096).
         stochastic_rounding (bool): round bf16 state stochastically instead of to nearest even
             (default: False); the random bits depend on ``rounding_seed``, the step and the
             element's index only, so runs repeat exactly and a CUDA graph replays the same.
@@ -70,7 +75,8 @@ class Adam(MasterWeightOptimizer):
                  decoupled_weight_decay: bool = False, master_weights: bool = True,
                  unscale_grads: bool = True, max_grad_norm: Optional[float] = None,
                  grad_norm_type: float = 2.0, state_dtype: torch.dtype = torch.float32,
-                 stochastic_rounding: bool = False, rounding_seed: Optional[int] = None):
+                 stochastic_rounding: bool = False, rounding_seed: Optional[int] = None,
+                 min_8bit_size: int = 4096):
         # torch.optim.Adam's checks and messages, in its order
         if isinstance(lr, torch.Tensor):
             if foreach and not capturable:
@@ -105,7 +111,7 @@ class Adam(MasterWeightOptimizer):
                         decoupled_weight_decay=decoupled_weight_decay,
                         master_weights=master_weights, unscale_grads=unscale_grads,
                         state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
-                        rounding_seed=rounding_seed)
+                        rounding_seed=rounding_seed, min_8bit_size=min_8bit_size)
         super().__init__(params, defaults, max_grad_norm, grad_norm_type)
 
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, amsgrad=False, maximize=False,
@@ -119,7 +125,7 @@ class Adam(MasterWeightOptimizer):
         beta1, beta2 = (float(b) for b in group["betas"])
         ops.adam_step_(lists["params"], lists["grads"], lists["master_params"], lists["exp_avg"],
                        lists["exp_avg_sq"], lists_or_empty(lists, "max_exp_avg_sq", group["amsgrad"]),
-                       lists["steps"], beta1=beta1, beta2=beta2, eps=group["eps"],
+                       lists["steps"], state_absmaxes=lists["state_absmaxes"], beta1=beta1, beta2=beta2, eps=group["eps"],
                        weight_decay=group["weight_decay"], amsgrad=group["amsgrad"],
                        maximize=group["maximize"],
                        decoupled_weight_decay=group["decoupled_weight_decay"],
@@ -131,7 +137,7 @@ class AdamW(Adam):
 
     Same arguments and defaults as :class:`torch.optim.AdamW` (``weight_decay=1e-2``), plus
     ``master_weights``, ``unscale_grads``, ``max_grad_norm``, ``grad_norm_type``, ``state_dtype``,
-    ``stochastic_rounding`` and ``rounding_seed``. As in torch, its groups always decay
+    ``stochastic_rounding``, ``rounding_seed`` and ``min_8bit_size``. As in torch, its groups always decay
     decoupled, also when a checkpoint says otherwise.
     """
 
@@ -143,13 +149,14 @@ class AdamW(Adam):
                  master_weights: bool = True, unscale_grads: bool = True,
                  max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
                  state_dtype: torch.dtype = torch.float32, stochastic_rounding: bool = False,
-                 rounding_seed: Optional[int] = None):
+                 rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
                          maximize=maximize, capturable=capturable, differentiable=differentiable,
                          fused=fused, decoupled_weight_decay=True, master_weights=master_weights,
                          unscale_grads=unscale_grads, max_grad_norm=max_grad_norm,
                          grad_norm_type=grad_norm_type, state_dtype=state_dtype,
-                         stochastic_rounding=stochastic_rounding, rounding_seed=rounding_seed)
+                         stochastic_rounding=stochastic_rounding, rounding_seed=rounding_seed,
+                         min_8bit_size=min_8bit_size)
 
     def _fix_group(self, group):
         group["decoupled_weight_decay"] = True

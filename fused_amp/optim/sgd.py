@@ -35,8 +35,9 @@ class SGD(MasterWeightOptimizer):
         master_weights (bool or str): keep fp32 masters for fp16/bf16 params (default: True);
             ``"remainder"`` keeps them as bf16 param + int16 remainder (see
             :class:`fused_amp.optim.Adam`).
-        state_dtype, stochastic_rounding, rounding_seed: the momentum buffer's dtype and
-            rounding, as for :class:`fused_amp.optim.Adam`'s moments.
+        state_dtype, stochastic_rounding, rounding_seed, min_8bit_size: the momentum buffer's
+            dtype and rounding, as for :class:`fused_amp.optim.Adam`'s ``exp_avg`` (8-bit: the
+            signed map).
         unscale_grads (bool): leave ``p.grad`` unscaled after a GradScaler step, as torch does
             (default: True); see :class:`fused_amp.optim.Adam`.
         max_grad_norm (float, optional): clip the gradients at every step to this total norm
@@ -53,7 +54,7 @@ class SGD(MasterWeightOptimizer):
                  master_weights: bool = True, unscale_grads: bool = True,
                  max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
                  state_dtype: torch.dtype = torch.float32, stochastic_rounding: bool = False,
-                 rounding_seed: Optional[int] = None):
+                 rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
         # torch.optim.SGD's checks and messages, in its order
         if isinstance(lr, torch.Tensor) and lr.numel() != 1:
             raise ValueError("Tensor lr must be 1-element")
@@ -68,7 +69,7 @@ class SGD(MasterWeightOptimizer):
                         differentiable=differentiable, fused=fused,
                         master_weights=master_weights, unscale_grads=unscale_grads,
                         state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
-                        rounding_seed=rounding_seed)
+                        rounding_seed=rounding_seed, min_8bit_size=min_8bit_size)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("Nesterov momentum requires a momentum and zero dampening")
         check_torch_flags(type(self).__name__, foreach, fused, differentiable)
@@ -85,7 +86,7 @@ class SGD(MasterWeightOptimizer):
         ops.sgd_step_(lists["params"], lists["grads"], lists["master_params"],
                       lists_or_empty(lists, "momentum_buffer", has_momentum),
                       lists_or_empty(lists, "steps", has_momentum),
-                      momentum=group["momentum"], dampening=group["dampening"],
+                      state_absmaxes=lists_or_empty(lists, "state_absmaxes", has_momentum), momentum=group["momentum"], dampening=group["dampening"],
                       weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
                       maximize=group["maximize"], check_only=check_only, **scalars)
 

@@ -1,0 +1,237 @@
+// 8-bit blockwise state on the CPU (ops/quantize.h), a storage kind around the fp32-state step
+// loops: each block of a range is dequantized into stack buffers, stepped by the fp32-state loop
+// exactly as fp32 state would be (so, from the same dequantized state, the masters are bitwise
+// those of the fp32-state step), and quantized again with the block's new absmax. Part of
+// cpu/loops_impl.h (included once per instruction set, after the step loops).
+
+// A state's codes as a vector of floats and back, with the ISA's widening and narrowing
+// instructions (GCC's vector conversions between 8- and 32-bit lanes go lane by lane).
+using F32 = float __attribute__((vector_size(kLanes * sizeof(float))));
+using I32 = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
+using I8 = int8_t __attribute__((vector_size(kLanes)));
+using U8 = uint8_t __attribute__((vector_size(kLanes)));
+
+template <bool kSigned>
+FA_VECTOR_HELPER VecF load_codes(const uint8_t* p) {
+#if defined(CPU_CAPABILITY_AVX2)
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(kSigned ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes));
+#elif defined(CPU_CAPABILITY_AVX512)
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(kSigned ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes));
+#else
+  F32 f;
+  if constexpr (kSigned) {
+    I8 c;
+    std::memcpy(&c, p, sizeof c);
+    f = __builtin_convertvector(c, F32);
+  } else {
+    U8 c;
+    std::memcpy(&c, p, sizeof c);
+    f = __builtin_convertvector(c, F32);
+  }
+  VecF x;
+  std::memcpy(&x, &f, sizeof x);
+  return x;
+#endif
+}
+
+// The codes are integral already, so the conversion to int32 is exact; narrowing them to bytes
+// needs the ISA's packs (GCC narrows a vector conversion lane by lane).
+template <bool kSigned>
+FA_VECTOR_HELPER void store_codes(uint8_t* p, const VecF& code) {
+#if defined(CPU_CAPABILITY_AVX2)
+  const __m256i whole = _mm256_cvttps_epi32(code);
+  const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(whole), _mm256_extracti128_si256(whole, 1));
+  // codes fit the saturating packs: [-127, 127] signed, [0, 255] unsigned
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(p), kSigned ? _mm_packs_epi16(words, words) : _mm_packus_epi16(words, words));
+#elif defined(CPU_CAPABILITY_AVX512)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(code)));  // low bytes
+#else
+  F32 f;
+  std::memcpy(&f, &code, sizeof f);
+  const I32 whole = __builtin_convertvector(f, I32);
+  if constexpr (kSigned) {
+    const I8 c = __builtin_convertvector(whole, I8);
+    std::memcpy(p, &c, sizeof c);
+  } else {
+    const U8 c = __builtin_convertvector(whole, U8);
+    std::memcpy(p, &c, sizeof c);
+  }
+#endif
+}
+
+// Two vectors of codes at once: on AVX2 one 256-bit pack of both, in place of two 128-bit packs.
+template <bool kSigned>
+FA_VECTOR_HELPER void store_codes2(uint8_t* p, const VecF& a, const VecF& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+  // the pack works within 128-bit lanes: its words come as a0-3 b0-3 | a4-7 b4-7, put back in order
+  const __m256i words = _mm256_permute4x64_epi64(
+      _mm256_packs_epi32(_mm256_cvttps_epi32(a), _mm256_cvttps_epi32(b)), 0xd8);
+  const __m128i low = _mm256_castsi256_si128(words), high = _mm256_extracti128_si256(words, 1);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), kSigned ? _mm_packs_epi16(low, high) : _mm_packus_epi16(low, high));
+#else
+  store_codes<kSigned>(p, a);
+  store_codes<kSigned>(p + kLanes, b);
+#endif
+}
+
+inline float code_value(const uint8_t* p, int64_t i, bool is_signed) {
+  return is_signed ? static_cast<float>(static_cast<int8_t>(p[i])) : static_cast<float>(p[i]);
+}
+
+// The n (<= kQuantBlock) values of one block, from its codes and absmax.
+template <bool kSigned>
+void dequantize_block(const uint8_t* codes, float absmax, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const VecF c = load_codes<kSigned>(codes + i);
+    (kSigned ? ops::dequantize_signed(c, absmax) : ops::dequantize_unsigned(c, absmax)).store(out + i);
+  }
+  for (; i < n; ++i) {
+    const float c = code_value(codes, i, kSigned);
+    out[i] = kSigned ? ops::dequantize_signed(c, absmax) : ops::dequantize_unsigned(c, absmax);
+  }
+}
+
+// The largest |x| of a block, NaN when some x is NaN.
+inline float block_absmax(const float* x, int64_t n) {
+  VecF acc(0.f);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) acc = at::vec::maximum(acc, VecF::loadu(x + i).abs());
+  float lanes[kLanes];
+  acc.store(lanes);
+  float absmax = 0.f;
+  bool nan = false;
+  for (const float a : lanes) {
+    nan |= a != a;
+    absmax = ops::max_(absmax, a);
+  }
+  for (; i < n; ++i) {
+    nan |= x[i] != x[i];
+    absmax = ops::max_(absmax, std::fabs(x[i]));
+  }
+  return nan ? std::numeric_limits<float>::quiet_NaN() : absmax;
+}
+
+// Codes and absmax of a block of n values.
+template <bool kSigned>
+void quantize_block(const float* x, int64_t n, uint8_t* codes, float* absmax_out) {
+  const float absmax = block_absmax(x, n);
+  *absmax_out = ops::stored_absmax(absmax);
+  if (!ops::codes_block(absmax)) {
+    std::memset(codes, 0, n);
+    return;
+  }
+  const float inv = 1.f / absmax;
+  auto code_of = [inv](const VecF& v) { return kSigned ? ops::quantize_signed(v, inv) : ops::quantize_unsigned(v, inv); };
+  int64_t i = 0;
+  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+    store_codes2<kSigned>(codes + i, code_of(VecF::loadu(x + i)), code_of(VecF::loadu(x + i + kLanes)));
+  }
+  for (; i + kLanes <= n; i += kLanes) {
+    const VecF v = VecF::loadu(x + i);
+    store_codes<kSigned>(codes + i, kSigned ? ops::quantize_signed(v, inv) : ops::quantize_unsigned(v, inv));
+  }
+  for (; i < n; ++i) {
+    const float c = kSigned ? ops::quantize_signed(x[i], inv) : ops::quantize_unsigned(x[i], inv);
+    codes[i] = static_cast<uint8_t>(static_cast<int>(c));  // modulo 256: an int8 code's bits
+  }
+}
+
+// One quantized state of a range: its codes, its absmax per block (from the range's first
+// block), and whether its map is the signed one.
+struct QuantizedState {
+  uint8_t* codes;
+  float* absmax;
+  bool is_signed;
+};
+
+// Quant blocks stepped per call of the fp32-state loop: its buffers (3 states of 4 blocks, 12 KB)
+// stay in L1, and the call's fixed cost is spread over 1,024 elements.
+constexpr int64_t kBlocksPerStep = 4;
+constexpr int64_t kStepElements = kBlocksPerStep * ops::kQuantBlock;
+
+template <bool kSigned>
+void dequantize_blocks(const QuantizedState& s, int64_t b, int64_t n, float* out) {
+  for (int64_t q = 0; q < n; q += ops::kQuantBlock) {
+    dequantize_block<kSigned>(s.codes + b + q, s.absmax[(b + q) / ops::kQuantBlock],
+                              std::min(ops::kQuantBlock, n - q), out + q);
+  }
+}
+
+template <bool kSigned>
+void quantize_blocks(const QuantizedState& s, int64_t b, int64_t n, const float* x) {
+  for (int64_t q = 0; q < n; q += ops::kQuantBlock) {
+    quantize_block<kSigned>(x + q, std::min(ops::kQuantBlock, n - q), s.codes + b + q,
+                            s.absmax + (b + q) / ops::kQuantBlock);
+  }
+}
+
+// Runs `fp32_step(sub)` over r in parts of kStepElements, where sub is the part of r with its
+// states (exp_avg, exp_avg_sq, aux, as present) replaced by fp32 buffers holding their
+// dequantized values; `states[k]` is the state held in the slot `slots[k]` of r (0: exp_avg,
+// 1: exp_avg_sq, 2: aux). r.first is a multiple of kQuantBlock: cpu_ops.cpp gives each block to
+// one range.
+template <typename T, class Fp32Step>
+void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, const int* slots, int count,
+                      Fp32Step&& fp32_step) {
+  alignas(64) float buffers[3][kStepElements];
+  for (int64_t b = 0; b < r.n; b += kStepElements) {
+    const int64_t n = std::min<int64_t>(kStepElements, r.n - b);
+    UpdateRange<T> sub = r;
+    sub.param += b;
+    sub.grad += b;
+    if (sub.master) sub.master += b;
+    if (sub.remainder) sub.remainder += b;
+    sub.n = n;
+    sub.first = r.first + b;
+    sub.stochastic = false;
+    sub.may_stream = false;
+    void** slot_ptr[3] = {&sub.exp_avg, &sub.exp_avg_sq, &sub.aux};
+    for (int k = 0; k < count; ++k) {
+      const QuantizedState& s = states[k];
+      if (s.is_signed) {
+        dequantize_blocks<true>(s, b, n, buffers[k]);
+      } else {
+        dequantize_blocks<false>(s, b, n, buffers[k]);
+      }
+      *slot_ptr[slots[k]] = buffers[k];
+    }
+    fp32_step(sub);
+    for (int k = 0; k < count; ++k) {
+      const QuantizedState& s = states[k];
+      if (s.is_signed) {
+        quantize_blocks<true>(s, b, n, buffers[k]);
+      } else {
+        quantize_blocks<false>(s, b, n, buffers[k]);
+      }
+    }
+  }
+}
+
+// The quantized state of r's slot (0: exp_avg, 1: exp_avg_sq, 2: aux), with its absmax row.
+template <typename T>
+QuantizedState quantized_state(const UpdateRange<T>& r, int slot, int row, bool is_signed) {
+  void* const codes[3] = {r.exp_avg, r.exp_avg_sq, r.aux};
+  return {static_cast<uint8_t*>(codes[slot]), r.absmax + row * r.absmax_row_stride + r.first / ops::kQuantBlock,
+          is_signed};
+}
+
+// Adam: exp_avg signed (row 0), exp_avg_sq and max_exp_avg_sq unsigned (rows 1, 2).
+template <typename T>
+void adam_range_q8(const UpdateRange<T>& r, const ops::AdamCoeffs& c) {
+  const QuantizedState states[3] = {quantized_state(r, 0, 0, true), quantized_state(r, 1, 1, false),
+                                    c.amsgrad ? quantized_state(r, 2, 2, false) : QuantizedState{}};
+  const int slots[3] = {0, 1, 2};
+  quantized_blocks(r, states, slots, c.amsgrad ? 3 : 2,
+                   [&](const UpdateRange<T>& sub) { adam_range<T, float>(sub, c); });
+}
+
+// SGD: the momentum buffer (in aux) signed, row 0.
+template <typename T>
+void sgd_range_q8(const UpdateRange<T>& r, const ops::SgdCoeffs& c) {
+  const QuantizedState states[1] = {quantized_state(r, 2, 0, true)};
+  const int slots[1] = {2};
+  quantized_blocks(r, states, slots, r.aux ? 1 : 0, [&](const UpdateRange<T>& sub) { sgd_range<T, float>(sub, c); });
+}

@@ -1,0 +1,75 @@
+#pragma once
+// 8-bit blockwise optimizer state (state_dtype=torch.uint8): the math of one element's code.
+// Each state tensor is cut into blocks of kQuantBlock elements in its memory order (the last
+// block of a tensor may be shorter); a block keeps one fp32 absmax and one 8-bit code per
+// element. One closed-form map (no table search) serves both kinds of state: sqrt(|x| / absmax)
+// is coded linearly and rounded to nearest (ties to even),
+//   signed states (exp_avg, momentum_buffer):      x = absmax * sign(c) (c / 127)^2,  c in [-127, 127]
+//   unsigned states (exp_avg_sq, max_exp_avg_sq):  x = absmax * (c / 255)^2,          c in [0, 255]
+// chosen by measurement (benchmarks/quant_maps.py, on the char LM's moments: within 10% of the
+// error of coding sqrt(sqrt(v)) for the second moment, which costs one more square root per
+// element, and more accurate than linear codes or bitsandbytes' dynamic map, which at blocks of
+// 2048 let a v dequantize to 0). A positive unsigned value never codes to 0: the denominator of
+// Adam's update stays at least sqrt(absmax) / 255, which bounds every element's update (|m| /
+// sqrt(v) stays within a small factor of its fp32-state bound) where a v that dequantizes to 0
+// beside a nonzero m would move the weight by lr * m / eps.
+// T = float (the CUDA kernels, the CPU's scalar elements) or a vector of floats (cpu/).
+#include <cfloat>
+#include <cstdint>
+
+#include "ops/common.h"
+
+namespace fused_amp::ops {
+
+constexpr int64_t kQuantBlock = 256;
+constexpr float kSignedLevels = 127.f;
+constexpr float kUnsignedLevels = 255.f;
+
+// min and max of values that are never NaN here (a block is coded only when its absmax is finite)
+FA_HD float unit_min_(float a, float b) { return a < b ? a : b; }
+FA_HD float code_max_(float a, float b) { return a > b ? a : b; }
+FA_HD float rint_(float x) { return rintf(x); }
+FA_HD float copysign_(float magnitude, float sign) { return copysignf(magnitude, sign); }
+// 1 where x > 0, else 0
+FA_HD float positive_(float x) { return x > 0.f ? 1.f : 0.f; }
+
+FA_HD float where_top_(float code, float top, float exact, float value) { return code == top ? exact : value; }
+
+// The value of a code (as a float) in a block with the given absmax: its point of the map times
+// absmax / levels^2 (or ^4). The top code gives the absmax itself, so that the block's largest
+// value is its absmax and quantizing the values of a block again gives its codes and absmax back:
+// a checkpoint of fp32 moments resumes bit for bit.
+template <typename T>
+FA_HD T dequantize_signed(T code, float absmax) {
+  const T magnitude = abs_(code);
+  const T value = code * magnitude * T(absmax / (kSignedLevels * kSignedLevels));
+  return where_top_(magnitude, kSignedLevels, copysign_(T(absmax), code), value);
+}
+template <typename T>
+FA_HD T dequantize_unsigned(T code, float absmax) {
+  const T value = code * code * T(absmax / (kUnsignedLevels * kUnsignedLevels));
+  return where_top_(code, kUnsignedLevels, T(absmax), value);
+}
+
+// The code (an integral float) of x in a block whose absmax is finite and at least FLT_MIN,
+// given inv_absmax = 1 / absmax.
+template <typename T>
+FA_HD T quantize_signed(T x, float inv_absmax) {
+  const T unit = unit_min_(abs_(x) * T(inv_absmax), T(1.f));
+  return copysign_(rint_(sqrt_(unit) * T(kSignedLevels)), x);
+}
+template <typename T>
+FA_HD T quantize_unsigned(T x, float inv_absmax) {
+  const T unit = unit_min_(x * T(inv_absmax), T(1.f));
+  return code_max_(rint_(sqrt_(unit) * T(kUnsignedLevels)), positive_(x));
+}
+
+// A block whose absmax is below FLT_MIN (zero, or values too small to matter next to any eps)
+// is stored as zeros; one whose absmax is inf or NaN keeps it with all codes 0, so that the
+// whole block reads back as NaN: a NaN in the math is never turned into a finite code.
+FA_HD bool codes_block(float absmax) { return absmax >= FLT_MIN && absmax <= FLT_MAX; }
+FA_HD float stored_absmax(float absmax) { return absmax < FLT_MIN ? 0.f : absmax; }
+
+FA_HD int64_t quant_blocks(int64_t n) { return (n + kQuantBlock - 1) / kQuantBlock; }
+
+}  // namespace fused_amp::ops

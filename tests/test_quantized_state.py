@@ -1,0 +1,295 @@
+"""8-bit blockwise optimizer state (state_dtype=torch.uint8), generic over every optimizer and
+option set of the registry: the step is the fp32-state step from the dequantized state, bit for
+bit, and stores the codes of the map written in fused_amp/optim/_quantize.py (itself checked
+against the closed forms of csrc/ops/quantize.h on every code); no code pairing lets a weight
+jump; overflow steps change nothing; checkpoints hold fp32 moments; bad input is refused."""
+import copy
+import math
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fused_amp
+from fused_amp.optim import SGD, Adam, AdamW
+from fused_amp.optim._quantize import ABSMAX, QUANT_BLOCK, dequantize, quantize
+from helpers import assert_bitwise_equal
+from optim_registry import CASES, IDS, PARAM_DTYPES
+
+# sizes around the block: a tail alone, one block, blocks and a tail, a 3-d param
+SHAPES = [(7,), (QUANT_BLOCK,), (64, 33), (3, 5, 9), (1000,)]
+SIGNED = {"exp_avg": True, "momentum_buffer": True, "exp_avg_sq": False, "max_exp_avg_sq": False}
+
+
+def make_params(dtype, shapes=SHAPES, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(s, generator=gen).to(dtype)) for s in shapes]
+
+
+def set_grads(params, step, scale=1.0):
+    gen = torch.Generator().manual_seed(1000 + step)
+    for p in params:
+        p.grad = (torch.randn(p.shape, generator=gen) * scale).to(p.dtype)
+
+
+def state_keys(opt, p):
+    return [k for k in opt.state[p] if k in SIGNED]
+
+
+def fp32_twin(cls, kw, opt, params, master_weights):
+    """An fp32-state optimizer over copies of ``params`` whose state is ``opt``'s, dequantized."""
+    twin_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    twin = cls(twin_params, master_weights=master_weights, **kw)
+    for p, q in zip(params, twin_params):
+        state = opt.state[p]
+        twin.state[q] = {k: v.clone() for k, v in state.items() if k not in SIGNED and k != ABSMAX}
+        for row, key in enumerate(state_keys(opt, p)):
+            twin.state[q][key] = dequantize(state[key], state[ABSMAX][row], SIGNED[key])
+    return twin, twin_params
+
+
+def master_modes(dtype):
+    return [True, False] + (["remainder"] if dtype == torch.bfloat16 else [])
+
+
+@pytest.mark.parametrize("dtype", PARAM_DTYPES, ids=str)
+@pytest.mark.parametrize("cls,torch_cls,kw", CASES, ids=IDS)
+def test_a_step_is_the_fp32_state_step_from_the_dequantized_state(cls, torch_cls, kw, dtype):
+    """After a few steps, one more step of the 8-bit optimizer gives bitwise the params and
+    masters that the fp32-state step gives from the dequantized state, and stores bitwise the
+    codes and absmax that the Python quantizer makes of that step's fp32 state."""
+    for master_weights in master_modes(dtype):
+        params = make_params(dtype)
+        opt = cls(params, state_dtype=torch.uint8, min_8bit_size=0, master_weights=master_weights, **kw)
+        for step in range(3):
+            set_grads(params, step)
+            opt.step()
+        twin, twin_params = fp32_twin(cls, kw, opt, params, master_weights)
+        set_grads(params, 3)
+        set_grads(twin_params, 3)
+        opt.step()
+        twin.step()
+        for i, (p, q) in enumerate(zip(params, twin_params)):
+            where = f"{master_weights} param {i}"
+            assert_bitwise_equal(p.detach(), q.detach(), where)
+            for key in ("master_param", "master_remainder"):
+                if key in twin.state[q]:
+                    assert_bitwise_equal(opt.state[p][key], twin.state[q][key], f"{where} {key}")
+            keys = state_keys(opt, p)
+            if not keys:  # SGD without momentum keeps no state
+                assert ABSMAX not in opt.state[p]
+                continue
+            assert opt.state[p][ABSMAX].shape == (len(keys), -(-p.numel() // QUANT_BLOCK))
+            for row, key in enumerate(keys):
+                codes, absmax = quantize(twin.state[q][key], p, SIGNED[key])
+                assert_bitwise_equal(opt.state[p][key], codes, f"{where} {key} codes")
+                assert_bitwise_equal(opt.state[p][ABSMAX][row], absmax, f"{where} {key} absmax")
+
+
+def closed_form(codes: torch.Tensor, absmax: float, signed: bool) -> torch.Tensor:
+    """The maps of csrc/ops/quantize.h, in float64 from the codes."""
+    c = codes.view(torch.int8).double() if signed else codes.double()
+    return (torch.sign(c) * (c / 127) ** 2 if signed else (c / 255) ** 2) * absmax
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_every_code_dequantizes_to_its_closed_form_and_quantizes_back(signed):
+    """Every one of the 256 codes: its value is the closed form within an fp32 rounding, and
+    quantizing that value gives the code back (the map is its own inverse on its points)."""
+    absmax = 3.0
+    all_codes = torch.arange(256, dtype=torch.int64).to(torch.uint8)
+    if signed:
+        all_codes = all_codes[all_codes.view(torch.int8) != -128]  # -128 is never written
+    n = all_codes.numel()
+    codes = torch.cat([all_codes, torch.full((QUANT_BLOCK - n,), 127 if signed else 255, dtype=torch.uint8)])
+    values = dequantize(codes, torch.tensor([absmax]), signed)
+    expected = closed_form(codes, absmax, signed)
+    torch.testing.assert_close(values.double(), expected, rtol=3e-7, atol=0)
+    back, back_absmax = quantize(values, codes, signed)
+    assert_bitwise_equal(back, codes)
+    assert back_absmax.item() == pytest.approx(absmax, rel=2e-7)
+
+
+def test_a_positive_second_moment_never_codes_to_zero():
+    x = torch.tensor([1.0] + [1e-30, 1e-40, 1e-45, 0.0] * 10)
+    codes, _ = quantize(x, x, signed=False)
+    assert (codes[1:][x[1:] > 0] >= 1).all() and (codes[1:][x[1:] == 0] == 0).all()
+
+
+def test_nonfinite_state_reads_back_as_nan_and_tiny_blocks_as_zero():
+    x = torch.ones(2 * QUANT_BLOCK)
+    x[3] = math.nan
+    x[QUANT_BLOCK:] = 1e-39  # below FLT_MIN: stored as zeros
+    for signed in (True, False):
+        codes, absmax = quantize(x, x, signed)
+        back = dequantize(codes, absmax, signed)
+        assert back[:QUANT_BLOCK].isnan().all()
+        assert (back[QUANT_BLOCK:] == 0).all() and absmax[1] == 0
+
+
+def adam_displacement(state_dtype, grads, lr=1e-3):
+    p = torch.nn.Parameter(torch.zeros(grads.shape[1]))
+    opt = Adam([p], lr=lr, state_dtype=state_dtype, min_8bit_size=0)
+    for g in grads:
+        p.grad = g.clone()
+        opt.step()
+    return p.detach().abs()
+
+
+@settings(max_examples=int(os.environ.get("FUSED_AMP_HYPOTHESIS_EXAMPLES", 60)), deadline=None)
+@given(huge=st.floats(1e2, 1e15), tiny=st.floats(1e-30, 1e-3), steps=st.integers(1, 12),
+       alternate=st.booleans(), seed=st.integers(0, 2**16))
+def test_no_block_lets_a_weight_jump(huge, tiny, steps, alternate, seed):
+    """Adversarial blocks: one huge element (its grad alternating in sign or not, so its first
+    moment may be near 0 while its second is huge) beside tiny ones with steady grads. Adam's
+    displacement per element with 8-bit state stays within a small factor of fp32 state's
+    (both are at most about lr per step); a v that dequantized to 0 would give lr * m / eps.
+    (A huge grad stays below 1e15, so that g^2 is finite in fp32: a moment that overflows makes
+    its block read back as NaN, test_nonfinite_state_reads_back_as_nan_and_tiny_blocks_as_zero.)"""
+    gen = torch.Generator().manual_seed(seed)
+    n = QUANT_BLOCK
+    grads = torch.rand(steps, n, generator=gen) * tiny + tiny / 2
+    grads[:, 0] = huge
+    if alternate:
+        grads[1::2, 0] = -huge
+    lr = 1e-3
+    q8 = adam_displacement(torch.uint8, grads, lr)
+    fp32 = adam_displacement(torch.float32, grads, lr)
+    assert q8.max() <= 5 * lr * steps, (q8.max(), fp32.max())
+    assert (q8 <= 40 * fp32 + 1e-12).all()
+
+
+@pytest.mark.parametrize("cls,torch_cls,kw", CASES, ids=IDS)
+def test_an_overflow_step_changes_nothing_codes_and_absmax_included(cls, torch_cls, kw):
+    params = make_params(torch.bfloat16)
+    opt = cls(params, state_dtype=torch.uint8, min_8bit_size=0, **kw)
+    scaler = fused_amp.GradScaler("cpu", init_scale=256.0)
+    for step in range(4):
+        scaler.scale(torch.ones(()))
+        set_grads(params, step, 256.0)
+        if step == 3:
+            before = copy.deepcopy((opt.state, [p.detach().clone() for p in params]))
+            params[2].grad[1, 3] = math.inf
+        scaler.step(opt)
+        scaler.update()
+    state, values = before
+    for p, v in zip(params, values):
+        assert_bitwise_equal(p.detach(), v)
+        for key, t in state[p].items():
+            assert_bitwise_equal(opt.state[p][key], t, key)
+
+
+def test_the_bits_do_not_depend_on_the_thread_count():
+    """Blocks are fixed by the element index: 1 and 2 threads (whose ranges split inside a
+    tensor) store the same codes, absmax and params."""
+    shapes = [(70_001,), (3, 40_000)]
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            params = make_params(torch.bfloat16, shapes)
+            opt = AdamW(params, state_dtype=torch.uint8)
+            for step in range(3):
+                set_grads(params, step)
+                opt.step()
+            results.append([p.detach().clone() for p in params] + [t.clone() for p in params
+                                                                    for t in opt.state[p].values()])
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*results):
+        assert_bitwise_equal(a, b)
+
+
+def test_small_params_keep_fp32_state_and_memory_is_what_is_said():
+    big, small = torch.nn.Parameter(torch.zeros(8192).bfloat16()), torch.nn.Parameter(torch.zeros(100).bfloat16())
+    opt = AdamW([big, small], state_dtype=torch.uint8, master_weights="remainder")
+    big.grad, small.grad = torch.ones_like(big), torch.ones_like(small)
+    opt.step()
+    assert opt.state[small]["exp_avg"].dtype == torch.float32 and ABSMAX not in opt.state[small]
+    held = sum(t.numel() * t.element_size() for k, t in opt.state[big].items() if k != "step")
+    # remainder 2 + m 1 + v 1 bytes per param, plus 2 fp32 absmax per 256 elements
+    assert held == 8192 * 4 + 2 * 4 * 8192 // QUANT_BLOCK
+
+
+@pytest.mark.parametrize("cls,torch_cls,kw", CASES, ids=IDS)
+def test_checkpoints_hold_fp32_moments_and_load_across_modes(cls, torch_cls, kw):
+    """state_dict() holds the dequantized moments in fp32 (no codes): it loads into an
+    fp32-state optimizer, which then steps exactly as the 8-bit one would have from the same
+    (dequantized) state, and back into an 8-bit one, which requantizes the same codes."""
+    params = make_params(torch.bfloat16)
+    opt = cls(params, state_dtype=torch.uint8, min_8bit_size=0, **kw)
+    for step in range(3):
+        set_grads(params, step)
+        opt.step()
+    saved = opt.state_dict()
+    for s in saved["state"].values():
+        assert ABSMAX not in s and all(v.dtype == torch.float32 for v in s.values())
+    again_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    again = cls(again_params, state_dtype=torch.uint8, min_8bit_size=0, **kw)
+    again.load_state_dict(saved)
+    for p, q in zip(params, again_params):
+        for key, value in opt.state[p].items():
+            assert_bitwise_equal(again.state[q][key], value, key)
+    fp32_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    fp32 = cls(fp32_params, **kw)
+    fp32.load_state_dict(saved)
+    for ps in (params, fp32_params, again_params):
+        set_grads(ps, 3)
+    for o in (opt, fp32, again):
+        o.step()
+    for p, q, r in zip(params, fp32_params, again_params):
+        assert_bitwise_equal(p.detach(), q.detach())
+        assert_bitwise_equal(p.detach(), r.detach())
+
+
+def test_torch_checkpoints_load_into_8bit_state():
+    params = make_params(torch.float32)
+    theirs = torch.optim.AdamW([torch.nn.Parameter(p.detach().clone()) for p in params], lr=1e-3)
+    for p in theirs.param_groups[0]["params"]:
+        p.grad = torch.randn_like(p)
+    theirs.step()
+    ours = AdamW(params, lr=1e-3, state_dtype=torch.uint8, min_8bit_size=0)
+    ours.load_state_dict(theirs.state_dict())
+    for p, q in zip(params, theirs.param_groups[0]["params"]):
+        assert ours.state[p]["exp_avg"].dtype == torch.uint8
+        torch.testing.assert_close(dequantize(ours.state[p]["exp_avg"], ours.state[p][ABSMAX][0], True),
+                                   theirs.state[q]["exp_avg"], rtol=0.02, atol=theirs.state[q]["exp_avg"].abs().max().item() / 1000)
+
+
+def test_bad_input_is_refused_naming_the_argument():
+    p = torch.nn.Parameter(torch.zeros(300).bfloat16())
+    with pytest.raises(ValueError, match="min_8bit_size"):
+        Adam([p], state_dtype=torch.uint8, min_8bit_size=-1)
+    with pytest.raises(ValueError, match="stochastic_rounding"):
+        Adam([p], state_dtype=torch.uint8, stochastic_rounding=True)
+    with pytest.raises(ValueError, match="float32, float16 and bfloat16"):
+        Adam([torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))], state_dtype=torch.uint8)
+    opt = Adam([p], state_dtype=torch.uint8, min_8bit_size=0)
+    p.grad = torch.ones_like(p)
+    opt.step()
+    state = opt.state[p]
+    before = {k: v.clone() for k, v in state.items()}
+    for bad, match in [(state[ABSMAX][:, :1].contiguous(), "state_absmaxes\\[0\\] has shape"),
+                       (state[ABSMAX].double(), "state_absmaxes\\[0\\] has dtype"),
+                       (state[ABSMAX].t().contiguous().t(), "must be contiguous")]:
+        with pytest.raises(ValueError if "dtype" not in match else TypeError, match=match):
+            fused_amp.ops.adam_step_([p], [p.grad], [state["master_param"]], [state["exp_avg"]],
+                                     [state["exp_avg_sq"]], [], [state["step"]], state_absmaxes=[bad],
+                                     lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
+                                     amsgrad=False, maximize=False, decoupled_weight_decay=False)
+    with pytest.raises(ValueError, match="state_absmaxes\\[0\\] is missing"):
+        fused_amp.ops.adam_step_([p], [p.grad], [state["master_param"]], [state["exp_avg"]],
+                                 [state["exp_avg_sq"]], [], [state["step"]], state_absmaxes=[None],
+                                 lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
+                                 amsgrad=False, maximize=False, decoupled_weight_decay=False)
+    for key, value in before.items():
+        assert_bitwise_equal(state[key], value, key)
+    compact = opt.state_dict()
+    compact["state"][0] = dict(state)
+    with pytest.raises(ValueError, match="8-bit codes"):
+        opt.load_state_dict(compact)
+    for key, value in before.items():
+        assert_bitwise_equal(opt.state[p][key], value, key)
