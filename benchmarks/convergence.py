@@ -59,6 +59,16 @@ def _optimi_kahan(params, lr):
     return AdamW(params, lr=lr, weight_decay=0.0, kahan_sum=True)
 
 
+def _bnb_8bit(params, lr):
+    from bitsandbytes.optim import AdamW8bit
+    return AdamW8bit(params, lr=lr, weight_decay=0.0)
+
+
+def _torchao_8bit(params, lr):
+    from torchao.optim import AdamW8bit
+    return AdamW8bit(params, lr=lr, weight_decay=0.0)
+
+
 def _torchao_sr(params, lr):
     from torchao.optim import _AdamW
     return _AdamW(params, lr=lr, weight_decay=0.0, bf16_stochastic_round=True)
@@ -71,11 +81,17 @@ MODES: Dict[str, Callable] = {
     "bf16 state, stochastic": _fused(state_dtype=torch.bfloat16, stochastic_rounding=True),
     "remainder + bf16 state, stochastic": _fused(master_weights="remainder", state_dtype=torch.bfloat16,
                                                  stochastic_rounding=True),
+    "8-bit state": _fused(state_dtype=torch.uint8),
+    "remainder + 8-bit state": _fused(master_weights="remainder", state_dtype=torch.uint8),
     "plain bf16 (no masters)": _fused(master_weights=False),
     "torch-optimi Kahan AdamW": _optimi_kahan,
     "torchao bf16 SR AdamW": _torchao_sr,
+    "bitsandbytes AdamW8bit (bf16 weights)": _bnb_8bit,
+    "torchao AdamW8bit (bf16 weights)": _torchao_8bit,
 }
-OPTIONAL = {"torch-optimi Kahan AdamW": "optimi", "torchao bf16 SR AdamW": "torchao"}
+OPTIONAL = {"torch-optimi Kahan AdamW": "optimi", "torchao bf16 SR AdamW": "torchao",
+            "bitsandbytes AdamW8bit (bf16 weights)": "bitsandbytes",
+            "torchao AdamW8bit (bf16 weights)": "torchao"}
 
 
 def available(mode: str) -> bool:

@@ -25,12 +25,21 @@ BYTES_PER_PARAM = {
     ("adam_bf16_state", "bfloat16"): 20,
     #   both: read g 2, p 2, remainder 2, m 2, v 2; write p 2, remainder 2, m 2, v 2
     ("adam_remainder_bf16_state", "bfloat16"): 18,
+    # 8-bit state (blockwise codes; the fp32 absmax of 2 states per 256 elements adds 1/16 B):
+    #   read g 2, master 4, m 1, v 1; write master 4, m 1, v 1, p 2
+    ("adam_8bit_state", "bfloat16"): 16,
+    #   with the remainder: read g 2, p 2, remainder 2, m 1, v 1; write p 2, remainder 2, m 1, v 1
+    ("adam_remainder_8bit_state", "bfloat16"): 14,
+    #   fp32 params without masters (bitsandbytes', torchao's 8-bit Adam): read g 4, p 4, m 1, v 1;
+    #   write p 4, m 1, v 1
+    ("adam_8bit_state", "float32"): 16,
 }
 
 
 def bytes_per_param(op: str, dtype: str) -> int:
     """Roofline bytes per parameter of ``op`` ("unscale", "adam", "adamw", "sgd", "adam_clip",
-    and the memory modes "adam_remainder", "adam_bf16_state", "adam_remainder_bf16_state")."""
+    and the memory modes "adam_remainder", "adam_bf16_state", "adam_remainder_bf16_state",
+    "adam_8bit_state", "adam_remainder_8bit_state")."""
     return BYTES_PER_PARAM[("adam" if op == "adamw" else op, dtype)]
 
 

@@ -21,8 +21,33 @@ MODES = {
                                               rounding_seed=0), "adam_bf16_state"),
     "fused_amp[remainder + bf16 state]": (dict(master_weights="remainder", state_dtype=torch.bfloat16),
                                           "adam_remainder_bf16_state"),
+    "fused_amp[8-bit state]": (dict(state_dtype=torch.uint8), "adam_8bit_state"),
+    "fused_amp[remainder + 8-bit state]": (dict(master_weights="remainder", state_dtype=torch.uint8),
+                                           "adam_remainder_8bit_state"),
     "fused_amp[fp32 params]": ({}, "adam"),
 }
+# The outside anchors with 8-bit state, where installed (requirements-bench.txt): their Adam on
+# fp32 params (they keep no masters) under torch's GradScaler, as a user of theirs would run it.
+def _bnb_adam8bit(params):
+    from bitsandbytes.optim import Adam8bit
+    return Adam8bit(params, lr=1e-3)
+
+
+def _torchao_adam8bit(params):
+    from torchao.optim import AdamW8bit
+    return AdamW8bit(params, lr=1e-3, weight_decay=0.0)
+
+
+OUTSIDE = {"bitsandbytes[Adam8bit]": ("bitsandbytes", _bnb_adam8bit),
+           "torchao[AdamW8bit]": ("torchao", _torchao_adam8bit)}
+
+
+def _installed(module: str) -> bool:
+    try:
+        __import__(module)
+        return True
+    except ImportError:
+        return False
 CONVERGENCE_STEPS = 1500
 _converged = {}  # the losses do not change between repeats of the plan: trained once per process
 
@@ -49,6 +74,15 @@ def run_modes(ctx, shapes):
         steps[name] = (impls.fused_amp_step(params, "adam", ctx.device, **options), pristine)
     params, pristine = impls.params_with_grads(values, grads, torch.float32)  # the same data
     steps["torch_amp"] = (impls.torch_amp_step(params, "adam", ctx.device), pristine)
+    for name, (module, make) in OUTSIDE.items():
+        if ctx.quick:  # torchao compiles its step first: tens of seconds
+            ctx.skip("memory", name, "full runs only")
+            continue
+        if not _installed(module):
+            ctx.skip("memory", name, f"{module} is not installed (optional: pip install -r requirements-bench.txt)")
+            continue
+        params, pristine = impls.params_with_grads(values, grads, torch.float32)
+        steps[name] = (impls.ScalerStep(params, make(params), torch.amp.GradScaler, ctx.device), pristine)
     timed = [harness.Impl(name, step.step, (lambda s=step, p=pristine: impls.refresh_grads(s, p)))
              for name, (step, pristine) in steps.items()]
     times = harness.time_alternating(timed, ctx.device, ctx.reps)
@@ -60,8 +94,8 @@ def run_modes(ctx, shapes):
                                    "bfloat16", n, len(shapes), times, ctx.ceiling_gbps, None, extra)
     for rec in records:  # each mode at its own bytes
         name = rec["impl"]
-        grad_dtype = "float32" if name in ("torch_amp", "fused_amp[fp32 params]") else "bfloat16"
-        op = MODES[name][1] if name in MODES else "adam"
+        grad_dtype = "float32" if name in ("torch_amp", "fused_amp[fp32 params]") or name in OUTSIDE else "bfloat16"
+        op = MODES[name][1] if name in MODES else ("adam_8bit_state" if name in OUTSIDE else "adam")
         rec["bytes_per_param"] = bytes_per_param(op, grad_dtype) + 2 * (4 if grad_dtype == "float32" else 2)
         rec["gbytes_per_s"] = rec["bytes_per_param"] * n / (rec["time_ms"] / 1e3) / 1e9
         rec["ceiling_frac"] = rec["gbytes_per_s"] / ctx.ceiling_gbps if ctx.ceiling_gbps else None
