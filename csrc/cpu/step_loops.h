@@ -1,0 +1,267 @@
+// The optimizer step loops (Adam, SGD) over one range, for fp32 and bf16 state: the fp32 value
+// of the param and its storage (load_value/store_value), the state's storage (store_state2),
+// the vector and scalar paths of one range. Part of cpu/loops_impl.h.
+// ---- the step loops ----------------------------------------------------------------------
+
+// The fp32 value of the parameter: the master, or the param joined with its remainder, or the
+// param itself.
+template <typename T>
+FA_VECTOR_HELPER void load_value(const UpdateRange<T>& r, int64_t i, VecF& a, VecF& b) {
+  if (r.master) {
+    load2(r.master + i, a, b);
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (r.remainder) return load_master_of(r.param + i, r.remainder + i, a, b);
+    load2(r.param + i, a, b);
+  } else {
+    load2(r.param + i, a, b);
+  }
+}
+
+// Half params that have an fp32 master are written by the step but not read: AVX2/AVX-512
+// builds store them with streaming stores, which skip reading in the lines they overwrite (2 of
+// the 30 bytes per parameter an Adam step would move). These stores need the vector's
+// alignment, so the elements before it take the scalar path.
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+template <typename T>
+constexpr bool kCanStream = !std::is_same_v<T, float>;
+template <typename T>
+FA_VECTOR_HELPER void stream_store2(T* p, const VecF& a, const VecF& b) {
+#if defined(CPU_CAPABILITY_AVX512)
+  using Words = __m512i;
+#else
+  using Words = __m256i;
+#endif
+  Words words;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    const I16 bf16 = words_of(nearest_bf16_of(a), nearest_bf16_of(b));
+    std::memcpy(&words, &bf16, sizeof words);
+  } else {
+    words = at::vec::convert_from_float<T>(a, b);
+  }
+#if defined(CPU_CAPABILITY_AVX512)
+  _mm512_stream_si512(reinterpret_cast<Words*>(p), words);
+#else
+  _mm256_stream_si256(reinterpret_cast<Words*>(p), words);
+#endif
+}
+inline void stream_fence() { _mm_sfence(); }
+#else
+template <typename T>
+constexpr bool kCanStream = false;
+template <typename T>
+FA_VECTOR_HELPER void stream_store2(T*, const VecF&, const VecF&) {}
+inline void stream_fence() {}
+#endif
+
+template <typename T>
+FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (r.remainder) return store_master_as(r.param + i, r.remainder + i, a, b);
+  }
+  if (r.master) store2(r.master + i, a, b);
+  if constexpr (kCanStream<T>) {
+    if (stream) return stream_store2(r.param + i, a, b);
+  }
+  store2(r.param + i, a, b);
+}
+
+// The grad as the GradScaler leaves it after a step: unscaled, in its own dtype.
+template <typename T>
+FA_VECTOR_HELPER void store_unscaled_grad(const UpdateRange<T>& r, int64_t i, const VecF& g0, const VecF& g1,
+                                          float inv_scale, const ExponentShift& shift) {
+  if (!r.write_grad) return;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (shift.exact && scale_exactly(r.grad + i, shift)) return;
+  }
+  store2(r.grad + i, g0 * VecF(inv_scale), g1 * VecF(inv_scale));
+}
+
+// A state vector pair to its storage: fp32 as it is, bf16 rounded to nearest even (torch's
+// conversion) or, with `random` (16 random bits per lane), stochastically.
+template <typename S>
+FA_VECTOR_HELPER void store_state2(S* p, const VecF& a, const VecF& b, const U32* random) {
+  if constexpr (std::is_same_v<S, c10::BFloat16>) {
+    if (random) return store_exact_bf16(p, round_to_bf16(a, random[0]), round_to_bf16(b, random[1]));
+  }
+  store2(p, a, b);
+}
+
+template <typename T>
+inline float grad_at(const UpdateRange<T>& r, int64_t i, float inv_scale) {
+  const float g = static_cast<float>(r.grad[i]);
+  if (r.write_grad) r.grad[i] = static_cast<T>(g * inv_scale);
+  return g;
+}
+
+template <typename T>
+inline float value_at(const UpdateRange<T>& r, int64_t i) {
+  if (r.master) return r.master[i];
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (r.remainder) return ops::float_of(ops::master_of(r.param[i].x, r.remainder[i].x));
+  }
+  return static_cast<float>(r.param[i]);
+}
+
+template <typename T>
+inline void set_value_at(const UpdateRange<T>& r, int64_t i, float v) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (r.remainder) {
+      r.param[i].x = ops::param_bits_of_master(ops::bits_of(v));
+      r.remainder[i].x = ops::remainder_of_master(ops::bits_of(v));
+      return;
+    }
+  }
+  if (r.master) r.master[i] = v;
+  r.param[i] = static_cast<T>(v);
+}
+
+template <typename S>
+inline float state_at(const S* p, int64_t i) {
+  return static_cast<float>(p[i]);
+}
+
+// One state element to its storage (see store_state2); `random16` is used only when stochastic.
+template <typename S>
+inline void set_state_at(S* p, int64_t i, float v, bool stochastic, uint32_t random16) {
+  if constexpr (std::is_same_v<S, c10::BFloat16>) {
+    if (stochastic) v = ops::stochastic_round_bf16(v, random16);
+  }
+  p[i] = static_cast<S>(v);
+}
+
+// The random bits of the vector at i, split for the two states: [0, 1] the low 16 bits of each
+// lane, [2, 3] the high 16 (null when the range rounds to nearest).
+template <typename T>
+FA_VECTOR_HELPER const U32* vector_rounding_bits(const UpdateRange<T>& r, int64_t i, U32 (&bits)[4]) {
+  if (!r.stochastic) return nullptr;
+  rounding_bits2(r.round_key, r.first + i, bits[0], bits[1]);
+  bits[2] = bits[0] >> 16;
+  bits[3] = bits[1] >> 16;
+  bits[0] &= 0xffffu;
+  bits[1] &= 0xffffu;
+  return bits;
+}
+
+// Runs vector_loop(begin, end, stream) over the whole vectors of the range and scalar_step(i)
+// over the elements before the first aligned vector (when streaming) and after the last whole
+// one. Both compute the same IEEE operations, so where an element falls does not change its
+// result.
+template <typename T, class VectorLoop, class ScalarStep>
+void update_range(const UpdateRange<T>& r, VectorLoop&& vector_loop, ScalarStep&& scalar_step) {
+  const bool stream = kCanStream<T> && r.master != nullptr && r.may_stream;
+  int64_t i = 0;
+  if (stream) {
+    constexpr int64_t kBytes = kStep<T> * sizeof(T);
+    const int64_t misaligned = reinterpret_cast<uintptr_t>(r.param) % kBytes;
+    const int64_t head = misaligned ? (kBytes - misaligned) / static_cast<int64_t>(sizeof(T)) : 0;
+    for (; i < std::min(head, r.n); ++i) scalar_step(i);
+  }
+  const int64_t vectors_end = i + (r.n - i) / kStep<T> * kStep<T>;
+  if (vectors_end > i) vector_loop(i, vectors_end, stream);
+  for (i = std::max(i, vectors_end); i < r.n; ++i) scalar_step(i);
+  if (stream) stream_fence();  // order the streaming stores before the threads join
+}
+
+// The vector loops take the range and the coefficients by value, as their own copies: no store
+// in the loop can alias those (vector stores may alias any memory that a pointer reaches), so
+// pointers and coefficients stay in registers instead of being reloaded for every vector.
+#define FA_VECTOR_LOOP __attribute__((noinline))
+
+// The coefficients of the usual runs, with their options fixed at compile time (no amsgrad,
+// beta1 >= 0.5, no weight decay or AdamW's): their loop has no branch on an option.
+template <bool kDecoupledWeightDecay>
+struct UsualAdamCoeffs : ops::AdamCoeffs {
+  static constexpr bool has_weight_decay = kDecoupledWeightDecay;
+  static constexpr bool decoupled_weight_decay = kDecoupledWeightDecay;
+  static constexpr bool amsgrad = false;
+  static constexpr bool lerp_from_start = true;
+  explicit UsualAdamCoeffs(const ops::AdamCoeffs& c) : ops::AdamCoeffs(c) {}
+};
+
+// C: ops::AdamCoeffs, or UsualAdamCoeffs
+template <typename T, typename S, typename C>
+FA_VECTOR_LOOP void adam_vectors(const UpdateRange<T> r, const C c, int64_t begin, int64_t end, bool stream) {
+  S* const m = static_cast<S*>(r.exp_avg);
+  S* const v = static_cast<S*>(r.exp_avg_sq);
+  S* const vmax = static_cast<S*>(r.aux);
+  const ExponentShift shift = exponent_shift_of<T>(c.inv_scale, r.write_grad);
+  for (int64_t i = begin; i < end; i += kStep<T>) {
+    VecF p0, p1, g0, g1, m0, m1, v0, v1, vmax0(0.f), vmax1(0.f);
+    load_value(r, i, p0, p1);
+    load2(r.grad + i, g0, g1);
+    load2(m + i, m0, m1);
+    load2(v + i, v0, v1);
+    if (c.amsgrad) load2(vmax + i, vmax0, vmax1);
+    store_unscaled_grad(r, i, g0, g1, c.inv_scale, shift);
+    ops::adam_update(p0, g0, m0, v0, vmax0, c);
+    ops::adam_update(p1, g1, m1, v1, vmax1, c);
+    store_value(r, i, p0, p1, stream);
+    U32 bits[4];
+    const U32* random = vector_rounding_bits(r, i, bits);
+    store_state2(m + i, m0, m1, random);
+    store_state2(v + i, v0, v1, random ? random + 2 : nullptr);
+    if (c.amsgrad) store_state2(vmax + i, vmax0, vmax1, random ? random + 2 : nullptr);
+  }
+}
+
+template <typename T, typename S, typename C>
+void adam_range_with(const UpdateRange<T>& r, const C& c) {
+  S* const m = static_cast<S*>(r.exp_avg);
+  S* const v = static_cast<S*>(r.exp_avg_sq);
+  S* const vmax = static_cast<S*>(r.aux);
+  update_range(
+      r, [&](int64_t begin, int64_t end, bool stream) { adam_vectors<T, S>(r, c, begin, end, stream); },
+      [&](int64_t i) {
+        float p = value_at(r, i), mi = state_at(m, i), vi = state_at(v, i);
+        float vmaxi = c.amsgrad ? state_at(vmax, i) : 0.f;
+        ops::adam_update(p, grad_at(r, i, c.inv_scale), mi, vi, vmaxi, c);
+        set_value_at(r, i, p);
+        const uint32_t bits = r.stochastic ? ops::rounding_bits(r.round_key, r.first + i) : 0u;
+        set_state_at(m, i, mi, r.stochastic, bits & 0xffffu);
+        set_state_at(v, i, vi, r.stochastic, bits >> 16);
+        if (c.amsgrad) set_state_at(vmax, i, vmaxi, r.stochastic, bits >> 16);
+      });
+}
+
+template <typename T, typename S>
+void adam_range(const UpdateRange<T>& range, const ops::AdamCoeffs& c) {
+  if (!c.amsgrad && c.lerp_from_start) {
+    if (!c.has_weight_decay) return adam_range_with<T, S>(range, UsualAdamCoeffs<false>(c));
+    if (c.decoupled_weight_decay) return adam_range_with<T, S>(range, UsualAdamCoeffs<true>(c));
+  }
+  adam_range_with<T, S>(range, c);
+}
+
+template <typename T, typename S>
+FA_VECTOR_LOOP void sgd_vectors(const UpdateRange<T> r, const ops::SgdCoeffs c, int64_t begin, int64_t end,
+                                bool stream) {
+  S* const buf = static_cast<S*>(r.aux);
+  const ExponentShift shift = exponent_shift_of<T>(c.inv_scale, r.write_grad);
+  for (int64_t i = begin; i < end; i += kStep<T>) {
+    VecF p0, p1, g0, g1, b0(0.f), b1(0.f);
+    load_value(r, i, p0, p1);
+    load2(r.grad + i, g0, g1);
+    if (buf && !c.first_step) load2(buf + i, b0, b1);
+    store_unscaled_grad(r, i, g0, g1, c.inv_scale, shift);
+    ops::sgd_update(p0, g0, b0, c);
+    ops::sgd_update(p1, g1, b1, c);
+    store_value(r, i, p0, p1, stream);
+    U32 bits[4];
+    if (buf) store_state2(buf + i, b0, b1, vector_rounding_bits(r, i, bits));
+  }
+}
+
+template <typename T, typename S>
+void sgd_range(const UpdateRange<T>& r, const ops::SgdCoeffs& c) {
+  S* const buf = static_cast<S*>(r.aux);
+  update_range(
+      r, [&](int64_t begin, int64_t end, bool stream) { sgd_vectors<T, S>(r, c, begin, end, stream); },
+      [&](int64_t i) {
+        float p = value_at(r, i), b = (buf && !c.first_step) ? state_at(buf, i) : 0.f;
+        ops::sgd_update(p, grad_at(r, i, c.inv_scale), b, c);
+        set_value_at(r, i, p);
+        if (!buf) return;
+        const uint32_t bits = r.stochastic ? ops::rounding_bits(r.round_key, r.first + i) : 0u;
+        set_state_at(buf, i, b, r.stochastic, bits & 0xffffu);
+      });
+}

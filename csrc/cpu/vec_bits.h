@@ -1,0 +1,192 @@
+// Vectors as bits: the GCC vector types of the loops, 16-bit words, loads and stores of every
+// dtype as pairs of fp32 vectors, bf16 storage of fp32 values (the remainder's split and join,
+// rounding to bf16), and the random bits of stochastic rounding. Part of cpu/loops_impl.h.
+// The vector loops are made of these helpers: a call per vector (GCC keeps some out of line
+// otherwise, the more the more loops it compiles) costs more than the conversions it does.
+#define FA_VECTOR_HELPER inline __attribute__((always_inline))
+
+using at::vec::Vectorized;
+using ops::VecF;
+template <typename T>
+using opmath_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+template <typename T>
+using OpVec = Vectorized<opmath_t<T>>;
+// Elements per loop iteration: two op-math vectors, which is one vector of a 16-bit type.
+template <typename T>
+constexpr int64_t kStep = 2 * OpVec<T>::size();
+
+// The bits of float vectors as GCC vectors of as many 32-bit lanes: their operators always
+// inline, where at::vec's int32 vectors do not (GCC 12 keeps their AVX-512 operators as calls).
+constexpr int kLanes = VecF::size();
+using U32 = uint32_t __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+using U16 = uint16_t __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+using I16 = int16_t __attribute__((vector_size(2 * kLanes * sizeof(int16_t))));  // the words of a step's elements
+static_assert(sizeof(U32) == sizeof(VecF), "a float vector and its bits must have the same size");
+
+FA_VECTOR_HELPER U32 bits_of(const VecF& x) {
+  U32 bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits;
+}
+FA_VECTOR_HELPER VecF float_of(const U32& bits) {
+  VecF x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+template <uint32_t... J>
+constexpr U32 lane_index(std::integer_sequence<uint32_t, J...>) { return U32{J...}; }
+constexpr U32 kLaneIndex = lane_index(std::make_integer_sequence<uint32_t, kLanes>{});  // 0, 1, 2, ...
+
+// Loads 2 * kLanes 16-bit values, zero-extended to the lanes of (a, b).
+FA_VECTOR_HELPER void load_low16(const c10::BFloat16* p, U32& a, U32& b) {
+  U16 low_a, low_b;
+  std::memcpy(&low_a, p, sizeof low_a);
+  std::memcpy(&low_b, p + kLanes, sizeof low_b);
+  a = __builtin_convertvector(low_a, U32);
+  b = __builtin_convertvector(low_b, U32);
+}
+
+// x rounded to the nearest bf16, ties to even, in the low 16 bits of each lane; a NaN gives all
+// ones. The same bits as at::vec's AVX2 and AVX-512 conversions, which GCC leaves as calls per
+// vector in the larger loops.
+FA_VECTOR_HELPER U32 nearest_bf16_of(const VecF& x) {
+  const U32 bits = bits_of(x);
+  return ((bits + 0x7fffu + ((bits >> 16) & 1u)) | bits_of(x.isnan())) >> 16;
+}
+
+#if defined(CPU_CAPABILITY_AVX2)
+// bf16 on AVX2, where at::vec converts with a shift per lane and a pack across 128-bit lanes:
+// unpacks and packs work within 128-bit lanes, so the quarters of 16 elements go in order
+// (0, 2, 1, 3) first, and one unpack puts each element's word over another's.
+// Lanes 0-7 in a, 8-15 in b: the word of `high` over the word of `low`.
+FA_VECTOR_HELPER void interleave16(__m256i low, __m256i high, __m256i& a, __m256i& b) {
+  low = _mm256_permute4x64_epi64(low, 0xd8);
+  high = _mm256_permute4x64_epi64(high, 0xd8);
+  a = _mm256_unpacklo_epi16(low, high);
+  b = _mm256_unpackhi_epi16(low, high);
+}
+#endif
+
+// The lanes of (a, b), each holding a 16-bit value, as 2 * kLanes words in element order.
+FA_VECTOR_HELPER I16 words_of(const U32& a, const U32& b) {
+  I16 out;
+#if defined(CPU_CAPABILITY_AVX2)
+  // a pack works within 128-bit lanes: its quarters go back in order (0, 2, 1, 3); the values fit
+  // in 16 bits, so it does not saturate
+  __m256i lanes[2];
+  const U32 in[2] = {a, b};
+  std::memcpy(lanes, in, sizeof lanes);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(lanes[0], lanes[1]), 0xd8);
+  std::memcpy(&out, &packed, sizeof out);
+#else
+  const U16 halves[2] = {__builtin_convertvector(a, U16), __builtin_convertvector(b, U16)};
+  std::memcpy(&out, halves, sizeof out);
+#endif
+  return out;
+}
+
+// Stores the lanes of (a, b), each holding a 16-bit value, to p[0, 2 * kLanes).
+FA_VECTOR_HELPER void store_words(c10::BFloat16* p, const U32& a, const U32& b) {
+  const I16 words = words_of(a, b);
+  std::memcpy(p, &words, sizeof words);
+}
+
+template <typename T>
+FA_VECTOR_HELPER void load2(const T* p, OpVec<T>& a, OpVec<T>& b) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    a = OpVec<T>::loadu(p);
+    b = OpVec<T>::loadu(p + OpVec<T>::size());
+#if defined(CPU_CAPABILITY_AVX2)
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    __m256i ai, bi;
+    interleave16(_mm256_setzero_si256(), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), ai, bi);
+    a = _mm256_castsi256_ps(ai);
+    b = _mm256_castsi256_ps(bi);
+#endif
+  } else {
+    std::tie(a, b) = at::vec::convert_to_float<T>(Vectorized<T>::loadu(p));
+  }
+}
+
+template <typename T>
+FA_VECTOR_HELPER void store2(T* p, const OpVec<T>& a, const OpVec<T>& b) {
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    a.store(p);
+    b.store(p + OpVec<T>::size());
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    store_words(p, nearest_bf16_of(a), nearest_bf16_of(b));
+  } else {
+    at::vec::convert_from_float<T>(a, b).store(p);
+  }
+}
+
+// ---- 16-bit storage of fp32 values (ops/rounding.h), on vectors -------------------------------
+FA_VECTOR_HELPER void load_master_of(const c10::BFloat16* param, const c10::BFloat16* remainder, VecF& a, VecF& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+  // the param less the carry its rounding added (the remainder's top bit), over the remainder
+  const __m256i r = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(remainder));
+  const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(param));
+  __m256i ai, bi;
+  interleave16(r, _mm256_sub_epi16(p, _mm256_srli_epi16(r, 15)), ai, bi);
+  a = _mm256_castsi256_ps(ai);
+  b = _mm256_castsi256_ps(bi);
+#else
+  U32 p0, p1, r0, r1;
+  load_low16(param, p0, p1);
+  load_low16(remainder, r0, r1);
+  auto join = [](const U32& p, const U32& r) {  // the remainder's top bit: the param rounded up
+    return float_of(((p - (r >> 15)) << 16) | r);
+  };
+  a = join(p0, r0);
+  b = join(p1, r1);
+#endif
+}
+
+// Stores fp32 values that are bf16 values already (low halves zero) as bf16: their high halves,
+// without the rounding of a conversion.
+FA_VECTOR_HELPER void store_exact_bf16(c10::BFloat16* p, const VecF& a, const VecF& b) {
+  store_words(p, bits_of(a) >> 16, bits_of(b) >> 16);
+}
+
+// ops::round_bits_to_bf16 on a vector: x rounded to a bf16 value by adding `addend` to its
+// magnitude bits; a NaN keeps its high half, made quiet.
+FA_VECTOR_HELPER VecF round_to_bf16(const VecF& x, const U32& addend) {
+  const U32 bits = bits_of(x);
+  return VecF::blendv(float_of((bits + addend) & 0xffff0000u), float_of((bits | 0x400000u) & 0xffff0000u), x.isnan());
+}
+
+FA_VECTOR_HELPER void store_master_as(c10::BFloat16* param, c10::BFloat16* remainder, const VecF& a, const VecF& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+  if (_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_UNORD_Q)) == 0) {  // no NaN: split on 16-bit lanes
+    // each 128-bit lane to the low words of its 4 elements, then their high words
+    const __m256i by_half = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                             0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    const __m256i sa = _mm256_shuffle_epi8(_mm256_castps_si256(a), by_half);
+    const __m256i sb = _mm256_shuffle_epi8(_mm256_castps_si256(b), by_half);
+    // quarters (a 0-3, b 0-3 | a 4-7, b 4-7) in order (0, 2, 1, 3): elements 0-15
+    const __m256i low = _mm256_permute4x64_epi64(_mm256_unpacklo_epi64(sa, sb), 0xd8);
+    const __m256i high = _mm256_permute4x64_epi64(_mm256_unpackhi_epi64(sa, sb), 0xd8);
+    // to nearest, ties away from zero: the high half goes up when the low half is 0x8000 or more
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(param), _mm256_add_epi16(high, _mm256_srli_epi16(low, 15)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(remainder), low);
+    return;
+  }
+#endif
+  const U32 half_ulp = U32{} + 0x8000u;  // to nearest, ties away from zero (ops::param_bits_of_master)
+  store_exact_bf16(param, round_to_bf16(a, half_ulp), round_to_bf16(b, half_ulp));
+  store_words(remainder, bits_of(a) & 0xffffu, bits_of(b) & 0xffffu);
+}
+
+// ops::rounding_bits of 2 * kLanes consecutive elements from `index` (lowbias32 on lanes).
+FA_VECTOR_HELPER void rounding_bits2(uint32_t key, int64_t index, U32& a, U32& b) {
+  auto mix = [](U32 x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
+  };
+  const U32 first = kLaneIndex + static_cast<uint32_t>(index);
+  a = mix(key ^ first);
+  b = mix(key ^ (first + kLanes));
+}

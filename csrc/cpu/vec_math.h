@@ -1,0 +1,55 @@
+// The vector spellings of ops/common.h and ops/quantize.h (Vectorized<float>, and <double> where
+// the norm needs it), declared before the op templates are instantiated. Part of
+// cpu/loops_impl.h (included once per instruction set).
+namespace fused_amp::ops {
+// The vector spellings of ops/common.h, declared before the op templates are instantiated.
+using VecF = at::vec::Vectorized<float>;
+using VecD = at::vec::Vectorized<double>;
+static inline VecF sqrt_(const VecF& x) { return x.sqrt(); }
+static inline VecF max_(const VecF& a, const VecF& b) { return at::vec::maximum(a, b); }
+static inline VecF fma_(const VecF& a, const VecF& b, const VecF& c) { return at::vec::fmadd(a, b, c); }
+static inline VecD fma_(const VecD& a, const VecD& b, const VecD& c) { return at::vec::fmadd(a, b, c); }
+static inline VecF abs_(const VecF& x) { return x.abs(); }
+static inline VecD abs_(const VecD& x) { return x.abs(); }
+// at::vec::maximum propagates NaN, as the norm's max must
+static inline VecF nan_max_(const VecF& a, const VecF& b) { return at::vec::maximum(a, b); }
+static inline VecD nan_max_(const VecD& a, const VecD& b) { return at::vec::maximum(a, b); }
+// never given a NaN (ops/quantize.h): the plain instruction, without at::vec's NaN handling
+static inline VecF unit_min_(const VecF& a, const VecF& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+  return _mm256_min_ps(a, b);
+#elif defined(CPU_CAPABILITY_AVX512)
+  return _mm512_min_ps(a, b);
+#else
+  return at::vec::minimum(a, b);
+#endif
+}
+static inline VecF code_max_(const VecF& a, const VecF& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+  return _mm256_max_ps(a, b);
+#elif defined(CPU_CAPABILITY_AVX512)
+  return _mm512_max_ps(a, b);
+#else
+  return at::vec::maximum(a, b);
+#endif
+}
+static inline VecF rint_(const VecF& x) { return x.round(); }  // to nearest, ties to even
+static inline VecF copysign_(const VecF& magnitude, const VecF& sign) {
+  return magnitude.abs() | (sign & VecF(-0.f));
+}
+static inline VecF positive_(const VecF& x) { return (x > VecF(0.f)) & VecF(1.f); }
+static inline VecF where_top_(const VecF& code, float top, const VecF& exact, const VecF& value) {
+  return VecF::blendv(value, exact, code == VecF(top));
+}
+static inline VecF nonfinite_probe(const VecF& x) { return x * VecF(0.f); }
+static inline VecD nonfinite_probe(const VecD& x) { return x * VecD(0.0); }
+template <typename V>
+static inline bool any_nan(const V& x) {
+  typename V::value_type lanes[V::size()];
+  x.store(lanes);
+  for (int i = 0; i < V::size(); ++i) {
+    if (lanes[i] != lanes[i]) return true;
+  }
+  return false;
+}
+}  // namespace fused_amp::ops
