@@ -93,12 +93,22 @@ def test_optimizer_step_compiles_fullgraph_and_equals_eager(cls, torch_cls, kw, 
     overflow step) and clipping: the same bits as eager. One graph needs torch >= 2.14 (2.11's
     Dynamo cannot trace the step's identity checks of its cached lists); with older torch the
     step compiles with graph breaks, and must still give eager's bits."""
+    compiled_step_equals_eager(cls, dict(kw, max_grad_norm=max_grad_norm), dtype)
+
+
+@pytest.mark.parametrize("cls,torch_cls,kw", PLAIN, ids=PLAIN_IDS)
+def test_8bit_state_step_compiles_fullgraph_and_equals_eager(cls, torch_cls, kw):
+    """The same with 8-bit state: its codes, absmax and the state_absmaxes argument trace."""
+    compiled_step_equals_eager(cls, dict(kw, state_dtype=torch.uint8, min_8bit_size=0), torch.bfloat16)
+
+
+def compiled_step_equals_eager(cls, kw, dtype):
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(0)
     ours = [torch.nn.Parameter(torch.randn(s, generator=gen).to(dtype)) for s in ((40, 3), (7,), (100,))]
     twins = [torch.nn.Parameter(p.detach().clone()) for p in ours]
-    opt = cls(ours, max_grad_norm=max_grad_norm, **kw)
-    ref = cls(twins, max_grad_norm=max_grad_norm, **kw)
+    opt = cls(ours, **kw)
+    ref = cls(twins, **kw)
     compiled = torch.compile(opt.step, fullgraph=TORCH_VERSION >= (2, 14))
     for i in range(4):
         for p, t in zip(ours, twins):
