@@ -17,6 +17,12 @@ def _tensors(op: str, name: str, tensors) -> List[torch.Tensor]:
     return list(tensors)
 
 
+def _no_tensors(*args) -> bool:
+    """True when a step has nothing to update and nothing to check: every list empty and no
+    tensor argument (the dispatcher cannot pick a kernel then; torch's foreach ops accept it)."""
+    return not any(isinstance(a, torch.Tensor) or (isinstance(a, list) and a) for a in args)
+
+
 def _tensor(op: str, name: str, t) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a Tensor, got {type(t).__name__}")
@@ -114,12 +120,15 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
     Tensors in other layouts than their param (or not dense) are handled through copies.
     """
     op = "adam_step_"
-    _ops.adam_step_(_tensors(op, "params", params), _tensors(op, "grads", grads),
-                    _tensors(op, "master_params", master_params), _tensors(op, "exp_avgs", exp_avgs),
-                    _tensors(op, "exp_avg_sqs", exp_avg_sqs),
-                    _tensors(op, "max_exp_avg_sqs", max_exp_avg_sqs), _tensors(op, "steps", steps),
-                    state_absmaxes=_tensors(op, "state_absmaxes", state_absmaxes or []), lr=lr, lr_tensor=lr_tensor, beta1=beta1, beta2=beta2, eps=eps,
-                    weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
+    lists = [_tensors(op, "params", params), _tensors(op, "grads", grads),
+             _tensors(op, "master_params", master_params), _tensors(op, "exp_avgs", exp_avgs),
+             _tensors(op, "exp_avg_sqs", exp_avg_sqs), _tensors(op, "max_exp_avg_sqs", max_exp_avg_sqs),
+             _tensors(op, "steps", steps)]
+    absmaxes = _tensors(op, "state_absmaxes", state_absmaxes or [])
+    if _no_tensors(*lists, absmaxes, lr_tensor, inv_scale, found_inf, grad_norm):
+        return
+    _ops.adam_step_(*lists, state_absmaxes=absmaxes, lr=lr, lr_tensor=lr_tensor, beta1=beta1,
+                    beta2=beta2, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
                     decoupled_weight_decay=decoupled_weight_decay, inv_scale=inv_scale,
                     found_inf=found_inf, grad_norm=grad_norm, max_grad_norm=max_grad_norm,
                     rounding_seed=rounding_seed, unscale_grads=unscale_grads, check_only=check_only)
@@ -142,11 +151,14 @@ def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
     ``check_only`` as in :func:`adam_step_`.
     """
     op = "sgd_step_"
-    _ops.sgd_step_(_tensors(op, "params", params), _tensors(op, "grads", grads),
-                   _tensors(op, "master_params", master_params),
-                   _tensors(op, "momentum_buffers", momentum_buffers), _tensors(op, "steps", steps),
-                   state_absmaxes=_tensors(op, "state_absmaxes", state_absmaxes or []), lr=lr, lr_tensor=lr_tensor, momentum=momentum, dampening=dampening,
-                   weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
+    lists = [_tensors(op, "params", params), _tensors(op, "grads", grads),
+             _tensors(op, "master_params", master_params),
+             _tensors(op, "momentum_buffers", momentum_buffers), _tensors(op, "steps", steps)]
+    absmaxes = _tensors(op, "state_absmaxes", state_absmaxes or [])
+    if _no_tensors(*lists, absmaxes, lr_tensor, inv_scale, found_inf, grad_norm):
+        return
+    _ops.sgd_step_(*lists, state_absmaxes=absmaxes, lr=lr, lr_tensor=lr_tensor, momentum=momentum,
+                   dampening=dampening, weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
                    inv_scale=inv_scale, found_inf=found_inf, grad_norm=grad_norm,
                    max_grad_norm=max_grad_norm, rounding_seed=rounding_seed,
                    unscale_grads=unscale_grads, check_only=check_only)

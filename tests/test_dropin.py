@@ -665,3 +665,26 @@ def test_cuda_step_on_the_cpu_and_grads_unscaled(cls, torch_cls, kw):
     for p, e in zip(params, expected):
         assert opt.state[p]["step"].device == p.device and opt.state[p]["step"].item() == 2.0
         assert_bitwise_equal(p.grad, e)
+
+
+def test_a_step_with_every_list_empty_is_a_no_op():
+    """As torch's foreach ops accept empty lists (the dispatcher alone would find no kernel)."""
+    ops.adam_step_([], [], [], [], [], [], [], lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
+                   amsgrad=False, maximize=False, decoupled_weight_decay=False)
+    ops.sgd_step_([], [], [], [], [], lr=1e-3, momentum=0.9, dampening=0.0, weight_decay=0.0,
+                  nesterov=False, maximize=False)
+    with pytest.raises(ValueError, match="sgd_step_: grads has 1 tensors but params has 0"):
+        ops.sgd_step_([], [torch.zeros(2)], [], [], [], lr=1e-3, momentum=0.0, dampening=0.0,
+                      weight_decay=0.0, nesterov=False, maximize=False)
+
+
+@pytest.mark.parametrize("cls,torch_cls", [(Adam, torch.optim.Adam), (AdamW, torch.optim.AdamW)])
+def test_more_than_two_betas_are_taken_as_torch_takes_them(cls, torch_cls):
+    """torch 2.14 keeps the first two betas of a longer tuple; so do we, and both step alike."""
+    ours, theirs = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    opt, ref = cls([ours], betas=(0.8, 0.99, 0.5)), torch_cls([theirs], betas=(0.8, 0.99, 0.5))
+    assert opt.param_groups[0]["betas"] == ref.param_groups[0]["betas"]
+    for p, o in ((ours, opt), (theirs, ref)):
+        p.grad = torch.full((3,), 0.5)
+        o.step()
+    torch.testing.assert_close(ours.detach(), theirs.detach())

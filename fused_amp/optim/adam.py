@@ -104,7 +104,8 @@ class Adam(MasterWeightOptimizer):
                 if beta.numel() != 1:
                     raise ValueError(f"Tensor betas[{i}] must be 1-element")
         check_torch_flags(type(self).__name__, foreach, fused, differentiable)
-        betas = tuple(b.reshape(()) if isinstance(b, torch.Tensor) else b for b in betas)
+        # as torch: the first two, a 1-element tensor as a 0-dim one (torch 2.14 keeps no others)
+        betas = tuple(b.reshape(()) if isinstance(b, torch.Tensor) else b for b in betas[:2])
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                         maximize=maximize, foreach=foreach, capturable=capturable,
                         differentiable=differentiable, fused=fused,
