@@ -140,11 +140,13 @@ void quantize_block(const float* x, int64_t n, uint8_t* codes, float* absmax_out
 }
 
 // One quantized state of a range: its codes, its absmax per block (from the range's first
-// block), and whether its map is the signed one.
+// block), whether its map is the signed one, and the range's slot that holds it (0: exp_avg,
+// 1: exp_avg_sq, 2: aux).
 struct QuantizedState {
   uint8_t* codes;
   float* absmax;
   bool is_signed;
+  int slot;
 };
 
 // Quant blocks stepped per call of the fp32-state loop: its buffers (3 states of 4 blocks, 12 KB)
@@ -152,30 +154,26 @@ struct QuantizedState {
 constexpr int64_t kBlocksPerStep = 4;
 constexpr int64_t kStepElements = kBlocksPerStep * ops::kQuantBlock;
 
-template <bool kSigned>
-void dequantize_blocks(const QuantizedState& s, int64_t b, int64_t n, float* out) {
+// The blocks of state s in its elements [b, b + n) to fp32 values, and back.
+inline void dequantize_blocks(const QuantizedState& s, int64_t b, int64_t n, float* out) {
+  const auto block = s.is_signed ? dequantize_block<true> : dequantize_block<false>;
   for (int64_t q = 0; q < n; q += ops::kQuantBlock) {
-    dequantize_block<kSigned>(s.codes + b + q, s.absmax[(b + q) / ops::kQuantBlock],
-                              std::min(ops::kQuantBlock, n - q), out + q);
+    block(s.codes + b + q, s.absmax[(b + q) / ops::kQuantBlock], std::min(ops::kQuantBlock, n - q), out + q);
   }
 }
 
-template <bool kSigned>
-void quantize_blocks(const QuantizedState& s, int64_t b, int64_t n, const float* x) {
+inline void quantize_blocks(const QuantizedState& s, int64_t b, int64_t n, const float* x) {
+  const auto block = s.is_signed ? quantize_block<true> : quantize_block<false>;
   for (int64_t q = 0; q < n; q += ops::kQuantBlock) {
-    quantize_block<kSigned>(x + q, std::min(ops::kQuantBlock, n - q), s.codes + b + q,
-                            s.absmax + (b + q) / ops::kQuantBlock);
+    block(x + q, std::min(ops::kQuantBlock, n - q), s.codes + b + q, s.absmax + (b + q) / ops::kQuantBlock);
   }
 }
 
 // Runs `fp32_step(sub)` over r in parts of kStepElements, where sub is the part of r with its
-// states (exp_avg, exp_avg_sq, aux, as present) replaced by fp32 buffers holding their
-// dequantized values; `states[k]` is the state held in the slot `slots[k]` of r (0: exp_avg,
-// 1: exp_avg_sq, 2: aux). r.first is a multiple of kQuantBlock: cpu_ops.cpp gives each block to
-// one range.
+// quantized states (the `count` of `states`) replaced by fp32 buffers holding their dequantized
+// values. r.first is a multiple of kQuantBlock: cpu_ops.cpp gives each block to one range.
 template <typename T, class Fp32Step>
-void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, const int* slots, int count,
-                      Fp32Step&& fp32_step) {
+void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, int count, Fp32Step&& fp32_step) {
   alignas(64) float buffers[3][kStepElements];
   for (int64_t b = 0; b < r.n; b += kStepElements) {
     const int64_t n = std::min<int64_t>(kStepElements, r.n - b);
@@ -190,23 +188,11 @@ void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, con
     sub.may_stream = false;
     void** slot_ptr[3] = {&sub.exp_avg, &sub.exp_avg_sq, &sub.aux};
     for (int k = 0; k < count; ++k) {
-      const QuantizedState& s = states[k];
-      if (s.is_signed) {
-        dequantize_blocks<true>(s, b, n, buffers[k]);
-      } else {
-        dequantize_blocks<false>(s, b, n, buffers[k]);
-      }
-      *slot_ptr[slots[k]] = buffers[k];
+      dequantize_blocks(states[k], b, n, buffers[k]);
+      *slot_ptr[states[k].slot] = buffers[k];
     }
     fp32_step(sub);
-    for (int k = 0; k < count; ++k) {
-      const QuantizedState& s = states[k];
-      if (s.is_signed) {
-        quantize_blocks<true>(s, b, n, buffers[k]);
-      } else {
-        quantize_blocks<false>(s, b, n, buffers[k]);
-      }
-    }
+    for (int k = 0; k < count; ++k) quantize_blocks(states[k], b, n, buffers[k]);
   }
 }
 
@@ -215,7 +201,7 @@ template <typename T>
 QuantizedState quantized_state(const UpdateRange<T>& r, int slot, int row, bool is_signed) {
   void* const codes[3] = {r.exp_avg, r.exp_avg_sq, r.aux};
   return {static_cast<uint8_t*>(codes[slot]), r.absmax + row * r.absmax_row_stride + r.first / ops::kQuantBlock,
-          is_signed};
+          is_signed, slot};
 }
 
 // Adam: exp_avg signed (row 0), exp_avg_sq and max_exp_avg_sq unsigned (rows 1, 2).
@@ -223,8 +209,7 @@ template <typename T>
 void adam_range_q8(const UpdateRange<T>& r, const ops::AdamCoeffs& c) {
   const QuantizedState states[3] = {quantized_state(r, 0, 0, true), quantized_state(r, 1, 1, false),
                                     c.amsgrad ? quantized_state(r, 2, 2, false) : QuantizedState{}};
-  const int slots[3] = {0, 1, 2};
-  quantized_blocks(r, states, slots, c.amsgrad ? 3 : 2,
+  quantized_blocks(r, states, c.amsgrad ? 3 : 2,
                    [&](const UpdateRange<T>& sub) { adam_range<T, float>(sub, c); });
 }
 
@@ -232,6 +217,5 @@ void adam_range_q8(const UpdateRange<T>& r, const ops::AdamCoeffs& c) {
 template <typename T>
 void sgd_range_q8(const UpdateRange<T>& r, const ops::SgdCoeffs& c) {
   const QuantizedState states[1] = {quantized_state(r, 2, 0, true)};
-  const int slots[1] = {2};
-  quantized_blocks(r, states, slots, r.aux ? 1 : 0, [&](const UpdateRange<T>& sub) { sgd_range<T, float>(sub, c); });
+  quantized_blocks(r, states, r.aux ? 1 : 0, [&](const UpdateRange<T>& sub) { sgd_range<T, float>(sub, c); });
 }
