@@ -128,7 +128,7 @@ def adam_train(seed: int, steps: int, pair=None, block: int = 256, lr: float = 2
 
 def one_step_errors(moments, eps=1e-8):
     m, v, t = moments
-    b1, b2 = 0.9, 0.999
+    b2 = 0.999
     rows = []
     for name, (km, kv) in PAIRS.items():
         for block in (256, 2048):

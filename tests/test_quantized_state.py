@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fused_amp
-from fused_amp.optim import SGD, Adam, AdamW
+from fused_amp.optim import Adam, AdamW
 from fused_amp.optim._quantize import ABSMAX, QUANT_BLOCK, dequantize, quantize
 from helpers import assert_bitwise_equal
 from optim_registry import CASES, IDS, PARAM_DTYPES

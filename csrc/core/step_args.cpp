@@ -48,8 +48,8 @@ void check_absmaxes(const char* op, const c10::List<std::optional<at::Tensor>>& 
       continue;
     }
     TORCH_CHECK_VALUE(given == quantized, op, ": state_absmaxes[", i, "] ",
-                      quantized ? "is missing: the state of params[i] is 8-bit codes"
-                                : "is given but the state of params[i] is not 8-bit codes");
+                      quantized ? "is missing: the state of params[" : "is given but the state of params[", i,
+                      quantized ? "] is 8-bit codes" : "] is not 8-bit codes");
     if (!given) continue;
     const at::Tensor& t = *a;
     const int64_t blocks = ops::quant_blocks(s.params[i].numel());

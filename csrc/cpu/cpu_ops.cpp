@@ -30,9 +30,7 @@ std::vector<int64_t> numels_of(at::TensorList tensors) {
   return n;
 }
 
-int64_t round_up_to_block(int64_t i) {
-  return (i + ops::kQuantBlock - 1) / ops::kQuantBlock * ops::kQuantBlock;
-}
+int64_t round_up_to_block(int64_t i) { return ops::quant_blocks(i) * ops::kQuantBlock; }
 
 template <class F>
 void parallel_over(const std::vector<int64_t>& offsets, F&& f) {

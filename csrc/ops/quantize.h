@@ -35,8 +35,8 @@ FA_HD float positive_(float x) { return x > 0.f ? 1.f : 0.f; }
 
 FA_HD float where_top_(float code, float top, float exact, float value) { return code == top ? exact : value; }
 
-// The value of a code (as a float) in a block with the given absmax: its point of the map times
-// absmax / levels^2 (or ^4). The top code gives the absmax itself, so that the block's largest
+// The value of a code (as a float) in a block with the given absmax: its square (signed for
+// signed codes) times absmax / levels^2. The top code gives the absmax itself, so that the block's largest
 // value is its absmax and quantizing the values of a block again gives its codes and absmax back:
 // a checkpoint of fp32 moments resumes bit for bit.
 template <typename T>

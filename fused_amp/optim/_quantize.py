@@ -35,10 +35,6 @@ def _blocks(flat: torch.Tensor) -> torch.Tensor:
     return flat.view(-1, QUANT_BLOCK)
 
 
-def _signed_unit(c: torch.Tensor) -> torch.Tensor:
-    return c * c.abs()
-
-
 def _sqrt(x: torch.Tensor) -> torch.Tensor:
     """The correctly rounded fp32 square root, as the kernels' (torch's own CPU sqrt can be an
     ulp off); float64 has the precision for the double rounding to be exact."""
@@ -56,7 +52,7 @@ def dequantize(codes: torch.Tensor, absmax: torch.Tensor, signed: bool) -> torch
     # the top code gives the absmax itself (csrc/ops/quantize.h)
     if signed:
         values = torch.where(c.abs() == _SIGNED_LEVELS, torch.copysign(a.expand_as(c), c),
-                             _signed_unit(c) * (a / (_SIGNED_LEVELS * _SIGNED_LEVELS)))
+                             c * c.abs() * (a / (_SIGNED_LEVELS * _SIGNED_LEVELS)))
     else:
         values = torch.where(c == _UNSIGNED_LEVELS, a.expand_as(c), c * c * (a / (_UNSIGNED_LEVELS ** 2)))
     out = torch.empty_like(codes, dtype=torch.float32)
@@ -91,5 +87,4 @@ def quantize(values: torch.Tensor, like: torch.Tensor, signed: bool):
 def quantize_states(values: Sequence[torch.Tensor], like: torch.Tensor, signed: Sequence[bool]):
     """Codes of each state and their absmax rows stacked as ``state["state_absmax"]``."""
     out = [quantize(v, like, s) for v, s in zip(values, signed)]
-    absmax = torch.stack([a for _, a in out]) if out else torch.zeros(0, blocks_of(like.numel()))
-    return [c for c, _ in out], absmax.to(like.device)
+    return [c for c, _ in out], torch.stack([a for _, a in out])
