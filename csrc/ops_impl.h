@@ -119,7 +119,7 @@ struct Entry {
     const core::SgdArgs a{
         core::validate_step("sgd_step_", params, grads, master_params, {}, nullptr, {}, nullptr,
                             momentum_buffers, "momentum_buffers", has_momentum, state_absmaxes, steps,
-                            has_momentum,
+                            has_momentum || !steps.empty(),
                             lr, lr_tensor, inv_scale, found_inf, grad_norm, max_grad_norm,
                             rounding_seed, unscale_grads, check_only ? nullptr : &staging),
         {momentum, dampening, weight_decay, nesterov, maximize},

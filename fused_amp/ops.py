@@ -98,7 +98,10 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
     ``master_params[i]`` (fp32) holds the value of a half ``params[i]``, which receives
     ``master.to(dtype)``; an int16 ``master_params[i]`` is the remainder of a bf16 param: the
     param and it hold the fp32 master exactly (its high and low 16 bits, the param rounded to
-    nearest with ties away from zero); ``None`` (or an empty list) updates the param in place.
+    nearest with ties away from zero); a uint8 ``master_params[i]`` is the byte of a 24-bit
+    master of a bf16 param (the master's bits 8-15 under the param, split as the int16
+    remainder; each step's result rounded to 24 bits to nearest even, or stochastically with
+    ``rounding_seed``); ``None`` (or an empty list) updates the param in place.
     The state tensors of a param are all fp32 or all bf16 (math in fp32, stored rounded to
     nearest even, or stochastically with ``rounding_seed``: the random bits depend on the seed,
     the step and the element's index only, the same on every device and thread count), or all
@@ -145,7 +148,8 @@ def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
     """One fused SGD step over all params; see ``fused_amp.optim.SGD`` for the rule.
 
     With ``momentum != 0``, ``momentum_buffers`` and ``steps`` are required: a param whose step
-    is 0 starts its buffer from its gradient, as torch does; an 8-bit (uint8) buffer has its absmax
+    is 0 starts its buffer from its gradient, as torch does (without momentum ``steps`` may be
+    given, and are counted: stochastic rounding's bits change with them); an 8-bit (uint8) buffer has its absmax
     in ``state_absmaxes`` (one row), with the signed map of :func:`adam_step_`. Masters, ``inv_scale``,
     ``found_inf``, ``grad_norm``, ``max_grad_norm``, ``rounding_seed``, ``unscale_grads`` and
     ``check_only`` as in :func:`adam_step_`.

@@ -73,7 +73,10 @@ def test_optimizer_cuda_bitwise_equal_to_cpu(cls, torch_cls, kw, dtype, master_w
 MEMORY_MODES = {"remainder": dict(master_weights="remainder"),
                 "bf16-state": dict(master_weights=True, state_dtype=torch.bfloat16),
                 "remainder-bf16-state-sr": dict(master_weights="remainder", state_dtype=torch.bfloat16,
-                                                stochastic_rounding=True, rounding_seed=11)}
+                                                stochastic_rounding=True, rounding_seed=11),
+                "24-bit": dict(master_weights="remainder8", stochastic_rounding=False),
+                "24-bit-sr-bf16-state": dict(master_weights="remainder8", state_dtype=torch.bfloat16,
+                                             rounding_seed=11)}
 
 
 @pytest.mark.parametrize("mode", list(MEMORY_MODES))
@@ -213,6 +216,9 @@ def optimizer_factories():
     out += [(f"{e.ours.__name__}-remainder-bf16-state-sr", torch.bfloat16,
              lambda ps, e=e: e.ours(ps, master_weights="remainder", state_dtype=torch.bfloat16,
                                     stochastic_rounding=True, rounding_seed=5, **e.options[-1]))
+            for e in OPTIMIZERS]
+    out += [(f"{e.ours.__name__}-24-bit", torch.bfloat16,
+             lambda ps, e=e: e.ours(ps, master_weights="remainder8", rounding_seed=5, **e.options[-1]))
             for e in OPTIMIZERS]
     out += [(f"torch-{e.theirs.__name__}-fused", torch.float32,
              lambda ps, e=e: e.theirs(ps, fused=True, **e.options[-1])) for e in OPTIMIZERS]

@@ -83,7 +83,7 @@ def test_unscale_matches_torch(sim, large, dtype, aligned):
     assert found.item() == 1.0
 
 
-MASTER_KIND = {False: 0, True: 1, "remainder": 2}
+MASTER_KIND = {False: 0, True: 1, "remainder": 2, "remainder8": 3}
 
 
 def kind(dtype, master=False, state_dtype=torch.float32):
@@ -97,29 +97,34 @@ def optimizer_lists(dtype, master, gen, aligned):
     grads = [torch.randn(p.shape, generator=gen).to(dtype) for p in params]
     if master == "remainder":  # the remainders of masters that are not bf16 values
         masters = [torch.randint(-2**15, 2**15, p.shape, generator=gen, dtype=torch.int16) for p in params]
+    elif master == "remainder8":  # the bytes of 24-bit masters
+        masters = [torch.randint(0, 256, p.shape, generator=gen, dtype=torch.uint8) for p in params]
     else:
         masters = [p.float() for p in params] if master else [None] * len(params)
     return params, grads, masters
 
 
 @pytest.mark.parametrize("large", [0, 1])
-@pytest.mark.parametrize("dtype,master,state_dtype", [
-    (torch.float32, False, torch.float32), (torch.bfloat16, True, torch.float32),
-    (torch.float16, True, torch.float32), (torch.bfloat16, False, torch.float32),
-    (torch.bfloat16, "remainder", torch.float32), (torch.bfloat16, "remainder", torch.bfloat16),
-    (torch.float32, False, torch.bfloat16), (torch.float16, True, torch.bfloat16)])
+@pytest.mark.parametrize("dtype,master,state_dtype,stochastic", [
+    (torch.float32, False, torch.float32, False), (torch.bfloat16, True, torch.float32, False),
+    (torch.float16, True, torch.float32, False), (torch.bfloat16, False, torch.float32, False),
+    (torch.bfloat16, "remainder", torch.float32, False), (torch.bfloat16, "remainder", torch.bfloat16, True),
+    (torch.bfloat16, "remainder8", torch.float32, False), (torch.bfloat16, "remainder8", torch.float32, True),
+    (torch.bfloat16, "remainder8", torch.bfloat16, True),
+    (torch.float32, False, torch.bfloat16, True), (torch.float16, True, torch.bfloat16, True)])
 @pytest.mark.parametrize("aligned", [True, False])
 @pytest.mark.parametrize("amsgrad", [False, True])
-def test_adam_matches_cpu_op(sim, large, dtype, master, state_dtype, aligned, amsgrad):
+def test_adam_matches_cpu_op(sim, large, dtype, master, state_dtype, stochastic, aligned, amsgrad):
     """Every param dtype, master kind (remainders bitwise: the CPU op's and the kernel's
-    integer splits agree) and state dtype, stochastic rounding on for bf16 state (the same
-    random bits on both: they depend on the element's index in its tensor only)."""
+    integer splits and roundings agree) and state dtype, with stochastic rounding of bf16 state
+    and 24-bit masters (the same random bits on both: they depend on the element's index in its
+    tensor only)."""
     gen = torch.Generator().manual_seed(1)
     params, grads, masters = optimizer_lists(dtype, master, gen, aligned)
     zeros = lambda: [torch.zeros(p.shape, dtype=state_dtype) for p in params]  # noqa: E731
     state = dict(m=zeros(), v=zeros(), vmax=zeros() if amsgrad else [None] * len(params),
                  step=[torch.zeros(1) for _ in params])
-    seed = 1234 if state_dtype == torch.bfloat16 else None
+    seed = 1234 if stochastic else None
     ref_params, ref_grads = [p.clone() for p in params], [g.clone() for g in grads]
     ref_masters = [m.clone() if m is not None else None for m in masters]
     ref = {k: [t.clone() if t is not None else None for t in v] for k, v in state.items()}
@@ -145,7 +150,7 @@ def test_adam_matches_cpu_op(sim, large, dtype, master, state_dtype, aligned, am
             assert_bitwise_equal(state["v"][i], ref["v"][i])
         else:
             torch.testing.assert_close(state["v"][i], ref["v"][i], rtol=2e-6, atol=1e-12)
-        if master == "remainder":
+        if master in ("remainder", "remainder8"):
             assert_bitwise_equal(masters[i], ref_masters[i])
             assert_bitwise_equal(params[i], ref_params[i])
         elif master:
@@ -156,16 +161,21 @@ def test_adam_matches_cpu_op(sim, large, dtype, master, state_dtype, aligned, am
 
 @pytest.mark.parametrize("large", [0, 1])
 @pytest.mark.parametrize("momentum,nesterov", [(0.0, False), (0.9, False), (0.9, True)])
-@pytest.mark.parametrize("master,state_dtype", [(True, torch.float32), ("remainder", torch.bfloat16)])
-def test_sgd_matches_cpu_op(sim, large, momentum, nesterov, master, state_dtype):
+@pytest.mark.parametrize("master,state_dtype,stochastic", [
+    (True, torch.float32, False), ("remainder", torch.bfloat16, True), ("remainder8", torch.float32, True),
+    ("remainder8", torch.bfloat16, False)])
+def test_sgd_matches_cpu_op(sim, large, momentum, nesterov, master, state_dtype, stochastic):
+    """Steps are counted with momentum, and without it where the 24-bit masters round
+    stochastically (their random bits change with the step)."""
     gen = torch.Generator().manual_seed(2)
     params, grads, masters = optimizer_lists(torch.bfloat16, master, gen, aligned=True)
     bufs = [torch.zeros(p.shape, dtype=state_dtype) for p in params] if momentum else [None] * len(params)
-    seed = 99 if state_dtype == torch.bfloat16 else None
-    steps = [torch.zeros(1) for _ in params] if momentum else [None] * len(params)
+    seed = 99 if stochastic else None
+    counted = momentum or master == "remainder8"
+    steps = [torch.zeros(1) for _ in params] if counted else [None] * len(params)
     ref_params, ref_masters = [p.clone() for p in params], [m.clone() for m in masters]
     ref_bufs = [b.clone() for b in bufs] if momentum else []
-    ref_steps = [s.clone() for s in steps] if momentum else []
+    ref_steps = [s.clone() for s in steps] if counted else []
     hyper = (ctypes.c_double * 3)(momentum, 0.1, 1e-3)
     flags = (ctypes.c_int * 2)(int(nesterov), 0)
     for _ in range(3):
@@ -177,7 +187,9 @@ def test_sgd_matches_cpu_op(sim, large, momentum, nesterov, master, state_dtype)
                       momentum=momentum, dampening=0.1, weight_decay=1e-3, nesterov=nesterov,
                       maximize=False, rounding_seed=seed)
     for i in range(len(params)):
-        if master == "remainder":  # the integer split and the random bits: the same on both
+        if counted:
+            assert steps[i].item() == ref_steps[i].item() == 3.0
+        if master in ("remainder", "remainder8"):  # the integer split and the random bits: the same on both
             assert_bitwise_equal(masters[i], ref_masters[i])
             assert_bitwise_equal(params[i], ref_params[i])
             if momentum:

@@ -343,14 +343,24 @@ sd["state"] = {0: {"master_param": masters, "step": torch.tensor(0.0)}}
 opt2.load_state_dict(sd)
 q.grad = torch.zeros_like(q)
 opt2.step()
+r = torch.nn.Parameter(masters.bfloat16())  # 24-bit masters, rounded stochastically and to nearest
+opt3 = SGD([r], lr=0.1, momentum=0.9, master_weights="remainder8", stochastic_rounding=True, rounding_seed=3)
+r.grad = grad.bfloat16()
+opt3.step()
+s = torch.nn.Parameter(masters.bfloat16())
+opt4 = SGD([s], lr=0.1, master_weights="remainder8", stochastic_rounding=False)
+s.grad = grad.bfloat16()
+opt4.step()
 out = torch.cat([opt.state[p]["momentum_buffer"].view(torch.int16), q.detach().view(torch.int16),
-                 opt2.state[q]["master_remainder"]])
+                 opt2.state[q]["master_remainder"], r.detach().view(torch.int16),
+                 opt3.state[r]["master_remainder8"].to(torch.int16), s.detach().view(torch.int16),
+                 opt4.state[s]["master_remainder8"].to(torch.int16)])
 sys.stdout.write(out.numpy().tobytes().hex())
 """
 
 
 def test_rounding_bits_are_the_same_on_every_instruction_set():
-    """Stochastic rounding and the remainder split are integer work: the portable, AVX2 and
+    """Stochastic rounding and the remainder splits are integer work: the portable, AVX2 and
     AVX-512 loops store the same bits (the float math may differ by FMA; these may not). Each
     instruction set the processor has is compared (AVX-512 only where present)."""
     import os

@@ -51,7 +51,7 @@ def fp32_twin(cls, kw, opt, params, master_weights):
 
 
 def master_modes(dtype):
-    return [True, False] + (["remainder"] if dtype == torch.bfloat16 else [])
+    return [True, False] + (["remainder", "remainder8"] if dtype == torch.bfloat16 else [])
 
 
 @pytest.mark.parametrize("dtype", PARAM_DTYPES, ids=str)

@@ -19,7 +19,7 @@ using BF16 = c10::BFloat16;
 
 struct Mode {
   const char* name;
-  bool remainder;  // master_weights="remainder" (else fp32 masters)
+  int remainder;   // the remainder's bits: 16 (master_weights="remainder"), 8 (24-bit masters), 0 (fp32 masters)
   int state;       // fused_amp::cpu::StateType: fp32, bf16 or 8-bit codes
   bool stochastic;
 };
@@ -29,7 +29,7 @@ double ns_per_element(const Mode& mode, int64_t n, int reps) {
   std::normal_distribution<float> normal;
   std::vector<BF16> param(n), grad(n), remainder(n), state16(2 * n);
   std::vector<float> master(n), state32(2 * n, 0.f);
-  std::vector<uint8_t> state8(2 * n, 0);
+  std::vector<uint8_t> state8(2 * n, 0), remainder8(n, 0);
   const int64_t blocks = fused_amp::ops::quant_blocks(n);
   std::vector<float> absmax(2 * blocks, 0.f);
   for (int64_t i = 0; i < n; ++i) {
@@ -47,7 +47,8 @@ double ns_per_element(const Mode& mode, int64_t n, int reps) {
   const size_t state_bytes = mode.state == kBFloat16State ? 2 : mode.state == kUInt8State ? 1 : 4;
   const bool quantized = mode.state == kUInt8State;
   const UpdateRange<BF16> range{param.data(), grad.data(), mode.remainder ? nullptr : master.data(),
-                                mode.remainder ? remainder.data() : nullptr, state,
+                                mode.remainder == 16 ? remainder.data() : nullptr,
+                                mode.remainder == 8 ? remainder8.data() : nullptr, state,
                                 static_cast<char*>(state) + n * state_bytes, nullptr,
                                 quantized ? absmax.data() : nullptr, quantized ? blocks : 0, n, 0, 12345u,
                                 mode.stochastic, true};
@@ -74,13 +75,15 @@ int main(int argc, char** argv) {
   using fused_amp::cpu::kBFloat16State;
   using fused_amp::cpu::kFloatState;
   using fused_amp::cpu::kUInt8State;
-  const Mode modes[] = {{"fp32 masters", false, kFloatState, false},
-                        {"remainder", true, kFloatState, false},
-                        {"bf16 state", false, kBFloat16State, false},
-                        {"bf16 state, stochastic", false, kBFloat16State, true},
-                        {"remainder + bf16 state", true, kBFloat16State, false},
-                        {"8-bit state", false, kUInt8State, false},
-                        {"remainder + 8-bit state", true, kUInt8State, false}};
+  const Mode modes[] = {{"fp32 masters", 0, kFloatState, false},
+                        {"remainder", 16, kFloatState, false},
+                        {"bf16 state", 0, kBFloat16State, false},
+                        {"bf16 state, stochastic", 0, kBFloat16State, true},
+                        {"remainder + bf16 state", 16, kBFloat16State, false},
+                        {"8-bit state", 0, kUInt8State, false},
+                        {"remainder + 8-bit state", 16, kUInt8State, false},
+                        {"24-bit masters", 8, kFloatState, true},
+                        {"24-bit + 8-bit state", 8, kUInt8State, true}};
   std::printf("%s loops, one thread: ns per element, median of 7 batches\n",
               fused_amp::cpu::CPU_CAPABILITY::loops().isa);
   std::printf("%-24s %14s %14s\n", "mode", "8,192 (cache)", "4M (memory)");

@@ -137,12 +137,13 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
     if (!m.has_value() || !m->defined()) continue;
     TORCH_CHECK_VALUE(params[i].scalar_type() != at::kFloat, op, ": master_params[", i,
                       "] is given but params[", i, "] is float32, which is updated in place");
-    // an int16 master is the remainder of a bf16 param (ops/rounding.h)
-    const bool remainder = m->scalar_type() == at::kShort;
+    // an int16 or uint8 master is the remainder of a bf16 param (ops/rounding.h)
+    const at::ScalarType dtype = m->scalar_type();
+    const bool remainder = dtype == at::kShort || dtype == at::kByte;
     TORCH_CHECK_TYPE(!remainder || params[i].scalar_type() == at::kBFloat16, op, ": master_params[",
-                     i, "] is an int16 remainder but params[", i, "] is ", params[i].scalar_type(),
-                     "; remainders need bfloat16 params");
-    check_partner(op, "master_params", i, *m, params[i], remainder ? at::kShort : at::kFloat, true);
+                     i, "] is ", dtype == at::kShort ? "an int16" : "a uint8", " remainder but params[", i,
+                     "] is ", params[i].scalar_type(), "; remainders need bfloat16 params");
+    check_partner(op, "master_params", i, *m, params[i], remainder ? dtype : at::kFloat, true);
     s.masters[i] = *m;
   }
   check_states(op, states_a_name, states_a, states_a_name != nullptr, params, s.states_a);

@@ -20,7 +20,7 @@ struct StepTensors {
   // exp_avg_sq, max_exp_avg_sq (Adam) or momentum_buffer (SGD); undefined for other state.
   std::vector<at::Tensor> absmaxes;
   // masters[i] is undefined where params[i] is updated in place, fp32 for a master, int16 for the
-  // remainder of a bf16 param (ops/rounding.h); states_* and aux follow the op: Adam: exp_avgs,
+  // remainder of a bf16 param, uint8 for the byte of a 24-bit master (ops/rounding.h); states_* and aux follow the op: Adam: exp_avgs,
   // exp_avg_sqs, max_exp_avg_sqs (amsgrad); SGD: momentum_buffers in aux. A param's state
   // tensors are all fp32 or all bf16.
   std::optional<at::Tensor> lr_tensor, inv_scale, found_inf;
@@ -28,7 +28,8 @@ struct StepTensors {
   // multiplied by ops::clip_coef(grad_norm, max_grad_norm) on top of inv_scale.
   std::optional<at::Tensor> grad_norm;
   double max_grad_norm = 0.0;
-  // bf16 state rounds stochastically with this seed (ops::rounding_key), else to nearest even
+  // bf16 state and 24-bit masters round stochastically with this seed (ops::rounding_key), else
+  // to nearest even
   std::optional<int64_t> rounding_seed;
   double lr = 0.0;
   // leave the grads as the step used them (unscaled, clipped), as torch's recipe leaves them
@@ -37,6 +38,10 @@ struct StepTensors {
   // Whether param i's master is the int16 remainder of a bf16 param (not an fp32 master).
   bool is_remainder(size_t i) const {
     return !masters.empty() && masters[i].defined() && masters[i].scalar_type() == at::kShort;
+  }
+  // Whether param i's master is 24 bits: a bf16 param and a byte.
+  bool is_remainder8(size_t i) const {
+    return !masters.empty() && masters[i].defined() && masters[i].scalar_type() == at::kByte;
   }
   bool is_quantized(size_t i) const { return !absmaxes.empty() && absmaxes[i].defined(); }
   // The dtype of param i's state (all of it has one); fp32 when it has none (SGD without momentum).

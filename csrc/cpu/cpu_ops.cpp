@@ -98,7 +98,7 @@ float step_grad_mult(const core::StepTensors& s) {
 }
 
 // The elements [b, e) of param t and its partners, for the loops. `round_key` is the param's
-// ops::rounding_key when its bf16 state rounds stochastically.
+// ops::rounding_key when its bf16 state and 24-bit master round stochastically.
 template <typename T>
 UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t e, bool write_grads,
                         uint32_t round_key) {
@@ -108,13 +108,14 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
                                                : static_cast<char*>(list[t].data_ptr()) + b * bytes;
   };
   const size_t state_bytes = c10::elementSize(s.state_dtype(t));
-  const bool remainder = s.is_remainder(t);
-  void* master = at_b(s.masters, remainder ? 2 : 4);
+  const bool remainder = s.is_remainder(t), remainder8 = s.is_remainder8(t);
+  void* master = at_b(s.masters, remainder ? 2 : (remainder8 ? 1 : 4));
   const bool quantized = s.is_quantized(t);
   return UpdateRange<T>{static_cast<T*>(s.params[t].data_ptr()) + b,
                         static_cast<T*>(s.grads[t].data_ptr()) + b,
-                        remainder ? nullptr : static_cast<float*>(master),
+                        remainder || remainder8 ? nullptr : static_cast<float*>(master),
                         remainder ? static_cast<c10::BFloat16*>(master) : nullptr,
+                        remainder8 ? static_cast<uint8_t*>(master) : nullptr,
                         at_b(s.states_a, state_bytes), at_b(s.states_b, state_bytes),
                         at_b(s.aux, state_bytes),
                         quantized ? static_cast<float*>(s.absmaxes[t].data_ptr()) : nullptr,

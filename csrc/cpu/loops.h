@@ -15,20 +15,22 @@ namespace fused_amp::cpu {
 
 // Pointers are already offset to the range start, whose index in its tensor is `first`. The
 // fp32 value of the param is `master` when given, else the bf16 param with its 16-bit
-// `remainder` (ops/rounding.h) when given, else the param itself (fp32 params, or half params
-// with master_weights=False). The state (exp_avg, exp_avg_sq; `aux`: max_exp_avg_sq for Adam,
-// null without amsgrad, the momentum buffer for SGD, null without momentum) is fp32 or bf16, as
-// the loop's state type says; bf16 state rounds to nearest, or with `stochastic` by the random
-// bits of `round_key`. With `write_grad` the grad is left unscaled (grad * inv_scale), as torch's
-// fused steps leave it. 8-bit state (ops/quantize.h) holds codes in the state pointers and its
-// blocks' absmax in `absmax`: state k's row starts at absmax + k * absmax_row_stride, at the
-// block of element 0 of the tensor (`first` is then a multiple of ops::kQuantBlock).
+// `remainder` or its 8-bit `remainder8` (a 24-bit master; ops/rounding.h) when given, else the
+// param itself (fp32 params, or half params with master_weights=False). The state (exp_avg,
+// exp_avg_sq; `aux`: max_exp_avg_sq for Adam, null without amsgrad, the momentum buffer for SGD,
+// null without momentum) is fp32 or bf16, as the loop's state type says; bf16 state and 24-bit
+// masters round to nearest even, or with `stochastic` by the random bits of `round_key`. With
+// `write_grad` the grad is left unscaled (grad * inv_scale), as torch's fused steps leave it.
+// 8-bit state (ops/quantize.h) holds codes in the state pointers and its blocks' absmax in
+// `absmax`: state k's row starts at absmax + k * absmax_row_stride, at the block of element 0 of
+// the tensor (`first` is then a multiple of ops::kQuantBlock).
 template <typename param_t>
 struct UpdateRange {
   param_t* param;
   param_t* grad;
   float* master;
   c10::BFloat16* remainder;  // int16 bits, read and written as raw 16-bit values
+  uint8_t* remainder8;       // the byte of a 24-bit master (ops/rounding.h)
   void* exp_avg;
   void* exp_avg_sq;
   void* aux;

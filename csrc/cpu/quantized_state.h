@@ -182,9 +182,9 @@ void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, int
     sub.grad += b;
     if (sub.master) sub.master += b;
     if (sub.remainder) sub.remainder += b;
+    if (sub.remainder8) sub.remainder8 += b;
     sub.n = n;
     sub.first = r.first + b;
-    sub.stochastic = false;
     sub.may_stream = false;
     void** slot_ptr[3] = {&sub.exp_avg, &sub.exp_avg_sq, &sub.aux};
     for (int k = 0; k < count; ++k) {

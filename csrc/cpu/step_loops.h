@@ -3,14 +3,15 @@
 // the vector and scalar paths of one range. Part of cpu/loops_impl.h.
 // ---- the step loops ----------------------------------------------------------------------
 
-// The fp32 value of the parameter: the master, or the param joined with its remainder, or the
-// param itself.
+// The fp32 value of the parameter: the master, or the param joined with its remainder (16 or 8
+// bits), or the param itself.
 template <typename T>
 FA_VECTOR_HELPER void load_value(const UpdateRange<T>& r, int64_t i, VecF& a, VecF& b) {
   if (r.master) {
     load2(r.master + i, a, b);
   } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (r.remainder) return load_master_of(r.param + i, r.remainder + i, a, b);
+    if (r.remainder8) return load_master24_of(r.param + i, r.remainder8 + i, a, b);
     load2(r.param + i, a, b);
   } else {
     load2(r.param + i, a, b);
@@ -53,10 +54,30 @@ FA_VECTOR_HELPER void stream_store2(T*, const VecF&, const VecF&) {}
 inline void stream_fence() {}
 #endif
 
+// The addends that round the values of the vector at i to 24-bit masters: to nearest even, or
+// stochastically (8 random bits per element, of ops::master_rounding_key).
+template <typename T>
+FA_VECTOR_HELPER void master24_addends(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b,
+                                       U32& add_a, U32& add_b) {
+  if (r.stochastic) {
+    rounding_bits2(ops::master_rounding_key(r.round_key), r.first + i, add_a, add_b);
+    add_a &= 0xffu;
+    add_b &= 0xffu;
+  } else {
+    add_a = nearest_24_addend(a);
+    add_b = nearest_24_addend(b);
+  }
+}
+
 template <typename T>
 FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (r.remainder) return store_master_as(r.param + i, r.remainder + i, a, b);
+    if (r.remainder8) {
+      U32 add_a, add_b;
+      master24_addends(r, i, a, b, add_a, add_b);
+      return store_master24_as(r.param + i, r.remainder8 + i, round_to_24(a, add_a), round_to_24(b, add_b));
+    }
   }
   if (r.master) store2(r.master + i, a, b);
   if constexpr (kCanStream<T>) {
@@ -98,6 +119,7 @@ inline float value_at(const UpdateRange<T>& r, int64_t i) {
   if (r.master) return r.master[i];
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (r.remainder) return ops::float_of(ops::master_of(r.param[i].x, r.remainder[i].x));
+    if (r.remainder8) return ops::float_of(ops::master24_of(r.param[i].x, r.remainder8[i]));
   }
   return static_cast<float>(r.param[i]);
 }
@@ -108,6 +130,16 @@ inline void set_value_at(const UpdateRange<T>& r, int64_t i, float v) {
     if (r.remainder) {
       r.param[i].x = ops::param_bits_of_master(ops::bits_of(v));
       r.remainder[i].x = ops::remainder_of_master(ops::bits_of(v));
+      return;
+    }
+    if (r.remainder8) {
+      const uint32_t b = ops::bits_of(v);
+      const uint32_t addend = r.stochastic
+                                  ? ops::rounding_bits(ops::master_rounding_key(r.round_key), r.first + i) & 0xffu
+                                  : ops::nearest_24_addend(b);
+      const uint32_t m = ops::round_bits_to_24(b, addend);
+      r.param[i].x = ops::param_bits_of_master(m);
+      r.remainder8[i] = ops::remainder8_of_master(m);
       return;
     }
   }

@@ -177,6 +177,42 @@ FA_VECTOR_HELPER void store_master_as(c10::BFloat16* param, c10::BFloat16* remai
   store_words(remainder, bits_of(a) & 0xffffu, bits_of(b) & 0xffffu);
 }
 
+// ---- 24-bit masters: a bf16 param and a byte (ops/rounding.h), on vectors ---------------------
+using U8 = uint8_t __attribute__((vector_size(kLanes)));
+
+FA_VECTOR_HELPER void load_master24_of(const c10::BFloat16* param, const uint8_t* remainder8, VecF& a, VecF& b) {
+  U32 p0, p1;
+  load_low16(param, p0, p1);
+  U8 r0, r1;
+  std::memcpy(&r0, remainder8, sizeof r0);
+  std::memcpy(&r1, remainder8 + kLanes, sizeof r1);
+  auto join = [](const U32& p, const U8& byte) {  // the byte's top bit: the param rounded up
+    const U32 r = __builtin_convertvector(byte, U32);
+    return float_of(((p - (r >> 7)) << 16) | (r << 8));
+  };
+  a = join(p0, r0);
+  b = join(p1, r1);
+}
+
+// ops::round_bits_to_24 and ops::nearest_24_addend on a vector.
+FA_VECTOR_HELPER U32 round_to_24(const VecF& x, const U32& addend) {
+  const U32 bits = bits_of(x);
+  const U32 nan = bits_of(x.isnan());
+  return (((bits + addend) & ~nan) | ((bits | 0x400000u) & nan)) & 0xffffff00u;
+}
+FA_VECTOR_HELPER U32 nearest_24_addend(const VecF& x) { return 0x7fu + ((bits_of(x) >> 8) & 1u); }
+
+// Stores 24-bit masters (their bits in the lanes of a, b) as bf16 params and bytes.
+FA_VECTOR_HELPER void store_master24_as(c10::BFloat16* param, uint8_t* remainder8, const U32& a, const U32& b) {
+  auto high = [](const U32& m) {  // ops::param_bits_of_master: a NaN (quiet already) keeps its high half
+    const U32 nan = bits_of(float_of(m).isnan());
+    return (((m + 0x8000u) & ~nan) | (m & nan)) >> 16;
+  };
+  store_words(param, high(a), high(b));
+  const U8 bytes[2] = {__builtin_convertvector(a >> 8, U8), __builtin_convertvector(b >> 8, U8)};
+  std::memcpy(remainder8, bytes, sizeof bytes);
+}
+
 // ops::rounding_bits of 2 * kLanes consecutive elements from `index` (lowbias32 on lanes).
 FA_VECTOR_HELPER void rounding_bits2(uint32_t key, int64_t index, U32& a, U32& b) {
   auto mix = [](U32 x) {

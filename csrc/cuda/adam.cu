@@ -16,7 +16,7 @@ struct AdamFunctor {
     const float step = *static_cast<const float*>(meta.ptr[kAdamStep][t]) + 1.f;
     const ops::AdamCoeffs c = ops::adam_coeffs(h, lr_of(s), step, grad_mult_of(s));
     const auto pa = param_access<param_t, kMasterKind>(meta, t, start, s.write_grads && c.inv_scale != 1.f);
-    const StateRounding rounding = rounding_of(s, step, start);
+    const StepRounding rounding = rounding_of(s, step, start);
     state_t* m = list_at<state_t>(meta.ptr[kExpAvg][t], start);
     state_t* v = list_at<state_t>(meta.ptr[kExpAvgSq][t], start);
     state_t* vmax = c.amsgrad ? list_at<state_t>(meta.ptr[kMaxExpAvgSq][t], start) : nullptr;
@@ -30,7 +30,7 @@ struct AdamFunctor {
       pa.store_unscaled_grad(g, c.inv_scale, ix);
 #pragma unroll
       for (int j = 0; j < kILP; ++j) ops::adam_update(p[j], g[j], mr[j], vr[j], vmr[j], c);
-      pa.store(p, ix);
+      pa.store(p, ix, rounding);
       uint32_t random[kILP];
       rounding.bits(random, ix);
       // max_exp_avg_sq rounds with exp_avg_sq's bits: equal fp32 values stay equal

@@ -52,6 +52,7 @@ FA_DEVICE float widen(float x) { return x; }
 FA_DEVICE double widen(double x) { return x; }
 FA_DEVICE float widen(__half x) { return __half2float(x); }
 FA_DEVICE float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+FA_DEVICE uint8_t widen(uint8_t x) { return x; }
 FA_DEVICE int16_t widen(int16_t x) { return x; }
 FA_DEVICE uint16_t widen(uint16_t x) { return x; }
 FA_DEVICE int32_t widen(int32_t x) { return x; }
@@ -63,7 +64,8 @@ template <> FA_DEVICE float from_float<float>(float x) { return x; }
 template <> FA_DEVICE __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <> FA_DEVICE __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 template <typename T> FA_DEVICE T from_float(double x) { return static_cast<T>(x); }
-// raw 16-bit patterns (a bf16 param's bits, its remainder) are stored as they are
+// raw bit patterns (a bf16 param's bits, its remainder, a 24-bit master's byte) are stored as they are
 template <typename T> FA_DEVICE T from_float(uint16_t x) { return static_cast<T>(x); }
+template <typename T> FA_DEVICE T from_float(uint8_t x) { return static_cast<T>(x); }
 
 }  // namespace fused_amp::cuda

@@ -80,6 +80,7 @@ void per_dtype(at::TensorList tensors, Ptrs&& ptrs, Launch&& launch) {
 
 MasterKind master_kind(const core::StepTensors& st, size_t i) {
   if (!st.masters[i].defined()) return MasterKind::None;
+  if (st.is_remainder8(i)) return MasterKind::Remainder8;
   return st.is_remainder(i) ? MasterKind::Remainder : MasterKind::Fp32;
 }
 

@@ -56,13 +56,13 @@ struct StepScalars {
   bool write_grads;        // store the grad the step used (unscaled, clipped) back
   const float* grad_norm;  // clip: multiply the grads by ops::clip_coef(*grad_norm, max_grad_norm)
   float max_grad_norm;
-  bool stochastic;        // bf16 state rounds stochastically (ops::rounding_key of rounding_seed)
+  bool stochastic;        // bf16 state and 24-bit masters round stochastically (ops::rounding_key of rounding_seed)
   int64_t rounding_seed;
 };
 
-// Where the fp32 value of a param lives: the param itself, an fp32 master, or a bf16 param
-// with an int16 remainder (ops/rounding.h).
-enum class MasterKind : int { None = 0, Fp32 = 1, Remainder = 2 };
+// Where the fp32 value of a param lives: the param itself, an fp32 master, a bf16 param with an
+// int16 remainder, or a 24-bit master as a bf16 param with a byte (ops/rounding.h).
+enum class MasterKind : int { None = 0, Fp32 = 1, Remainder = 2, Remainder8 = 3 };
 
 // What one launch sequence of an optimizer step is compiled for.
 struct StepKind {

@@ -15,10 +15,12 @@ struct SgdFunctor {
   FA_DEVICE void operator()(const Meta& meta, int t, int64_t start, int64_t n) const {
     if (skip(s)) return;
     const bool has_buf = h.momentum != 0.0;
-    const float step = has_buf ? *static_cast<const float*>(meta.ptr[kSgdStep][t]) : 0.f;
+    // counted with momentum (the first step starts the buffer) and for stochastic rounding
+    const float* const step_ptr = static_cast<const float*>(meta.ptr[kSgdStep][t]);
+    const float step = step_ptr ? *step_ptr : 0.f;
     const ops::SgdCoeffs c = ops::sgd_coeffs(h, lr_of(s), has_buf && step == 0.f, grad_mult_of(s));
     const auto pa = param_access<param_t, kMasterKind>(meta, t, start, s.write_grads && c.inv_scale != 1.f);
-    const StateRounding rounding = rounding_of(s, step + 1.f, start);
+    const StepRounding rounding = rounding_of(s, step + 1.f, start);
     state_t* buf = has_buf ? list_at<state_t>(meta.ptr[kMomentumBuffer][t], start) : nullptr;
     const bool aligned = pa.aligned() && (!buf || is_aligned(buf));
     for_each_ilp(n, aligned, [&](const IlpIndex& ix) {
@@ -28,7 +30,7 @@ struct SgdFunctor {
       pa.store_unscaled_grad(g, c.inv_scale, ix);
 #pragma unroll
       for (int j = 0; j < kILP; ++j) ops::sgd_update(p[j], g[j], b[j], c);
-      pa.store(p, ix);
+      pa.store(p, ix, rounding);
       if (!buf) return;
       uint32_t random[kILP];
       rounding.bits(random, ix);

@@ -12,23 +12,44 @@ FA_DEVICE T* list_at(const void* const p, int64_t start) {
   return p ? static_cast<T*>(const_cast<void*>(p)) + start : nullptr;
 }
 
+// How a step rounds what it stores in fewer than 32 bits (bf16 state, 24-bit masters): to
+// nearest even, or stochastically with the random bits of (key, element index) (ops/rounding.h).
+// `start` is the chunk's first element in its tensor.
+struct StepRounding {
+  bool stochastic;
+  uint32_t key;
+  int64_t start;
+
+  // The random bits of the kILP elements at ix: [j] for element j, of `key` (the state's) or of
+  // ops::master_rounding_key(key) (the 24-bit masters').
+  FA_DEVICE void bits(uint32_t (&r)[kILP], const IlpIndex& ix, bool master = false) const {
+    const uint32_t k = master ? ops::master_rounding_key(key) : key;
+#pragma unroll
+    for (int j = 0; j < kILP; ++j) {
+      r[j] = stochastic ? ops::rounding_bits(k, start + ix.base + (ix.packed ? j : j * ix.stride)) : 0u;
+    }
+  }
+};
+
 // Everything both optimizers do around their math: pick the fp32 value of the param, write it
 // back, leave the grad unscaled.
 template <typename param_t, MasterKind kMasterKind>
 struct ParamAccess {
   param_t* param;
   param_t* grad;
-  void* master;     // float* (kMasterKind == Fp32) or uint16_t* (Remainder)
+  void* master;     // float* (kMasterKind == Fp32), uint16_t* (Remainder) or uint8_t* (Remainder8)
   bool write_grad;  // leave the grad as the step used it (unscaled, clipped), as torch's recipe does
 
   FA_DEVICE float* master_f() const { return static_cast<float*>(master); }
   FA_DEVICE uint16_t* remainder() const { return static_cast<uint16_t*>(master); }
+  FA_DEVICE uint8_t* remainder8() const { return static_cast<uint8_t*>(master); }
   FA_DEVICE uint16_t* param_bits() const { return reinterpret_cast<uint16_t*>(param); }
 
   FA_DEVICE bool aligned() const {
     if (!is_aligned(param) || !is_aligned(grad)) return false;
     if (kMasterKind == MasterKind::Fp32) return is_aligned(master_f());
     if (kMasterKind == MasterKind::Remainder) return is_aligned(remainder());
+    if (kMasterKind == MasterKind::Remainder8) return is_aligned(remainder8());
     return true;
   }
   FA_DEVICE void load(float (&p)[kILP], float (&g)[kILP], const IlpIndex& ix) const {
@@ -40,6 +61,13 @@ struct ParamAccess {
       load_ilp(lo, remainder(), ix);
 #pragma unroll
       for (int j = 0; j < kILP; ++j) p[j] = ops::float_of(ops::master_of(hi[j], lo[j]));
+    } else if constexpr (kMasterKind == MasterKind::Remainder8) {
+      uint16_t hi[kILP];
+      uint8_t lo[kILP];
+      load_ilp(hi, param_bits(), ix);
+      load_ilp(lo, remainder8(), ix);
+#pragma unroll
+      for (int j = 0; j < kILP; ++j) p[j] = ops::float_of(ops::master24_of(hi[j], lo[j]));
     } else {
       load_ilp(p, param, ix);
     }
@@ -52,7 +80,7 @@ struct ParamAccess {
     for (int j = 0; j < kILP; ++j) u[j] = g[j] * inv_scale;
     store_ilp(grad, u, ix);
   }
-  FA_DEVICE void store(const float (&p)[kILP], const IlpIndex& ix) const {
+  FA_DEVICE void store(const float (&p)[kILP], const IlpIndex& ix, const StepRounding& rounding) const {
     if constexpr (kMasterKind == MasterKind::Remainder) {
       uint16_t hi[kILP], lo[kILP];
 #pragma unroll
@@ -62,6 +90,21 @@ struct ParamAccess {
       }
       store_ilp(param_bits(), hi, ix);
       store_ilp(remainder(), lo, ix);
+    } else if constexpr (kMasterKind == MasterKind::Remainder8) {
+      uint32_t random[kILP];
+      rounding.bits(random, ix, true);
+      uint16_t hi[kILP];
+      uint8_t lo[kILP];
+#pragma unroll
+      for (int j = 0; j < kILP; ++j) {
+        const uint32_t b = ops::bits_of(p[j]);
+        const uint32_t m =
+            ops::round_bits_to_24(b, rounding.stochastic ? random[j] & 0xffu : ops::nearest_24_addend(b));
+        hi[j] = ops::param_bits_of_master(m);
+        lo[j] = ops::remainder8_of_master(m);
+      }
+      store_ilp(param_bits(), hi, ix);
+      store_ilp(remainder8(), lo, ix);
     } else {
       if constexpr (kMasterKind == MasterKind::Fp32) store_ilp(master_f(), p, ix);
       store_ilp(param, p, ix);
@@ -75,25 +118,10 @@ FA_DEVICE ParamAccess<param_t, kMasterKind> param_access(const Meta& meta, int t
   void* master = nullptr;
   if (kMasterKind == MasterKind::Fp32) master = list_at<float>(meta.ptr[kMasterList][t], start);
   if (kMasterKind == MasterKind::Remainder) master = list_at<uint16_t>(meta.ptr[kMasterList][t], start);
+  if (kMasterKind == MasterKind::Remainder8) master = list_at<uint8_t>(meta.ptr[kMasterList][t], start);
   return {list_at<param_t>(meta.ptr[kParam][t], start), list_at<param_t>(meta.ptr[kGrad][t], start),
           master, write_grad};
 }
-
-// How a step stores bf16 state: to nearest even, or stochastically with the random bits of
-// (key, element index) (ops/rounding.h). `start` is the chunk's first element in its tensor.
-struct StateRounding {
-  bool stochastic;
-  uint32_t key;
-  int64_t start;
-
-  // The random bits of the kILP elements at ix: [j] for element j.
-  FA_DEVICE void bits(uint32_t (&r)[kILP], const IlpIndex& ix) const {
-#pragma unroll
-    for (int j = 0; j < kILP; ++j) {
-      r[j] = stochastic ? ops::rounding_bits(key, start + ix.base + (ix.packed ? j : j * ix.stride)) : 0u;
-    }
-  }
-};
 
 // Stores state values: fp32 as they are; bf16 rounded to nearest even, or stochastically with
 // the low (`high` false) or high 16 random bits of each element.
@@ -120,7 +148,7 @@ FA_DEVICE float grad_mult_of(const StepScalars& s) {
   const float inv = s.inv_scale ? *s.inv_scale : 1.f;
   return s.grad_norm ? inv * ops::clip_coef(*s.grad_norm, s.max_grad_norm) : inv;
 }
-FA_DEVICE StateRounding rounding_of(const StepScalars& s, float step, int64_t start) {
+FA_DEVICE StepRounding rounding_of(const StepScalars& s, float step, int64_t start) {
   return {s.stochastic, s.stochastic ? ops::rounding_key(s.rounding_seed, step) : 0u, start};
 }
 
@@ -139,6 +167,9 @@ void dispatch_param(Dtype dtype, MasterKind master, const Launch& launch) {
         case MasterKind::Fp32: launch.template run<__nv_bfloat16, MasterKind::Fp32, state_t>(); break;
         case MasterKind::Remainder:
           launch.template run<__nv_bfloat16, MasterKind::Remainder, state_t>();
+          break;
+        case MasterKind::Remainder8:
+          launch.template run<__nv_bfloat16, MasterKind::Remainder8, state_t>();
           break;
       }
       break;

@@ -1,9 +1,12 @@
 #pragma once
-// Two ways to keep fp32 values in 16 bits (scalar spellings; the CPU's vector ones are in
-// cpu/loops_impl.h and compute the same bits):
+// Ways to keep fp32 values in fewer bits (scalar spellings; the CPU's vector ones are in
+// cpu/vec_bits.h and compute the same bits):
 // - an exact fp32 master as a bf16 param plus a 16-bit remainder (TransformerEngine's
 //   store_param_remainders): the remainder is the master's low 16 bits, and the param is the
 //   master rounded to nearest with ties away from zero, so that the pair gives the master back;
+// - a 24-bit master (sign, 8 exponent bits, 15 stored mantissa bits: an fp32 value whose low 8
+//   bits are zero) as a bf16 param plus one byte, the master's bits 8-15, joined the same way;
+//   the step's fp32 result is rounded to 24 bits to nearest even, or stochastically;
 // - bf16 optimizer state rounded stochastically, with random bits that depend on a seed, the step
 //   and the element's index in its tensor only (no thread count, no device, no launch plan).
 #include <cstdint>
@@ -54,6 +57,25 @@ FA_HD uint32_t master_of(uint16_t param, uint16_t remainder) {
   return ((static_cast<uint32_t>(param) - (remainder >> 15)) << 16) | remainder;
 }
 
+// ---- 24-bit masters: a bf16 param and a byte -------------------------------------------------
+
+// The bits of an fp32 value rounded to a 24-bit one (low 8 bits zero) by adding `addend` (below
+// 2^8) to its magnitude bits; a NaN stays a NaN (quiet). Beyond the largest 24-bit value the
+// sum carries into the exponent's top: infinity, as IEEE rounding overflows.
+FA_HD uint32_t round_bits_to_24(uint32_t b, uint32_t addend) {
+  return (is_nan_bits(b) ? b | 0x400000u : b + addend) & 0xffffff00u;
+}
+// The addend of rounding to nearest, ties to even (the kept bits' lowest bit decides a tie).
+FA_HD uint32_t nearest_24_addend(uint32_t b) { return 0x7fu + ((b >> 8) & 1u); }
+
+// A 24-bit master's parts: the param as in the remainder's split, the byte its bits 8-15.
+FA_HD uint8_t remainder8_of_master(uint32_t m24) { return static_cast<uint8_t>(m24 >> 8); }
+// The 24-bit master again: the param less the carry of its rounding (the byte's top bit, the
+// master's bit 15), over the byte. Exact for every 24-bit master that is not NaN.
+FA_HD uint32_t master24_of(uint16_t param, uint8_t remainder8) {
+  return ((static_cast<uint32_t>(param) - (remainder8 >> 7)) << 16) | (static_cast<uint32_t>(remainder8) << 8);
+}
+
 // A 32-bit integer hash (Chris Wellons' lowbias32): every input bit changes about half the
 // output bits, with two multiplies.
 FA_HD uint32_t mix32(uint32_t x) {
@@ -78,6 +100,11 @@ FA_HD uint32_t rounding_key(int64_t seed, float step) {
 FA_HD uint32_t rounding_bits(uint32_t key, int64_t index) {
   return mix32(key ^ static_cast<uint32_t>(index));
 }
+
+// The key of the random bits that round 24-bit masters, from a step's key: other bits than the
+// state's (rounding_bits(master_rounding_key(key), index), low 8 bits), so that the rounding of
+// a master and of its moments are independent.
+FA_HD uint32_t master_rounding_key(uint32_t key) { return mix32(key ^ 0x9e3779b9u); }
 
 // x rounded to a bf16 value stochastically: up in magnitude with probability (low 16 bits of x)
 // / 2^16, given 16 uniform random bits. The result is exact in bf16 (its low half is zero).

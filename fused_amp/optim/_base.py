@@ -10,16 +10,20 @@ import torch
 from fused_amp import _scaling
 from fused_amp.optim import _memory, _quantize
 from fused_amp.optim._grad_norm import DTensor, check_clip_options, local_shard, total_grad_norm
-from fused_amp.optim._memory import MASTER as _MASTER, REMAINDER as _REMAINDER
+from fused_amp.optim._memory import MASTER as _MASTER, REMAINDER as _REMAINDER, REMAINDER8 as _REMAINDER8
 
 _HALF = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _master_entry(state):
-    """What the fused op takes as a param's master: the fp32 master, the remainder, or None."""
-    master = state.get(_MASTER)
-    return master if master is not None else state.get(_REMAINDER)
+    """What the fused op takes as a param's master: the fp32 master, the remainder (int16 or
+    uint8), or None."""
+    for key in (_MASTER, _REMAINDER, _REMAINDER8):
+        master = state.get(key)
+        if master is not None:
+            return master
+    return None
 
 
 def _absmax_entry(state):
@@ -141,8 +145,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
     def _init_state(self, p, group):
         """Create what a param's step needs (moments in the group's state dtype), and bring a
-        master that a checkpoint or a change of ``master_weights`` left in the other form (fp32,
-        or remainder) to the group's."""
+        master that a checkpoint or a change of ``master_weights`` left in another form (fp32,
+        remainder, 24-bit) to the group's."""
         state = self.state[p]
         step = state.get("step")
         if not isinstance(step, torch.Tensor):  # new, or a legacy checkpoint's Python number
@@ -150,18 +154,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         elif step.device != p.device:  # e.g. moved to the CPU by ZeroRedundancyOptimizer
             state["step"] = step.to(p.device, torch.float32).reshape(())
         _memory.bring_state(type(self).__name__, p, group, state, self._state_keys_for(group))
-        kind = _memory.master_kind(group)
-        if kind == "remainder":
-            master = state.pop(_MASTER, None)
-            if master is not None:  # loaded, or kept before: the param becomes its high half
-                high, state[_REMAINDER] = _memory.split_master(master)
-                p.detach().copy_(high)
-            elif _REMAINDER not in state:  # a bf16 param is its own master: no low half yet
-                state[_REMAINDER] = torch.zeros_like(p, dtype=torch.int16, memory_format=torch.preserve_format)
-        elif _REMAINDER in state:  # left remainder mode (or master_weights=False): fp32 again
-            state[_MASTER] = _memory.join_master(p, state.pop(_REMAINDER))
-        if kind == "fp32" and p.dtype in _HALF and _MASTER not in state:
-            state[_MASTER] = p.detach().to(torch.float32, memory_format=torch.preserve_format)
+        _memory.bring_master(p, group, state)
         return state
 
     def _device_lists(self, index, group) -> Dict[torch.device, Dict[str, list]]:
@@ -356,9 +349,9 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             if not isinstance(p, torch.Tensor) or id(p) not in ids:
                 continue
             packed = _memory.unpacked_state(p, state, self._state_keys_for(group_of[id(p)]))
-            if _REMAINDER in state:
-                packed = {k: v for k, v in packed.items() if k != _REMAINDER}
-                packed[_MASTER] = _memory.join_master(p, state[_REMAINDER])
+            if _REMAINDER in state or _REMAINDER8 in state:
+                packed = {k: v for k, v in packed.items() if k not in (_REMAINDER, _REMAINDER8)}
+                packed[_MASTER] = _memory.master_of(p, state)
             if packed is not state:
                 state_dict["state"][ids[id(p)]] = packed
         for post_hook in post_hooks.values():

@@ -10,7 +10,8 @@ from fused_amp.optim._grad_norm import DTensor, local_shard
 
 MASTER = "master_param"        # fp32 master (master_weights=True or "fp32")
 REMAINDER = "master_remainder"  # int16 low half of the master of a bf16 param ("remainder")
-MASTER_WEIGHTS = (True, False, "fp32", "remainder")
+REMAINDER8 = "master_remainder8"  # uint8 bits 8-15 of the 24-bit master of a bf16 param ("remainder8")
+MASTER_WEIGHTS = (True, False, "fp32", "remainder", "remainder8")
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.uint8)
 # the 8-bit map of each state: signed for first moments, unsigned for second moments
 SIGNED_STATES = ("exp_avg", "momentum_buffer")
@@ -19,9 +20,18 @@ MEMORY_OPTIONS = ("master_weights", "state_dtype", "stochastic_rounding", "min_8
 
 
 def master_kind(group) -> Optional[str]:
-    """None (params updated in place), "fp32" or "remainder", from a group's master_weights."""
+    """None (params updated in place), "fp32", "remainder" or "remainder8", from a group's
+    master_weights."""
     mw = group["master_weights"]
-    return "remainder" if mw == "remainder" else ("fp32" if mw else None)
+    return mw if mw in ("remainder", "remainder8") else ("fp32" if mw else None)
+
+
+def stochastic(group) -> bool:
+    """Whether what the group stores in fewer than 32 bits rounds stochastically: as
+    ``stochastic_rounding`` says, or by default (None) for 24-bit masters only, whose rounding to
+    nearest drops updates below half their ulp (README, "Numerics")."""
+    sr = group["stochastic_rounding"]
+    return group["master_weights"] == "remainder8" if sr is None else bool(sr)
 
 
 def check_memory_options(name: str, master_weights, state_dtype, stochastic_rounding,
@@ -29,20 +39,23 @@ def check_memory_options(name: str, master_weights, state_dtype, stochastic_roun
     """Refuse what the memory options cannot be; returns the rounding seed to keep: when not
     given, the seed of torch's default generator (``torch.manual_seed`` decides it; nothing is
     drawn from the generator, so building an optimizer leaves the random stream as it was)."""
+    choices = "True, False, 'fp32', 'remainder' or 'remainder8'"
     if isinstance(master_weights, str) and master_weights not in MASTER_WEIGHTS:
-        raise ValueError(f"{name}: master_weights must be True, False, 'fp32' or 'remainder', "
-                         f"got {master_weights!r}")
+        raise ValueError(f"{name}: master_weights must be {choices}, got {master_weights!r}")
     if not isinstance(master_weights, (bool, str)):
-        raise TypeError(f"{name}: master_weights must be True, False, 'fp32' or 'remainder', "
-                        f"got {type(master_weights).__name__}")
+        raise TypeError(f"{name}: master_weights must be {choices}, got {type(master_weights).__name__}")
     if state_dtype not in STATE_DTYPES:
         raise ValueError(f"{name}: state_dtype must be torch.float32, torch.bfloat16 or torch.uint8 "
                          f"(8-bit codes), got {state_dtype}")
     if isinstance(min_8bit_size, bool) or not isinstance(min_8bit_size, int) or min_8bit_size < 0:
         raise ValueError(f"{name}: min_8bit_size must be an int >= 0, got {min_8bit_size!r}")
-    if stochastic_rounding and state_dtype != torch.bfloat16:
-        raise ValueError(f"{name}: stochastic_rounding=True rounds bf16 state; it needs "
-                         f"state_dtype=torch.bfloat16, got {state_dtype}")
+    if stochastic_rounding is not None and not isinstance(stochastic_rounding, bool):
+        raise TypeError(f"{name}: stochastic_rounding must be True, False or None, "
+                        f"got {type(stochastic_rounding).__name__}")
+    if stochastic_rounding and state_dtype != torch.bfloat16 and master_weights != "remainder8":
+        raise ValueError(f"{name}: stochastic_rounding=True rounds bf16 state and 24-bit masters; it "
+                         f"needs state_dtype=torch.bfloat16 or master_weights='remainder8', got "
+                         f"state_dtype={state_dtype} and master_weights={master_weights!r}")
     if rounding_seed is None:
         return torch.initial_seed() % 2**63
     if isinstance(rounding_seed, bool) or not isinstance(rounding_seed, int):
@@ -62,17 +75,20 @@ def check_group_params(name: str, group, index: int):
             if p.device.type != "cpu" and quantized(p, group):
                 raise ValueError(f"{name}: state_dtype=torch.uint8 has CPU kernels only so far; {where} "
                                  f"is on {p.device}")
-    if master_kind(group) != "remainder":
+    kind = master_kind(group)
+    if kind not in ("remainder", "remainder8"):
         return
+    bits = 16 if kind == "remainder" else 8
     for i, p in enumerate(group["params"]):
         if p.dtype != torch.bfloat16:
-            raise ValueError(f"{name}: master_weights='remainder' needs bfloat16 params (the master is "
-                             f"the param plus a 16-bit remainder); param {i} of group {index} is {p.dtype}")
+            raise ValueError(f"{name}: master_weights={kind!r} needs bfloat16 params (the master is "
+                             f"the param plus a {bits}-bit remainder); param {i} of group {index} is {p.dtype}")
 
 
 def rounding_seed_of(group) -> Optional[int]:
-    """The seed the fused op takes: set only when bf16 state rounds stochastically."""
-    if group["stochastic_rounding"] and group["state_dtype"] == torch.bfloat16:
+    """The seed the fused op takes: set only when bf16 state or 24-bit masters round
+    stochastically (the op then rounds both so)."""
+    if stochastic(group) and (group["state_dtype"] == torch.bfloat16 or group["master_weights"] == "remainder8"):
         return group["rounding_seed"]
     return None
 
@@ -112,6 +128,69 @@ def join_master(param: torch.Tensor, remainder: torch.Tensor) -> torch.Tensor:
         bits = ((high - (low >> 15)) << 16) | low
         return (bits - ((bits >> 31) << 32)).to(torch.int32).view(torch.float32)
     return _on_locals(join, param, param.detach(), remainder)
+
+
+# ---- 24-bit masters as (bf16 param, uint8 byte) -------------------------------------------------
+
+def round_to_24(master: torch.Tensor) -> torch.Tensor:
+    """fp32 values rounded to 24 bits (low 8 bits zero), to nearest even; NaNs stay NaN."""
+    bits = master.view(torch.int32).to(torch.int64) & 0xffffffff
+    rounded = torch.where(master.isnan(), bits | 0x400000, bits + 0x7f + ((bits >> 8) & 1)) & 0xffffff00
+    return (rounded - ((rounded >> 31) << 32)).to(torch.int32).view(torch.float32)
+
+
+def split_master24(master: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(bf16 param, uint8 byte) holding an fp32 master rounded to 24 bits (to nearest even): the
+    param as :func:`split_master` gives it, the byte the 24-bit master's bits 8-15."""
+    def split(m):
+        m24 = round_to_24(m)
+        high, _ = split_master(m24)
+        return high, ((m24.view(torch.int32).to(torch.int64) >> 8) & 0xff).to(torch.uint8)
+    return _on_locals(split, master, master)
+
+
+def join_master24(param: torch.Tensor, remainder8: torch.Tensor) -> torch.Tensor:
+    """The 24-bit master (as fp32) a bf16 param and its byte hold."""
+    def join(p, r):
+        high = p.view(torch.int16).to(torch.int64) & 0xffff
+        byte = r.to(torch.int64)
+        bits = ((high - (byte >> 7)) << 16) | (byte << 8)
+        return (bits - ((bits >> 31) << 32)).to(torch.int32).view(torch.float32)
+    return _on_locals(join, param, param.detach(), remainder8)
+
+
+def master_of(p: torch.Tensor, state) -> Optional[torch.Tensor]:
+    """The fp32 master a param's state holds, in whichever form it is kept; None without one."""
+    if REMAINDER in state:
+        return join_master(p, state[REMAINDER])
+    if REMAINDER8 in state:
+        return join_master24(p, state[REMAINDER8])
+    return state.get(MASTER)
+
+
+def bring_master(p: torch.Tensor, group, state) -> None:
+    """Keep a param's master in its group's form (``master_weights``), converting one that a
+    checkpoint or a change of mode left in another: the param becomes the high half of a
+    master split into a remainder. A bf16 param without a master is its own (zero remainder);
+    with master_weights=False a master that is there stays, as an fp32 one."""
+    kind = master_kind(group)
+    form = {"remainder": REMAINDER, "remainder8": REMAINDER8}.get(kind, MASTER)
+    if form in state:
+        return
+    master = master_of(p, state)
+    for key in (MASTER, REMAINDER, REMAINDER8):
+        state.pop(key, None)
+    if kind in ("remainder", "remainder8"):
+        if master is None:
+            state[form] = torch.zeros_like(p, dtype=torch.int16 if kind == "remainder" else torch.uint8,
+                                           memory_format=torch.preserve_format)
+            return
+        high, state[form] = (split_master if kind == "remainder" else split_master24)(master)
+        p.detach().copy_(high)
+    elif master is not None:
+        state[MASTER] = master
+    elif kind == "fp32" and p.dtype in (torch.float16, torch.bfloat16):
+        state[MASTER] = p.detach().to(torch.float32, memory_format=torch.preserve_format)
 
 
 # ---- 8-bit state: which params have it, and bringing a param's state to its group's form ----

@@ -44,7 +44,12 @@ class Adam(MasterWeightOptimizer):
             also ``"fp32"``). ``"remainder"`` (bf16 params only) keeps the same master exactly
             in 2 bytes per param instead of 4: the param is its high half (rounded to nearest,
             ties away from zero, where True rounds ties to even) and an int16 remainder its low
-            half. With False, half params are updated in place (fp32 math, rounded each step).
+            half. ``"remainder8"`` (bf16 params only) keeps a 24-bit master (sign, exponent and
+            15 mantissa bits: an fp32 value with its low 8 bits zero) in 1 byte per param
+            (``state["master_remainder8"]``, the master's bits 8-15; the param is its high half,
+            as with ``"remainder"``); each step's fp32 result is rounded to 24 bits as
+            ``stochastic_rounding`` says. With False, half params are updated in place (fp32
+            math, rounded each step).
         state_dtype (torch.dtype): dtype of ``exp_avg``, ``exp_avg_sq`` and ``max_exp_avg_sq``:
             torch.float32 (default), torch.bfloat16 (math in fp32, stored rounded) or
             torch.uint8: 8-bit codes in blocks of 256 elements with one fp32 absmax per block
@@ -52,9 +57,12 @@ class Adam(MasterWeightOptimizer):
             :math:`v = a\,(c/255)^2`, rounded to the nearest code after each step (CPU only).
         min_8bit_size (int): with ``state_dtype=torch.uint8``, params with fewer elements keep
             fp32 state (default: 4096).
-        stochastic_rounding (bool): round bf16 state stochastically instead of to nearest even
-            (default: False); the random bits depend on ``rounding_seed``, the step and the
-            element's index only, so runs repeat exactly and a CUDA graph replays the same.
+        stochastic_rounding (bool, optional): round what is stored in fewer than 32 bits (bf16
+            state, 24-bit masters) stochastically (True) or to nearest even (False). Default
+            None: stochastically for 24-bit masters (to nearest, updates below half their ulp,
+            2^-16 at 1.0, are lost), to nearest for bf16 state. The random bits depend on
+            ``rounding_seed``, the step and the element's index only, so runs repeat exactly
+            and a CUDA graph replays the same.
         rounding_seed (int, optional): seed of the stochastic rounding (default: drawn from
             ``torch.initial_seed()``, which ``torch.manual_seed`` sets).
         unscale_grads (bool): after a step that a GradScaler scaled, leave ``p.grad`` unscaled,
@@ -75,7 +83,7 @@ class Adam(MasterWeightOptimizer):
                  decoupled_weight_decay: bool = False, master_weights: bool = True,
                  unscale_grads: bool = True, max_grad_norm: Optional[float] = None,
                  grad_norm_type: float = 2.0, state_dtype: torch.dtype = torch.float32,
-                 stochastic_rounding: bool = False, rounding_seed: Optional[int] = None,
+                 stochastic_rounding: Optional[bool] = None, rounding_seed: Optional[int] = None,
                  min_8bit_size: int = 4096):
         # torch.optim.Adam's checks and messages, in its order
         if isinstance(lr, torch.Tensor):
@@ -149,7 +157,7 @@ class AdamW(Adam):
                  differentiable: bool = False, fused: Optional[bool] = None,
                  master_weights: bool = True, unscale_grads: bool = True,
                  max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
-                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: bool = False,
+                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
                  rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
                          maximize=maximize, capturable=capturable, differentiable=differentiable,

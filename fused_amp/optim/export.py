@@ -3,7 +3,7 @@ import copy
 
 import torch
 
-from fused_amp.optim._memory import MASTER, REMAINDER, join_master
+from fused_amp.optim._memory import master_of
 
 
 def export_fp32(model: torch.nn.Module, optimizer) -> torch.nn.Module:
@@ -20,10 +20,7 @@ def export_fp32(model: torch.nn.Module, optimizer) -> torch.nn.Module:
     model32 = copy.deepcopy(model).float()
     with torch.no_grad():
         for p, p32 in zip(model.parameters(), model32.parameters()):
-            state = optimizer.state.get(p, {})
-            master = state.get(MASTER)
-            if REMAINDER in state:  # master_weights="remainder": the param holds the high half
-                master = join_master(p, state[REMAINDER])
+            master = master_of(p, optimizer.state.get(p, {}))
             if master is not None:
                 p32.copy_(master)
     return model32

@@ -33,8 +33,8 @@ class SGD(MasterWeightOptimizer):
         foreach, fused: accepted with torch's checks; the step is always one fused pass.
         differentiable (bool): must be False: the fused step runs outside autograd.
         master_weights (bool or str): keep fp32 masters for fp16/bf16 params (default: True);
-            ``"remainder"`` keeps them as bf16 param + int16 remainder (see
-            :class:`fused_amp.optim.Adam`).
+            ``"remainder"`` keeps them as bf16 param + int16 remainder, ``"remainder8"`` as 24-bit
+            masters (bf16 param + one byte; see :class:`fused_amp.optim.Adam`).
         state_dtype, stochastic_rounding, rounding_seed, min_8bit_size: the momentum buffer's
             dtype and rounding, as for :class:`fused_amp.optim.Adam`'s ``exp_avg`` (8-bit: the
             signed map).
@@ -53,7 +53,7 @@ class SGD(MasterWeightOptimizer):
                  differentiable: bool = False, fused: Optional[bool] = None,
                  master_weights: bool = True, unscale_grads: bool = True,
                  max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
-                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: bool = False,
+                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
                  rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
         # torch.optim.SGD's checks and messages, in its order
         if isinstance(lr, torch.Tensor) and lr.numel() != 1:
@@ -83,9 +83,12 @@ class SGD(MasterWeightOptimizer):
 
     def _update(self, group, lists, scalars, check_only):
         has_momentum = group["momentum"] != 0
+        # the step counts: with momentum (a first step starts the buffer), and for the random bits
+        # of stochastic rounding, which change with the step
+        counted = has_momentum or scalars["rounding_seed"] is not None
         ops.sgd_step_(lists["params"], lists["grads"], lists["master_params"],
                       lists_or_empty(lists, "momentum_buffer", has_momentum),
-                      lists_or_empty(lists, "steps", has_momentum),
+                      lists_or_empty(lists, "steps", counted),
                       state_absmaxes=lists_or_empty(lists, "state_absmaxes", has_momentum), momentum=group["momentum"], dampening=group["dampening"],
                       weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
                       maximize=group["maximize"], check_only=check_only, **scalars)

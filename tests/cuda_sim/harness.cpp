@@ -53,8 +53,8 @@ void fa_sim_grad_norm(int dtype, int n, void** ptrs, const int64_t* numels, doub
 
 int64_t fa_sim_norm_chunks(int64_t numel) { return norm_chunks(numel); }
 
-// `kind`: param dtype, master kind (0 none, 1 fp32, 2 remainder), state dtype; `seed` with
-// `stochastic` rounds bf16 state stochastically.
+// `kind`: param dtype, master kind (0 none, 1 fp32, 2 remainder, 3 24-bit), state dtype; `seed`
+// with `stochastic` rounds bf16 state and 24-bit masters stochastically.
 void fa_sim_adam(const int* kind, int n, void** ptrs, const int64_t* numels,
                  const double* hyper, const int* flags, double lr, const float* lr_ptr,
                  const float* inv_scale, const float* found_inf, int write_grads,
@@ -83,11 +83,11 @@ void fa_sim_sgd(const int* kind, int n, void** ptrs, const int64_t* numels,
       {lr, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
        stochastic != 0, seed},
       nullptr);
-  if (hyper[0] != 0.0) {
-    std::vector<TensorPtrs> steps(n);
-    for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kSgdStep]}, 1};
-    increment_steps(steps, found_inf, nullptr);
+  std::vector<TensorPtrs> steps;  // given with momentum, optional without
+  for (int i = 0; i < n; ++i) {
+    if (list[i].p[kSgdStep]) steps.push_back(TensorPtrs{{list[i].p[kSgdStep]}, 1});
   }
+  increment_steps(steps, found_inf, nullptr);
 }
 
 }  // extern "C"
