@@ -83,6 +83,8 @@ MODES: Dict[str, Callable] = {
                                                  stochastic_rounding=True),
     "8-bit state": _fused(state_dtype=torch.uint8),
     "remainder + 8-bit state": _fused(master_weights="remainder", state_dtype=torch.uint8),
+    "24-bit masters": _fused(master_weights="remainder8"),
+    "24-bit masters + 8-bit state": _fused(master_weights="remainder8", state_dtype=torch.uint8),
     "plain bf16 (no masters)": _fused(master_weights=False),
     "torch-optimi Kahan AdamW": _optimi_kahan,
     "torchao bf16 SR AdamW": _torchao_sr,

@@ -30,6 +30,11 @@ BYTES_PER_PARAM = {
     ("adam_8bit_state", "bfloat16"): 16,
     #   with the remainder: read g 2, p 2, remainder 2, m 1, v 1; write p 2, remainder 2, m 1, v 1
     ("adam_remainder_8bit_state", "bfloat16"): 14,
+    #   24-bit masters (master_weights="remainder8"): read g 2, p 2, byte 1, m 1, v 1; write p 2,
+    #   byte 1, m 1, v 1
+    ("adam_24bit_8bit_state", "bfloat16"): 12,
+    #   24-bit masters, fp32 state: read g 2, p 2, byte 1, m 4, v 4; write p 2, byte 1, m 4, v 4
+    ("adam_24bit", "bfloat16"): 24,
     #   fp32 params without masters (bitsandbytes', torchao's 8-bit Adam): read g 4, p 4, m 1, v 1;
     #   write p 4, m 1, v 1
     ("adam_8bit_state", "float32"): 16,
@@ -39,7 +44,7 @@ BYTES_PER_PARAM = {
 def bytes_per_param(op: str, dtype: str) -> int:
     """Roofline bytes per parameter of ``op`` ("unscale", "adam", "adamw", "sgd", "adam_clip",
     and the memory modes "adam_remainder", "adam_bf16_state", "adam_remainder_bf16_state",
-    "adam_8bit_state", "adam_remainder_8bit_state")."""
+    "adam_8bit_state", "adam_remainder_8bit_state", "adam_24bit", "adam_24bit_8bit_state")."""
     return BYTES_PER_PARAM[("adam" if op == "adamw" else op, dtype)]
 
 

@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
                         {"8-bit state", 0, kUInt8State, false},
                         {"remainder + 8-bit state", 16, kUInt8State, false},
                         {"24-bit masters", 8, kFloatState, true},
+                        {"24-bit, nearest", 8, kFloatState, false},
                         {"24-bit + 8-bit state", 8, kUInt8State, true}};
   std::printf("%s loops, one thread: ns per element, median of 7 batches\n",
               fused_amp::cpu::CPU_CAPABILITY::loops().isa);

@@ -24,6 +24,9 @@ MODES = {
     "fused_amp[8-bit state]": (dict(state_dtype=torch.uint8), "adam_8bit_state"),
     "fused_amp[remainder + 8-bit state]": (dict(master_weights="remainder", state_dtype=torch.uint8),
                                            "adam_remainder_8bit_state"),
+    "fused_amp[24-bit masters]": (dict(master_weights="remainder8", rounding_seed=0), "adam_24bit"),
+    "fused_amp[24-bit masters + 8-bit state]": (dict(master_weights="remainder8", state_dtype=torch.uint8,
+                                                     rounding_seed=0), "adam_24bit_8bit_state"),
     "fused_amp[fp32 params]": ({}, "adam"),
 }
 # The outside anchors with 8-bit state, where installed (requirements-bench.txt): their Adam on

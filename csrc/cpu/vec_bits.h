@@ -180,14 +180,48 @@ FA_VECTOR_HELPER void store_master_as(c10::BFloat16* param, c10::BFloat16* remai
 // ---- 24-bit masters: a bf16 param and a byte (ops/rounding.h), on vectors ---------------------
 using U8 = uint8_t __attribute__((vector_size(kLanes)));
 
+// Loads 2 * kLanes bytes, zero-extended to the lanes of (a, b). (GCC 12 converts byte vectors
+// one lane at a time on AVX2: the intrinsics there.)
+FA_VECTOR_HELPER void load_bytes(const uint8_t* p, U32& a, U32& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+  const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + kLanes)));
+  std::memcpy(&a, &lo, sizeof a);
+  std::memcpy(&b, &hi, sizeof b);
+#else
+  U8 lo, hi;
+  std::memcpy(&lo, p, sizeof lo);
+  std::memcpy(&hi, p + kLanes, sizeof hi);
+  a = __builtin_convertvector(lo, U32);
+  b = __builtin_convertvector(hi, U32);
+#endif
+}
+
+// Stores byte 1 (bits 8-15) of each lane of (a, b) to p[0, 2 * kLanes).
+FA_VECTOR_HELPER void store_second_bytes(uint8_t* p, const U32& a, const U32& b) {
+#if defined(CPU_CAPABILITY_AVX2)
+  // each 128-bit lane's 4 bytes to its first word, then the two lanes' words side by side
+  const __m256i pick = _mm256_setr_epi8(1, 5, 9, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                        1, 5, 9, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  const __m256i words = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+  __m256i va, vb;
+  std::memcpy(&va, &a, sizeof va);
+  std::memcpy(&vb, &b, sizeof vb);
+  const __m256i sa = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(va, pick), words);
+  const __m256i sb = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(vb, pick), words);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_unpacklo_epi64(_mm256_castsi256_si128(sa), _mm256_castsi256_si128(sb)));
+#else
+  const U8 bytes[2] = {__builtin_convertvector(a >> 8, U8), __builtin_convertvector(b >> 8, U8)};
+  std::memcpy(p, bytes, sizeof bytes);
+#endif
+}
+
 FA_VECTOR_HELPER void load_master24_of(const c10::BFloat16* param, const uint8_t* remainder8, VecF& a, VecF& b) {
-  U32 p0, p1;
+  U32 p0, p1, r0, r1;
   load_low16(param, p0, p1);
-  U8 r0, r1;
-  std::memcpy(&r0, remainder8, sizeof r0);
-  std::memcpy(&r1, remainder8 + kLanes, sizeof r1);
-  auto join = [](const U32& p, const U8& byte) {  // the byte's top bit: the param rounded up
-    const U32 r = __builtin_convertvector(byte, U32);
+  load_bytes(remainder8, r0, r1);
+  auto join = [](const U32& p, const U32& r) {  // the byte's top bit: the param rounded up
     return float_of(((p - (r >> 7)) << 16) | (r << 8));
   };
   a = join(p0, r0);
@@ -209,8 +243,7 @@ FA_VECTOR_HELPER void store_master24_as(c10::BFloat16* param, uint8_t* remainder
     return (((m + 0x8000u) & ~nan) | (m & nan)) >> 16;
   };
   store_words(param, high(a), high(b));
-  const U8 bytes[2] = {__builtin_convertvector(a >> 8, U8), __builtin_convertvector(b >> 8, U8)};
-  std::memcpy(remainder8, bytes, sizeof bytes);
+  store_second_bytes(remainder8, a, b);
 }
 
 // ops::rounding_bits of 2 * kLanes consecutive elements from `index` (lowbias32 on lanes).
