@@ -13,7 +13,7 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 from fused_amp import _scaling, ops
-from fused_amp.optim._grad_norm import total_grad_norm
+from fused_amp.optim._grad_norm import local_shard, total_grad_norm
 
 try:  # torch builds without distributed support lack these
     from torch.distributed.optim import ZeroRedundancyOptimizer as _ZeroRedundancyOptimizer
@@ -167,7 +167,7 @@ class GradScaler(torch.amp.GradScaler):
         if _DTensor is not None and _DTensor in set(map(type, grads)):  # FSDP2 and the like
             meshes = {id(g.device_mesh): g.device_mesh for g in grads if isinstance(g, _DTensor)}
             groups = list({id(pg): pg for m in meshes.values() for pg in m.get_all_groups()}.values())
-            pairs = [(p, g.to_local() if isinstance(g, _DTensor) else g) for p, g in pairs]
+            pairs = [(p, local_shard(g)) for p, g in pairs]
             grads = [g for _, g in pairs]
         # the usual case, in C-level passes: dense grads on one device
         if grads and not any(map(_IS_SPARSE, grads)) and len(set(map(_DEVICE, grads))) == 1:

@@ -263,6 +263,45 @@ def test_fsdp2_bf16_shards_with_fp32_masters_sharded_like_the_params():
             assert torch.equal(a, b)
 
 
+def swapped_local_run(rank, world):
+    """fp32 DTensor params (sharded as FSDP2 shards them) stepped once, then each swapped for
+    another DTensor with torch.utils.swap_tensors (what model.to() does with
+    torch.__future__.set_swap_module_params_on_conversion(True): the same Python object, another
+    local tensor), then stepped again: the step must update the new local tensors, not the ones
+    the optimizer's cached lists held."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(distribute_tensor(torch.randn(8, 4, generator=gen), mesh, [Shard(0)]))
+              for _ in range(3)]
+    opt = fused_amp.optim.Adam(params, lr=0.1)
+
+    def set_grads():
+        for p in params:
+            p.grad = distribute_tensor(torch.ones(8, 4), mesh, [Shard(0)])
+
+    set_grads()
+    opt.step()
+    old = [p.to_local() for p in params]
+    old_values = [t.clone() for t in old]
+    for p in params:
+        fresh = torch.nn.Parameter(distribute_tensor(torch.full((8, 4), 5.0), mesh, [Shard(0)]))
+        torch.utils.swap_tensors(p, fresh)
+    set_grads()
+    opt.step()
+    return dict(old_unchanged=all(torch.equal(a, b) for a, b in zip(old, old_values)),
+                new_stepped=[p.to_local().clone() for p in params])
+
+
+def test_a_swapped_local_tensor_rebuilds_the_cached_lists():
+    for r in run_ranks(swapped_local_run, 2):
+        assert r["old_unchanged"]
+        for t in r["new_stepped"]:  # 5.0 less Adam's second step with constant grads: 5 - 0.1
+            torch.testing.assert_close(t, torch.full_like(t, 4.9))
+
+
 def dcp_run(rank, world, path, phase):
     """bf16 params with fp32 masters under FSDP2; every rank trains on the same batch, so the
     averaged grads are exact for any world size and runs on 4 and 2 ranks can be compared bit

@@ -1,6 +1,10 @@
 """Under torch.distributed (CPU, gloo, 2 ranks): the optimizer step per rank on FSDP2 shards,
 fused_amp against torch's fused Adam on the same DTensors, and the bytes per param each rank
-holds for params, grads and optimizer state under FSDP2, ZeRO-1 and DDP."""
+holds for params, grads and optimizer state under FSDP2, ZeRO-1 and DDP; and the host time per
+param of the step where kernels are short (many small params, each block fully_shard'ed), which
+decides a sharded model's step on a GPU (pytorch/pytorch#134191)."""
+import statistics
+
 import torch
 
 from benchmarks import harness, workloads
@@ -18,7 +22,7 @@ def cases(ctx):
     if ctx.quick:  # starting two ranks alone takes about 15 s on 2 cores
         ctx.skip("distributed", case, "not in a quick run (starting the ranks takes about 15 s)")
         return []
-    return [(case, lambda c: run(c, n))]
+    return [(case, lambda c: run(c, n)), (HOST_CASE, run_host)]
 
 
 def run(ctx, n):
@@ -107,3 +111,79 @@ def _worker(rank, world, shapes, reps):
         step()  # creates the state (ZeRO: on the owning rank only)
         held[label] = _held(params, opt.optim if kind == "zero1" else opt)
     return dict(times=times, held=held, state_bytes=state_bytes)
+
+
+# ---- host time per param: 200 blocks of Linear(64, 64) + LayerNorm(64), 800 params ---------------
+BLOCKS = 200
+HOST_CASE = f"fsdp2-host/{BLOCKS * 4}-params"
+
+
+def _blocks(dtype):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64))
+                                 for _ in range(BLOCKS)]).to(dtype)
+
+
+def run_host(ctx):
+    """Scaler step + update per rank (median of each rep's steps), in turns: fused_amp AdamW on
+    bf16 shards with fp32 masters (and with clipping every step), torch's fused AdamW on fp32
+    shards under torch's GradScaler, and fused_amp on plain tensors shaped like rank 0's local
+    shards (the same elements and count, no DTensor): the difference per param is what the
+    DTensor path costs on the host."""
+    rank0 = harness.run_ranks(_host_worker, WORLD, ctx.reps)[0]
+    n = rank0["n_params"]
+    records = harness.make_records("distributed", HOST_CASE, "cpu", "bfloat16", rank0["elements"], n,
+                                   rank0["times"], None, None)
+    per_param = {k: statistics.median(v) * 1e6 / n for k, v in rank0["times"].items()}  # s -> us
+    for rec in records:
+        rec["host_us_per_param"] = per_param[rec["impl"]]
+    plain = per_param["fused_amp[plain tensors]"]
+    ctx.note("distributed", f"{HOST_CASE} host time per param per rank (us): "
+             + ", ".join(f"{k} {v:.1f}" for k, v in per_param.items())
+             + f"; FSDP2 - plain: {per_param['fused_amp'] - plain:+.1f} us")
+    return records
+
+
+def _host_worker(rank, world, reps):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    import fused_amp
+
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
+
+    def sharded(dtype):
+        model = _blocks(dtype)
+        for block in model:
+            fully_shard(block)
+        fully_shard(model)
+        model(x.to(dtype)).float().square().mean().backward()  # DTensor grads, kept for every step
+        return list(model.parameters())
+
+    def build(params, ours, **kw):
+        opt = (fused_amp.optim.AdamW(params, lr=1e-4, **kw) if ours
+               else torch.optim.AdamW(params, lr=1e-4, fused=True))
+        scaler = (fused_amp.GradScaler if ours else torch.amp.GradScaler)("cpu", init_scale=INIT_SCALE)
+        scaler.scale(torch.ones(()))
+
+        def step():
+            scaler.step(opt)
+            scaler.update()
+        return step
+
+    bf16 = sharded(torch.bfloat16)
+    plain = [torch.nn.Parameter(p.to_local().detach().clone()) for p in bf16]
+    for p, q in zip(plain, bf16):
+        p.grad = q.grad.to_local().clone()
+    steps = {"fused_amp": build(bf16, True), "fused_amp[clip]": build(sharded(torch.bfloat16), True, max_grad_norm=1.0),
+             "torch_fused": build(sharded(torch.float32), False), "fused_amp[plain tensors]": build(plain, True)}
+    times = {k: [] for k in steps}
+    for rep in range(2 + reps):  # in turns, the first two as warm-up
+        for kind, step in steps.items():
+            dist.barrier()
+            t = statistics.median(harness.time_once(step, "cpu") for _ in range(20))
+            if rep >= 2:
+                times[kind].append(t)
+    assert all(isinstance(p, DTensor) for p in bf16)
+    return dict(times=times, n_params=len(bf16), elements=sum(p.numel() for p in plain))

@@ -35,7 +35,8 @@ class _GroupLists:
     """The per-device tensor lists of one param group, kept between steps.
 
     Gathering them costs a few microseconds per param, so they are kept while nothing they were
-    built from has changed: the group's params (same objects, same order), the optimizer's
+    built from has changed: the group's params (same objects, same order, and for DTensors the
+    same local tensors), the optimizer's
     ``state`` mapping, each param's state dict and every tensor in it, and the group options
     that decide which state exists. Checking that is a handful of C-level passes over the params.
     """
@@ -44,6 +45,9 @@ class _GroupLists:
         self.group = group
         self.sharded = sharded  # DTensor params: the lists hold their local shards
         self.param_ids = list(map(id, params))
+        # a DTensor param can get another local tensor and stay the same object
+        # (torch.utils.swap_tensors, as model.to() does under swap_module_params_on_conversion)
+        self.locals = list(map(local_shard, params)) if sharded else None
         self.state = state
         self.state_dicts = state_dicts
         self.options = options
@@ -55,6 +59,8 @@ class _GroupLists:
     def still_valid(self, group, params, state, options) -> bool:
         if (self.group is not group or self.state is not state or self.options != options
                 or self.param_ids != list(map(id, params))):
+            return False
+        if self.sharded and not all(map(operator.is_, map(local_shard, params), self.locals)):
             return False
         state_dicts = list(map(state.get, params))
         if not all(map(operator.is_, state_dicts, self.state_dicts)):

@@ -65,8 +65,11 @@ def _shard_groups(grads) -> list:
 
 
 def local_shard(t):
-    """The local shard of a DTensor; any other tensor (or None) as it is."""
-    return t.to_local() if DTensor is not None and isinstance(t, DTensor) else t
+    """The local shard of a DTensor; any other tensor (or None) as it is. Taken as torch's own
+    FSDP2 code takes it (``_local_tensor``), not through ``to_local()``: that is an autograd
+    Function and a view per call, most of the host time of a step over many small shards, for
+    kernels that run outside autograd anyway."""
+    return t._local_tensor if DTensor is not None and isinstance(t, DTensor) else t
 
 
 def total_grad_norm(optimizer, norm_type: float, inv_scale: Optional[torch.Tensor]
