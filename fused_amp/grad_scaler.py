@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 import numbers
 import operator
 import warnings
@@ -13,7 +14,7 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 from fused_amp import _scaling, ops
-from fused_amp.optim._grad_norm import local_shard, total_grad_norm
+from fused_amp.optim._grad_norm import local_shards, total_grad_norm
 
 try:  # torch builds without distributed support lack these
     from torch.distributed.optim import ZeroRedundancyOptimizer as _ZeroRedundancyOptimizer
@@ -62,7 +63,7 @@ class _HostFlag:
 
 
 _INT32_MAX = 2 ** 31 - 1
-_GRAD, _IS_SPARSE, _DEVICE = (operator.attrgetter(a) for a in ("grad", "is_sparse", "device"))
+_GRAD, _IS_SPARSE, _DEVICE, _DEVICE_MESH = (operator.attrgetter(a) for a in ("grad", "is_sparse", "device", "device_mesh"))
 
 
 def _check_options(growth_interval, hysteresis, min_scale, max_scale):
@@ -160,20 +161,24 @@ class GradScaler(torch.amp.GradScaler):
     def _grads_per_device(optimizer):
         """The grads to check, per device (local shards of DTensor grads), and the process
         groups of the DTensors' meshes, across which the overflow flag must be combined."""
-        pairs = [(p, g) for group in optimizer.param_groups for p in group["params"]
-                 for g in (p.grad,) if g is not None]
-        grads = [g for _, g in pairs]
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        grads = list(map(_GRAD, params))
+        if not all(map(operator.is_not, grads, itertools.repeat(None))):
+            params = [p for p, g in zip(params, grads) if g is not None]
+            grads = list(map(_GRAD, params))
         groups = []
-        if _DTensor is not None and _DTensor in set(map(type, grads)):  # FSDP2 and the like
-            meshes = {id(g.device_mesh): g.device_mesh for g in grads if isinstance(g, _DTensor)}
+        types = set(map(type, grads))
+        if _DTensor is not None and _DTensor in types:  # FSDP2 and the like
+            dtensors = grads if len(types) == 1 else [g for g in grads if isinstance(g, _DTensor)]
+            meshes = list(map(_DEVICE_MESH, dtensors))
+            meshes = dict(zip(map(id, meshes), meshes))
             groups = list({id(pg): pg for m in meshes.values() for pg in m.get_all_groups()}.values())
-            pairs = [(p, local_shard(g)) for p, g in pairs]
-            grads = [g for _, g in pairs]
+            grads = local_shards(grads)
         # the usual case, in C-level passes: dense grads on one device
         if grads and not any(map(_IS_SPARSE, grads)) and len(set(map(_DEVICE, grads))) == 1:
             return {grads[0].device: grads}, groups
         per_device = defaultdict(list)
-        for param, grad in pairs:
+        for param, grad in zip(params, grads):
             if grad.is_sparse:
                 # unscale the values of a coalesced sparse grad, as torch does
                 if grad.dtype is torch.float16:

@@ -129,7 +129,8 @@ def run_host(ctx):
     bf16 shards with fp32 masters (and with clipping every step), torch's fused AdamW on fp32
     shards under torch's GradScaler, and fused_amp on plain tensors shaped like rank 0's local
     shards (the same elements and count, no DTensor): the difference per param is what the
-    DTensor path costs on the host."""
+    DTensor path costs on the host, one all-reduce of the overflow flag per step among it (timed
+    alone beside them)."""
     rank0 = harness.run_ranks(_host_worker, WORLD, ctx.reps)[0]
     n = rank0["n_params"]
     records = harness.make_records("distributed", HOST_CASE, "cpu", "bfloat16", rank0["elements"], n,
@@ -137,10 +138,12 @@ def run_host(ctx):
     per_param = {k: statistics.median(v) * 1e6 / n for k, v in rank0["times"].items()}  # s -> us
     for rec in records:
         rec["host_us_per_param"] = per_param[rec["impl"]]
-    plain = per_param["fused_amp[plain tensors]"]
+    plain, collective = per_param["fused_amp[plain tensors]"], per_param["all_reduce of the flag"]
     ctx.note("distributed", f"{HOST_CASE} host time per param per rank (us): "
              + ", ".join(f"{k} {v:.1f}" for k, v in per_param.items())
-             + f"; FSDP2 - plain: {per_param['fused_amp'] - plain:+.1f} us")
+             + f"; FSDP2 - plain: {per_param['fused_amp'] - plain:+.1f} us, of which the flag's "
+             f"all-reduce (once per step, whatever the param count) {collective:.1f}; "
+             f"torch_fused / fused_amp: {per_param['torch_fused'] / per_param['fused_amp']:.1f}x")
     return records
 
 
@@ -176,8 +179,11 @@ def _host_worker(rank, world, reps):
     plain = [torch.nn.Parameter(p.to_local().detach().clone()) for p in bf16]
     for p, q in zip(plain, bf16):
         p.grad = q.grad.to_local().clone()
+    flag = torch.zeros(())
     steps = {"fused_amp": build(bf16, True), "fused_amp[clip]": build(sharded(torch.bfloat16), True, max_grad_norm=1.0),
-             "torch_fused": build(sharded(torch.float32), False), "fused_amp[plain tensors]": build(plain, True)}
+             "torch_fused": build(sharded(torch.float32), False), "fused_amp[plain tensors]": build(plain, True),
+             # what every FSDP2 step adds whatever the param count: the overflow flag's MAX all-reduce
+             "all_reduce of the flag": lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX)}
     times = {k: [] for k in steps}
     for rep in range(2 + reps):  # in turns, the first two as warm-up
         for kind, step in steps.items():

@@ -2,17 +2,18 @@
 protocol, torch's constructor flags, and state dicts that keep fp32 state fp32."""
 import operator
 from collections import defaultdict
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any, Dict, List, Optional
 
 import torch
 
 from fused_amp import _scaling
 from fused_amp.optim import _memory, _quantize
-from fused_amp.optim._grad_norm import DTensor, check_clip_options, local_shard, total_grad_norm
+from fused_amp.optim._grad_norm import DTensor, check_clip_options, local_shard, local_shards, total_grad_norm
 from fused_amp.optim._memory import MASTER as _MASTER, REMAINDER as _REMAINDER, REMAINDER8 as _REMAINDER8
 
 _HALF = (torch.float16, torch.bfloat16)
+_GRAD = operator.attrgetter("grad")
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -47,7 +48,7 @@ class _GroupLists:
         self.param_ids = list(map(id, params))
         # a DTensor param can get another local tensor and stay the same object
         # (torch.utils.swap_tensors, as model.to() does under swap_module_params_on_conversion)
-        self.locals = list(map(local_shard, params)) if sharded else None
+        self.locals = local_shards(params) if sharded else None
         self.state = state
         self.state_dicts = state_dicts
         self.options = options
@@ -60,7 +61,7 @@ class _GroupLists:
         if (self.group is not group or self.state is not state or self.options != options
                 or self.param_ids != list(map(id, params))):
             return False
-        if self.sharded and not all(map(operator.is_, map(local_shard, params), self.locals)):
+        if self.sharded and not all(map(operator.is_, local_shards(params), self.locals)):
             return False
         state_dicts = list(map(state.get, params))
         if not all(map(operator.is_, state_dicts, self.state_dicts)):
@@ -169,14 +170,15 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         Rebuilt whenever the params, the state or the options it depends on changed (see
         _GroupLists); otherwise only the grads are gathered anew."""
         params = group["params"]
-        grads = [p.grad for p in params]
+        grads = list(map(_GRAD, params))
         keys = self._state_keys_for(group)
         options = (keys, group["master_weights"], group["state_dtype"], group["min_8bit_size"])
-        all_grads = all(g is not None for g in grads)
+        all_grads = all(map(operator.is_not, grads, repeat(None)))
         cached = self._lists_cache.get(index)
         if all_grads and cached is not None and cached.still_valid(group, params, self.state, options):
             for lists, indices in cached.by_device.values():
-                lists["grads"] = [local_shard(grads[i]) for i in indices] if cached.sharded else [grads[i] for i in indices]
+                mine = list(map(grads.__getitem__, indices))
+                lists["grads"] = local_shards(mine) if cached.sharded else mine
             return {device: lists for device, (lists, _) in cached.by_device.items()}
         by_device: Dict[torch.device, Any] = defaultdict(lambda: (defaultdict(list), []))
         for i, p in enumerate(params):

@@ -4,6 +4,8 @@ One read of every grad gives the norm and the GradScaler's inf/NaN flags togethe
 (``ops.grad_norm_``); the step then multiplies the grads by ``min(1, max_norm / (norm + 1e-6))``
 on the device, in the same multiply as the inverse loss scale."""
 import math
+import operator
+from itertools import repeat
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -15,6 +17,7 @@ try:  # torch builds without distributed support lack it
 except ImportError:  # pragma: no cover
     DTensor = None
 
+_LOCAL_TENSOR, _DEVICE_MESH, _PLACEMENTS = map(operator.attrgetter, ("_local_tensor", "device_mesh", "placements"))
 # the norm types the fused pass computes; others go through torch (clip_grad_norm_ only)
 FUSED_NORM_TYPES = (1.0, 2.0, math.inf)
 
@@ -45,23 +48,25 @@ def _shard_groups(grads) -> list:
     grads are sharded on (FSDP2: its one dim; HSDP: the shard dim, not the replicate dim)."""
     if DTensor is None:
         return []
-    dtensors = [g for g in grads if isinstance(g, DTensor)]
+    dtensors = sum(map(isinstance, grads, repeat(DTensor)))
     if not dtensors:
         return []
-    if len(dtensors) != len(grads):
+    if dtensors != len(grads):
         raise NotImplementedError("gradient clipping over a mix of DTensor and plain grads is not "
                                   "supported: the plain grads' share of the norm is ambiguous")
-    layouts = set()
-    for g in dtensors:
-        if any(p.is_partial() for p in g.placements):
-            raise NotImplementedError("gradient clipping of DTensor grads with Partial placements "
-                                      "is not supported (reduce the grads first)")
-        layouts.add((g.device_mesh, tuple(i for i, p in enumerate(g.placements) if p.is_shard())))
-    if len(layouts) > 1:
+    # in C-level passes over the grads, then over their few distinct layouts
+    meshes = list(map(_DEVICE_MESH, grads))
+    if len(set(map(id, meshes))) > 1:
+        meshes = list(set(meshes))  # equal meshes may be distinct objects
+    placements = set(map(_PLACEMENTS, grads))
+    if any(p.is_partial() for placement in placements for p in placement):
+        raise NotImplementedError("gradient clipping of DTensor grads with Partial placements "
+                                  "is not supported (reduce the grads first)")
+    shard_dims = {tuple(i for i, p in enumerate(placement) if p.is_shard()) for placement in placements}
+    if len(meshes) > 1 and len(set(meshes)) > 1 or len(shard_dims) > 1:
         raise NotImplementedError("gradient clipping needs all DTensor grads on one mesh, sharded "
                                   "on the same mesh dims")
-    mesh = dtensors[0].device_mesh
-    return [mesh.get_group(dim) for dim in next(iter(layouts))[1]]
+    return [meshes[0].get_group(dim) for dim in next(iter(shard_dims))]
 
 
 def local_shard(t):
@@ -70,6 +75,30 @@ def local_shard(t):
     Function and a view per call, most of the host time of a step over many small shards, for
     kernels that run outside autograd anyway."""
     return t._local_tensor if DTensor is not None and isinstance(t, DTensor) else t
+
+
+
+
+def local_shards(tensors) -> List:
+    """``local_shard`` of each tensor, in one C-level pass where all are DTensors."""
+    try:
+        return list(map(_LOCAL_TENSOR, tensors))
+    except AttributeError:  # plain tensors (or None) among them
+        return list(map(local_shard, tensors))
+
+
+def _combined_over(groups, found, norm, norm_type):
+    """The flag and the norm of every rank's shards, in one all-reduce per process group: of
+    (flag, maximum) with MAX for the inf-norm; of (flag, p-th power) with SUM otherwise, the flag
+    then clamped to 1.0 (found_inf is 0 or 1, never a count)."""
+    inf_norm = norm_type == math.inf
+    additive = inf_norm or norm_type == 0.0  # maxima, or counts of nonzeros: combined as they are
+    pair = torch.stack([found, norm if additive else norm.pow(norm_type)])
+    for group in groups:
+        torch.distributed.all_reduce(pair, op=torch.distributed.ReduceOp.MAX if inf_norm
+                                     else torch.distributed.ReduceOp.SUM, group=group)
+    found = pair[0].clamp(max=1.0)
+    return found, pair[1] if additive else pair[1].pow(1.0 / norm_type)
 
 
 def total_grad_norm(optimizer, norm_type: float, inv_scale: Optional[torch.Tensor]
@@ -96,19 +125,12 @@ def total_grad_norm(optimizer, norm_type: float, inv_scale: Optional[torch.Tenso
             norm.copy_(torch.nn.utils.get_total_norm(device_grads, norm_type))
             if inv is not None and norm_type != 0.0:  # a norm is homogeneous, except the count
                 norm.mul_(inv)
-        for group in groups:
-            torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX, group=group)
+        if groups:  # DTensor grads live on one device: combine flag and norm over the mesh
+            found, norm = _combined_over(groups, found, norm, norm_type)
         norms.append(norm)
         found_infs[device] = found
     if not norms:
         return torch.zeros((), dtype=torch.float32), found_infs
-    if groups:  # add up the shards' values: p-th powers, or maxima
-        power = norms[0] if norm_type == math.inf else norms[0].pow(norm_type)
-        for group in groups:
-            torch.distributed.all_reduce(power, op=torch.distributed.ReduceOp.MAX
-                                         if norm_type == math.inf else torch.distributed.ReduceOp.SUM,
-                                         group=group)
-        norms[0] = power if norm_type == math.inf else power.pow(1.0 / norm_type)
     if len(norms) == 1:
         return norms[0], found_infs
     first = norms[0].device
