@@ -29,7 +29,7 @@ build: $(STAMP)
 # The CPU kernels exist once per instruction set; the numerics tests run on each of them
 # (ATEN_CPU_CAPABILITY picks torch's and ours alike), then the whole suite on the native one.
 NUMERICS_TESTS := tests/test_unscale.py tests/test_optim.py tests/test_clip.py tests/test_memory_modes.py \
-                  tests/test_quantized_state.py
+                  tests/test_quantized_state.py tests/test_master24.py
 
 test: build
 	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q $(NUMERICS_TESTS)

@@ -29,6 +29,38 @@ struct BelowAutograd {
   c10::impl::ExcludeDispatchKeyGuard guard{c10::autograd_dispatch_keyset_with_ADInplaceOrView};
 };
 
+// The version counters of what an optimizer step wrote. torch's for-loop and foreach optimizers
+// bump them (their in-place ops do, in the ADInplaceOrView kernel, which these entries run
+// below; its fused ones and its unscale op do not), and autograd relies on them: a param saved
+// for backward and then stepped raises "modified by an inplace operation" instead of giving a
+// wrong gradient. Bumped whenever the kernels ran, also when found_inf made them skip on the
+// device (the host cannot know: a bump is conservative). Inference tensors have none.
+inline void bump_versions(const at::Tensor& t) {
+  if (t.defined() && !t.is_inference()) t.unsafeGetTensorImpl()->bump_version();
+}
+inline void bump_versions(at::TensorList tensors) {
+  for (const at::Tensor& t : tensors) bump_versions(t);
+}
+inline void bump_versions(const c10::List<std::optional<at::Tensor>>& tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::optional<at::Tensor> t = tensors[i];
+    if (t) bump_versions(*t);
+  }
+}
+// What every optimizer step writes: params, masters, state, step counts, absmaxes; the grads
+// when it leaves them unscaled.
+inline void bump_step_versions(const core::StepTensors& s, at::TensorList params, at::TensorList grads,
+                               const c10::List<std::optional<at::Tensor>>& masters,
+                               std::initializer_list<at::TensorList> states,
+                               const c10::List<std::optional<at::Tensor>>& absmaxes, at::TensorList steps) {
+  bump_versions(params);
+  if (s.write_grads) bump_versions(grads);
+  bump_versions(masters);
+  for (at::TensorList state : states) bump_versions(state);
+  bump_versions(absmaxes);
+  bump_versions(steps);
+}
+
 template <class Device>
 struct Entry {
   static void unscale_(at::TensorList tensors, at::Tensor& found_inf, const at::Tensor& inv_scale) {
@@ -99,6 +131,8 @@ struct Entry {
     if (check_only || params.empty()) return;
     Device::adam(a);
     staging.copy_back();
+    bump_step_versions(a.tensors, params, grads, master_params, {exp_avgs, exp_avg_sqs, max_exp_avg_sqs},
+                       state_absmaxes, steps);
   }
 
   static void sgd_step_(at::TensorList params, at::TensorList grads,
@@ -127,6 +161,7 @@ struct Entry {
     if (check_only || params.empty()) return;
     Device::sgd(a);
     staging.copy_back();
+    bump_step_versions(a.tensors, params, grads, master_params, {momentum_buffers}, state_absmaxes, steps);
   }
 };
 

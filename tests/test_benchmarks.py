@@ -186,7 +186,13 @@ def test_distributed_suite_reports_time_per_rank_and_bytes_held(tmp_path):
                            "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     data = json.loads((out / "results.json").read_text())
-    assert {r["impl"] for r in data["records"]} == {"fused_amp", "torch_fused"}
+    impls = {case: {r["impl"] for r in data["records"] if r["case"] == case}
+             for case in {r["case"] for r in data["records"]}}
+    assert impls.pop("fsdp2-host/800-params") == {"fused_amp", "fused_amp[clip]", "torch_fused",
+                                                  "fused_amp[plain tensors]", "all_reduce of the flag"}
+    assert list(impls.values()) == [{"fused_amp", "torch_fused"}]
+    assert all(r["host_us_per_param"] > 0 for r in data["records"] if r["case"] == "fsdp2-host/800-params")
+    assert "host time per param per rank" in data["notes"]["distributed host time"]
     note = data["notes"]["distributed"]
     for label in ("FSDP2 fp32 shards", "FSDP2 bf16 shards + fp32 masters", "ZeRO-1", "DDP", "6 + 12/d"):
         assert label in note

@@ -688,3 +688,43 @@ def test_more_than_two_betas_are_taken_as_torch_takes_them(cls, torch_cls):
         p.grad = torch.full((3,), 0.5)
         o.step()
     torch.testing.assert_close(ours.detach(), theirs.detach())
+
+
+# ---- autograd's safety net: version counters ---------------------------------------------------
+
+@pytest.mark.parametrize("dtype", PARAM_DTYPES, ids=str)
+@pytest.mark.parametrize("cls,torch_cls,kw", STATEFUL, ids=STATEFUL_IDS)
+def test_a_param_saved_for_backward_then_stepped_raises_as_in_torch(cls, torch_cls, kw, dtype):
+    """torch's default (for-loop) optimizers bump the version of what a step writes, so autograd
+    refuses a backward through a param the step changed; ours too, also for a step that an
+    overflow skipped on the device (the host cannot tell), and the grads the scaler unscaled."""
+    for make in (lambda ps: torch_cls(ps, **kw), lambda ps: cls(ps, **kw)):
+        params = make_params(dtype)
+        opt = make(params)
+        set_grads(params, 0)
+        y = sum((p * p).float().sum() for p in params)  # mul saves p itself
+        opt.step()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.backward()
+    params = make_params(dtype)
+    opt, scaler = cls(params, **kw), fused_amp.GradScaler("cpu", init_scale=4.0)
+    scaler.scale(torch.ones(()))
+    set_grads(params, 1, 4.0)
+    params[0].grad[0] = float("inf")
+    before = [(p._version, p.grad._version) for p in params]
+    state_before = {k: v._version for p in params for k, v in opt.state[p].items()}
+    scaler.step(opt)
+    scaler.update()
+    assert all(p._version > v for p, (v, _) in zip(params, before))  # skipped, bumped all the same
+    assert all(p.grad._version > g for p, (_, g) in zip(params, before)) or not opt.defaults["unscale_grads"]
+    assert all(v._version > state_before.get(k, -1) for p in params for k, v in opt.state[p].items()
+               if k in state_before)
+
+
+def test_unscale_leaves_the_versions_as_torchs_op_leaves_them():
+    """torch's unscale op (and its fused optimizers) bump nothing; ours neither."""
+    grads, found = [torch.randn(5), torch.randn(3).bfloat16()], torch.zeros(())
+    theirs, their_found = [g.clone() for g in grads], torch.zeros(())
+    ops.unscale_(grads, found, torch.tensor(0.5))
+    torch._amp_foreach_non_finite_check_and_unscale_(theirs, their_found, torch.tensor(0.5))
+    assert [g._version for g in grads] + [found._version] == [t._version for t in theirs] + [their_found._version]

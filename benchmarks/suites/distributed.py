@@ -139,7 +139,7 @@ def run_host(ctx):
     for rec in records:
         rec["host_us_per_param"] = per_param[rec["impl"]]
     plain, collective = per_param["fused_amp[plain tensors]"], per_param["all_reduce of the flag"]
-    ctx.note("distributed", f"{HOST_CASE} host time per param per rank (us): "
+    ctx.note("distributed host time", f"{HOST_CASE} host time per param per rank (us): "
              + ", ".join(f"{k} {v:.1f}" for k, v in per_param.items())
              + f"; FSDP2 - plain: {per_param['fused_amp'] - plain:+.1f} us, of which the flag's "
              f"all-reduce (once per step, whatever the param count) {collective:.1f}; "

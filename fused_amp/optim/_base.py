@@ -2,7 +2,7 @@
 protocol, torch's constructor flags, and state dicts that keep fp32 state fp32."""
 import operator
 from collections import defaultdict
-from itertools import chain, repeat
+from itertools import chain
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -13,7 +13,6 @@ from fused_amp.optim._grad_norm import DTensor, check_clip_options, local_shard,
 from fused_amp.optim._memory import MASTER as _MASTER, REMAINDER as _REMAINDER, REMAINDER8 as _REMAINDER8
 
 _HALF = (torch.float16, torch.bfloat16)
-_GRAD = operator.attrgetter("grad")
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -170,10 +169,10 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         Rebuilt whenever the params, the state or the options it depends on changed (see
         _GroupLists); otherwise only the grads are gathered anew."""
         params = group["params"]
-        grads = list(map(_GRAD, params))
+        grads = [p.grad for p in params]  # (a comprehension: torch.compile traces it, not attrgetter)
         keys = self._state_keys_for(group)
         options = (keys, group["master_weights"], group["state_dtype"], group["min_8bit_size"])
-        all_grads = all(map(operator.is_not, grads, repeat(None)))
+        all_grads = all(g is not None for g in grads)
         cached = self._lists_cache.get(index)
         if all_grads and cached is not None and cached.still_valid(group, params, self.state, options):
             for lists, indices in cached.by_device.values():
