@@ -19,10 +19,40 @@ import torch
 import fused_amp
 
 IMPLS = ("fused_amp", "torch_amp", "torch_master")
+
+
+class ForeachLion(torch.optim.Optimizer):
+    """Lion as a user without a library writes it for speed: torch's _foreach ops (torch ships no
+    Lion). torch's fused/foreach flags are accepted; it always runs this one way."""
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **torch_flags):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            grads = [p.grad for p in params]
+            for p in params:
+                if not self.state[p]:
+                    self.state[p]["exp_avg"] = torch.zeros_like(p)
+            ms = [self.state[p]["exp_avg"] for p in params]
+            (beta1, beta2), lr = group["betas"], group["lr"]
+            direction = torch._foreach_mul(ms, beta1)
+            torch._foreach_add_(direction, grads, alpha=1 - beta1)
+            torch._foreach_sign_(direction)
+            if group["weight_decay"]:
+                torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
+            torch._foreach_add_(params, direction, alpha=-lr)
+            torch._foreach_mul_(ms, beta2)
+            torch._foreach_add_(ms, grads, alpha=1 - beta2)
+
+
 OPTIMIZERS = {
     "adam": (fused_amp.optim.Adam, torch.optim.Adam, dict(lr=1e-3)),
     "adamw": (fused_amp.optim.AdamW, torch.optim.AdamW, dict(lr=1e-3, weight_decay=1e-2)),
     "sgd": (fused_amp.optim.SGD, torch.optim.SGD, dict(lr=1e-3, momentum=0.9)),
+    "lion": (fused_amp.optim.Lion, ForeachLion, dict(lr=1e-4, weight_decay=1e-2)),
 }
 INIT_SCALE = 1024.0  # small enough that scaled fp16 grads stay finite
 # fused_amp's optimizer settings in every suite: the default, torch's behaviour (p.grad left

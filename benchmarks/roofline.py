@@ -15,6 +15,9 @@ BYTES_PER_PARAM = {
     ("sgd", "bfloat16"): 20, ("sgd", "float16"): 20,
     # ... with fp32 params: read g 4, p 4, buf 4; write p 4, buf 4
     ("sgd", "float32"): 20,
+    # Lion, half p/g: read g 2, master 4, m 4; write master 4, m 4, p 2 (fp32 params: g 4, p 4,
+    # m 4 read; p 4, m 4 written)
+    ("lion", "bfloat16"): 20, ("lion", "float16"): 20, ("lion", "float32"): 20,
     # Adam with gradient clipping: the global norm must be known before any update, so the grads
     # are read once more (half 2, fp32 4) before the fused update above
     ("adam_clip", "bfloat16"): 30, ("adam_clip", "float16"): 30, ("adam_clip", "float32"): 32,

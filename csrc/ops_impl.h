@@ -8,6 +8,7 @@
 //   static void update_scale(const core::ScaleTensors&, const ops::ScaleUpdateArgs&);
 //   static void adam(const core::AdamArgs&);
 //   static void sgd(const core::SgdArgs&);
+//   static void lion(const core::LionArgs&);
 // register.cpp registers Entry<cpu::Device> for CPU, cuda/cuda_ops.cpp Entry<cuda::Device> for
 // CUDA. Argument meanings: the schemas in register.cpp.
 #include <ATen/core/List.h>
@@ -163,6 +164,31 @@ struct Entry {
     staging.copy_back();
     bump_step_versions(a.tensors, params, grads, master_params, {momentum_buffers}, state_absmaxes, steps);
   }
+
+  static void lion_step_(at::TensorList params, at::TensorList grads,
+                         const c10::List<std::optional<at::Tensor>>& master_params,
+                         at::TensorList exp_avgs, at::TensorList steps,
+                         const c10::List<std::optional<at::Tensor>>& state_absmaxes, double lr,
+                         const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,
+                         double weight_decay, bool maximize, const std::optional<at::Tensor>& inv_scale,
+                         const std::optional<at::Tensor>& found_inf,
+                         const std::optional<at::Tensor>& grad_norm,
+                         std::optional<double> max_grad_norm,
+                         std::optional<int64_t> rounding_seed, bool unscale_grads,
+                         bool check_only) {
+    BelowAutograd below;
+    core::Staging staging;
+    const core::LionArgs a{
+        core::validate_step("lion_step_", params, grads, master_params, exp_avgs, "exp_avgs", {}, nullptr,
+                            {}, nullptr, false, state_absmaxes, steps, true, lr, lr_tensor, inv_scale,
+                            found_inf, grad_norm, max_grad_norm, rounding_seed, unscale_grads,
+                            check_only ? nullptr : &staging),
+        {beta1, beta2, weight_decay, maximize}};
+    if (check_only || params.empty()) return;
+    Device::lion(a);
+    staging.copy_back();
+    bump_step_versions(a.tensors, params, grads, master_params, {exp_avgs}, state_absmaxes, steps);
+  }
 };
 
 // Registers the Entry of `Device` for the dispatch key of `m` (a TORCH_LIBRARY_IMPL block).
@@ -174,6 +200,7 @@ void register_entries(torch::Library& m) {
   m.impl("update_scale_", &Entry<Device>::update_scale_);
   m.impl("adam_step_", &Entry<Device>::adam_step_);
   m.impl("sgd_step_", &Entry<Device>::sgd_step_);
+  m.impl("lion_step_", &Entry<Device>::lion_step_);
 }
 
 namespace cpu {
@@ -184,6 +211,7 @@ struct Device {
   static void update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args);
   static void adam(const core::AdamArgs& a);
   static void sgd(const core::SgdArgs& a);
+  static void lion(const core::LionArgs& a);
 };
 }  // namespace cpu
 
@@ -197,6 +225,7 @@ struct Device {
   static void update_scale(const core::ScaleTensors&, const ops::ScaleUpdateArgs&) {}
   static void adam(const core::AdamArgs&) {}
   static void sgd(const core::SgdArgs&) {}
+  static void lion(const core::LionArgs&) {}
 };
 }  // namespace meta
 
@@ -208,6 +237,7 @@ struct Device {
   static void update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args);
   static void adam(const core::AdamArgs& a);
   static void sgd(const core::SgdArgs& a);
+  static void lion(const core::LionArgs& a);
 };
 }  // namespace cuda
 

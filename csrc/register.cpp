@@ -36,6 +36,12 @@ constexpr const char* kSchemas[] = {
     "float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
     "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
     "float? max_grad_norm=None, int? rounding_seed=None, bool unscale_grads=True, "
+    "bool check_only=False) -> ()",
+    "lion_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
+    "Tensor(c!)[] exp_avgs, Tensor(d!)[] steps, *, Tensor(h!)?[] state_absmaxes, float lr, "
+    "Tensor? lr_tensor=None, float beta1, float beta2, float weight_decay, bool maximize, "
+    "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
+    "float? max_grad_norm=None, int? rounding_seed=None, bool unscale_grads=True, "
     "bool check_only=False) -> ()"};
 
 void define_ops(torch::Library& m) {
@@ -78,7 +84,7 @@ void reject_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 void register_sparse_rejection(torch::Library& m) {
   for (const char* op : {"unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "adam_step_",
-                         "sgd_step_"}) {
+                         "sgd_step_", "lion_step_"}) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&reject_sparse>());
   }
 }

@@ -63,6 +63,64 @@ def _check_optimizer(optimizer, dtype, names) -> List[Finding]:
 _EPS_NAMES = ("eps", "epsilon", "variance_epsilon")
 
 
+# optimizers whose updates are about lr in size whatever the grad's scale (normalized or signed)
+_UPDATE_ABOUT_LR = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Lion")
+_MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, "24-bit": 15}
+
+
+def _applied_in(optimizer, group, p, dtype):
+    """The precision a param's update is really applied in: a half dtype (no masters), "24-bit"
+    (24-bit masters rounded to nearest), or None (fp32 masters or math, or stochastic rounding,
+    which keeps small updates in expectation)."""
+    from fused_amp.optim import _memory
+    from fused_amp.optim._base import MasterWeightOptimizer
+    pdtype = p.dtype if p.dtype in _HALF else (dtype if p.is_floating_point() else None)
+    if pdtype not in _HALF:
+        return None
+    if isinstance(optimizer, MasterWeightOptimizer):
+        kind = _memory.master_kind(group)
+        if kind == "remainder8" and not _memory.stochastic(group):
+            return "24-bit"
+        return pdtype if kind is None else None
+    return pdtype if type(optimizer).__module__.startswith("torch.optim") else None
+
+
+def _check_vanishing_updates(optimizer, dtype, names) -> List[Finding]:
+    """Params whose updates round away: an optimizer whose update is about lr (Adam's family,
+    Lion) where lr is below half an ulp of the weight in the precision the update is applied in
+    (the seed's Remark 2: a small number added to a large one in half precision does nothing).
+    E.g. AdamW at lr 1e-5 on bf16 weights of about 1.0, whose ulp is 2^-7."""
+    if type(optimizer).__name__ not in _UPDATE_ABOUT_LR:
+        return []
+    out = []
+    for i, group in enumerate(optimizer.param_groups):
+        lr = float(group["lr"])
+        for p in group["params"]:
+            precision = _applied_in(optimizer, group, p, dtype)
+            if precision is None or p.numel() == 0 or lr == 0.0:
+                continue
+            w = p.detach().to(torch.float32 if precision == "24-bit" else precision).float().abs()
+            # half an ulp of |w| = mantissa * 2^e (mantissa in [0.5, 1)): 2^(e - 2 - bits)
+            _, exponent = torch.frexp(w)
+            half_ulp = torch.ldexp(torch.ones_like(w), exponent - 2 - _MANTISSA_BITS[precision])
+            lost = (w > 0) & (half_ulp > lr)
+            share = lost.float().mean().item()
+            if share == 0.0:
+                continue
+            typical = w[lost].median().item()
+            ulp = 2.0 * torch.ldexp(torch.ones(()), torch.frexp(torch.tensor(typical))[1] - 2
+                                    - _MANTISSA_BITS[precision]).item()
+            where = f"{type(optimizer).__name__} param group {i} ({names.get(p, 'a param')})"
+            fix = ("use stochastic rounding (stochastic_rounding=None or True) or master_weights=True"
+                   if precision == "24-bit" else "keep fp32 masters: fused_amp.optim with master_weights=True")
+            out.append(Finding(
+                "update-vanishes", where, lr,
+                f"{share:.0%} of its elements have half an ulp above lr in {precision} (the ulp at "
+                f"their median |w| {typical:.3g} is {ulp:.3g}): updates of about lr round away and "
+                "those weights never change", fix))
+    return out
+
+
 def _check_constants(model, dtype) -> List[Finding]:
     """Modules holding an eps that is 0 in ``dtype``, found by running them: a copy of the
     module in ``dtype`` on an all-zero input (the input where a vanished eps divides by zero)
@@ -146,7 +204,11 @@ def check_model(model: torch.nn.Module, dtype: torch.dtype = torch.float16,
     value, what goes wrong and what to do, and prints as one line.
 
     * ``optimizer`` (optional): a torch optimizer that would update fp16/bf16 params in that
-      dtype, without fp32 masters, with an eps that is 0 there (0/0 = NaN where a grad is 0).
+      dtype, without fp32 masters, with an eps that is 0 there (0/0 = NaN where a grad is 0);
+      and updates that vanish: an optimizer whose update is about lr (Adam's family, Lion;
+      torch's, or ours without masters or with 24-bit masters rounded to nearest) on weights
+      whose half ulp, in the precision the update is applied in, is above lr (the share of each
+      param's elements, lr, the ulp, and the fix).
     * params and buffers beyond the dtype's range (inf once cast).
     * modules with an ``eps`` (``epsilon``, ``variance_epsilon``) that is 0 in the dtype and
       that really compute in it: run in the dtype on a zero input, they give NaN/inf where
@@ -159,7 +221,7 @@ def check_model(model: torch.nn.Module, dtype: torch.dtype = torch.float16,
     names = {p: n for n, p in model.named_parameters()}
     findings = _check_values(model, dtype) + _check_constants(model, dtype)
     if optimizer is not None:
-        findings += _check_optimizer(optimizer, dtype, names)
+        findings += _check_optimizer(optimizer, dtype, names) + _check_vanishing_updates(optimizer, dtype, names)
     if example_input is not None and init_scale is not None:
         findings += _check_first_backward(model, dtype, example_input, loss_fn, init_scale)
     return findings

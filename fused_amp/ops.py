@@ -5,7 +5,8 @@ import torch
 
 from fused_amp import _fake
 
-__all__ = ["unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "adam_step_", "sgd_step_"]
+__all__ = ["unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "adam_step_", "sgd_step_",
+           "lion_step_"]
 
 _ops = torch.ops.fused_amp
 
@@ -166,6 +167,36 @@ def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
                    inv_scale=inv_scale, found_inf=found_inf, grad_norm=grad_norm,
                    max_grad_norm=max_grad_norm, rounding_seed=rounding_seed,
                    unscale_grads=unscale_grads, check_only=check_only)
+
+
+
+def lion_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
+               master_params: List[Optional[torch.Tensor]], exp_avgs: List[torch.Tensor],
+               steps: List[torch.Tensor], *, lr: float, lr_tensor: Optional[torch.Tensor] = None,
+               state_absmaxes: Optional[List[Optional[torch.Tensor]]] = None, beta1: float,
+               beta2: float, weight_decay: float, maximize: bool,
+               inv_scale: Optional[torch.Tensor] = None, found_inf: Optional[torch.Tensor] = None,
+               grad_norm: Optional[torch.Tensor] = None, max_grad_norm: Optional[float] = None,
+               rounding_seed: Optional[int] = None, unscale_grads: bool = True,
+               check_only: bool = False) -> None:
+    """One fused Lion step over all params; see ``fused_amp.optim.Lion`` for the rule.
+
+    ``exp_avgs`` (fp32, bf16, or uint8 codes with the signed map and one absmax row in
+    ``state_absmaxes``) and ``steps`` (counted; stochastic rounding's bits follow them) are
+    required. Masters, ``inv_scale``, ``found_inf``, ``grad_norm``, ``max_grad_norm``,
+    ``rounding_seed``, ``unscale_grads`` and ``check_only`` as in :func:`adam_step_`.
+    """
+    op = "lion_step_"
+    lists = [_tensors(op, "params", params), _tensors(op, "grads", grads),
+             _tensors(op, "master_params", master_params), _tensors(op, "exp_avgs", exp_avgs),
+             _tensors(op, "steps", steps)]
+    absmaxes = _tensors(op, "state_absmaxes", state_absmaxes or [])
+    if _no_tensors(*lists, absmaxes, lr_tensor, inv_scale, found_inf, grad_norm):
+        return
+    _ops.lion_step_(*lists, state_absmaxes=absmaxes, lr=lr, lr_tensor=lr_tensor, beta1=beta1,
+                    beta2=beta2, weight_decay=weight_decay, maximize=maximize, inv_scale=inv_scale,
+                    found_inf=found_inf, grad_norm=grad_norm, max_grad_norm=max_grad_norm,
+                    rounding_seed=rounding_seed, unscale_grads=unscale_grads, check_only=check_only)
 
 
 _fake.register(__all__)

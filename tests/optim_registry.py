@@ -5,7 +5,8 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from fused_amp.optim import SGD, Adam, AdamW
+from fused_amp.optim import SGD, Adam, AdamW, Lion
+from reference_optim import ReferenceLion
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,11 @@ OPTIMIZERS: List[OptimEntry] = [
         dict(lr=1e-2, momentum=0.9, nesterov=True),
         dict(lr=1e-2, momentum=0.9, dampening=0.1, weight_decay=1e-2),
         dict(lr=1e-2, momentum=0.5, maximize=True),
+    )),
+    # torch has no Lion: the reference is written from the paper in tests/reference_optim.py
+    OptimEntry(Lion, ReferenceLion, (
+        dict(lr=1e-3),
+        dict(lr=1e-3, betas=(0.95, 0.98), weight_decay=0.1, maximize=True),
     )),
 ]
 

@@ -17,13 +17,17 @@ def test_healthy_models_give_no_findings():
         model = mlp()
         assert fused_amp.check_model(model, dtype) == []
         assert fused_amp.check_model(model, dtype, fused_amp.optim.AdamW(model.parameters())) == []
-        assert fused_amp.check_model(model, dtype, torch.optim.Adam(model.parameters(), fused=True)) == []
         assert fused_amp.check_model(model, dtype, torch.optim.SGD(model.parameters(), lr=0.1)) == []
         assert fused_amp.check_model(model, dtype, example_input=torch.randn(4, 8), init_scale=2.0 ** 16,
                                      loss_fn=lambda out: out.float().pow(2).mean()) == []
-    # eps 1e-8 is representable in bf16: no finding there (and LayerNorm's eps is never one)
-    model = mlp().bfloat16()
-    assert fused_amp.check_model(model, torch.bfloat16, torch.optim.Adam(model.parameters())) == []
+    assert fused_amp.check_model(model, torch.float16, torch.optim.Adam(model.parameters(), fused=True)) == []
+    # torch's Adam at its default lr 1e-3 on bf16 weights: the LayerNorm gains (1.0, half a bf16
+    # ulp 2^-8 above lr) never move, the one finding; eps 1e-8 is representable in bf16 (and
+    # LayerNorm's eps is never one)
+    for fused in (True, False):
+        model = mlp().bfloat16() if not fused else mlp()
+        findings = fused_amp.check_model(model, torch.bfloat16, torch.optim.Adam(model.parameters(), fused=fused))
+        assert [(f.kind, "1.weight" in f.where) for f in findings] == [("update-vanishes", True)]
 
 
 def test_eps_that_vanishes_in_fp16_is_found_and_torch_really_gives_nan():
@@ -116,3 +120,39 @@ def test_torchs_norm_layers_compute_in_fp32_and_are_never_reported():
     with torch.no_grad():
         for layer in list(model)[1:4]:
             assert torch.isfinite(layer.half()(torch.zeros(2, 16).half())).all()
+
+
+def test_updates_that_vanish_are_found_and_torch_really_stalls():
+    """torch's AdamW at lr 1e-5 on bf16 weights of N(0, 1): each update is about lr, below half
+    a bf16 ulp for every |w| above 2^-8 (nearly all): the finding names the share, and 100 steps
+    of torch's AdamW leave those weights exactly as they were. fp32 masters (ours) are healthy;
+    24-bit masters are flagged to nearest only (stochastic rounding keeps the updates)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64, bias=False)).bfloat16()
+    with torch.no_grad():
+        model[0].weight.normal_()
+    before = model[0].weight.detach().clone()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+    findings = [f for f in fused_amp.check_model(model, torch.bfloat16, opt) if f.kind == "update-vanishes"]
+    assert len(findings) == 1 and "0.weight" in findings[0].where and findings[0].value == 1e-5
+    w = before.float().abs()
+    lost = (w > 0) & (torch.ldexp(torch.ones_like(w), torch.frexp(w)[1] - 9) > 1e-5)
+    assert f"{lost.float().mean().item():.0%} of its elements" in findings[0].problem
+    assert lost.float().mean() > 0.95
+    for _ in range(100):
+        opt.zero_grad()
+        model(torch.randn(8, 64).bfloat16()).float().pow(2).mean().backward()
+        opt.step()
+    after = model[0].weight.detach()
+    assert torch.equal(after[lost], before[lost])  # the stall, for real
+    assert not torch.equal(after[~lost], before[~lost])  # the tiny weights do move
+    ours = fused_amp.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)
+    assert not [f for f in fused_amp.check_model(model, torch.bfloat16, ours) if f.kind == "update-vanishes"]
+    nearest = fused_amp.optim.AdamW(model.parameters(), lr=1e-5, master_weights="remainder8",
+                                    stochastic_rounding=False)
+    found = [f for f in fused_amp.check_model(model, torch.bfloat16, nearest) if f.kind == "update-vanishes"]
+    assert len(found) == 1 and "24-bit" in found[0].problem and "stochastic" in found[0].fix
+    stochastic = fused_amp.optim.AdamW(model.parameters(), lr=1e-5, master_weights="remainder8")
+    assert not [f for f in fused_amp.check_model(model, torch.bfloat16, stochastic) if f.kind == "update-vanishes"]
+    plain = fused_amp.optim.AdamW(model.parameters(), lr=1e-5, master_weights=False)
+    assert [f for f in fused_amp.check_model(model, torch.bfloat16, plain) if f.kind == "update-vanishes"]

@@ -199,6 +199,43 @@ def test_sgd_matches_cpu_op(sim, large, momentum, nesterov, master, state_dtype,
             assert torch.equal(params[i], masters[i].bfloat16())
 
 
+@pytest.mark.parametrize("large", [0, 1])
+@pytest.mark.parametrize("dtype,master,state_dtype,stochastic", [
+    (torch.float32, False, torch.float32, False), (torch.bfloat16, True, torch.float32, False),
+    (torch.float16, True, torch.bfloat16, True), (torch.bfloat16, "remainder", torch.bfloat16, True),
+    (torch.bfloat16, "remainder8", torch.float32, True)])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_lion_matches_cpu_op(sim, large, dtype, master, state_dtype, stochastic, aligned):
+    """Lion's kernel against the CPU op: the sign makes any difference in the math a whole lr, so
+    everything is compared bit for bit."""
+    gen = torch.Generator().manual_seed(4)
+    params, grads, masters = optimizer_lists(dtype, master, gen, aligned)
+    m = [torch.zeros(p.shape, dtype=state_dtype) for p in params]
+    steps = [torch.zeros(1) for _ in params]
+    ref_params, ref_grads = [p.clone() for p in params], [g.clone() for g in grads]
+    ref_masters = [x.clone() if x is not None else None for x in masters]
+    ref_m, ref_steps = [t.clone() for t in m], [t.clone() for t in steps]
+    seed = 77 if stochastic else None
+    inv = torch.tensor([0.5])
+    hyper = (ctypes.c_double * 3)(0.9, 0.99, 0.1)
+    for maximize in (0, 1, 0):
+        flags = (ctypes.c_int * 1)(maximize)
+        rows = [[p, g, x, a, s] for p, g, x, a, s in zip(params, grads, masters, m, steps)]
+        sim.fa_sim_lion(kind(dtype, master, state_dtype), len(params), ptr_array(rows), numel_array(params),
+                        hyper, flags, ctypes.c_double(1e-2), fptr(inv), None, 1, None, ctypes.c_float(0),
+                        int(stochastic), ctypes.c_int64(seed or 0), large)
+        ops.lion_step_(ref_params, ref_grads, ref_masters if master else [], ref_m, ref_steps, lr=1e-2,
+                       beta1=0.9, beta2=0.99, weight_decay=0.1, maximize=bool(maximize), inv_scale=inv,
+                       rounding_seed=seed)
+    for i in range(len(params)):
+        assert_bitwise_equal(params[i], ref_params[i], f"param {i}")
+        assert_bitwise_equal(grads[i], ref_grads[i], f"grad {i}")
+        assert_bitwise_equal(m[i], ref_m[i], f"exp_avg {i}")
+        if master:
+            assert_bitwise_equal(masters[i], ref_masters[i], f"master {i}")
+        assert steps[i].item() == ref_steps[i].item() == 3.0
+
+
 def test_overflow_step_changes_nothing(sim):
     gen = torch.Generator().manual_seed(3)
     params, grads, masters = optimizer_lists(torch.float16, True, gen, aligned=True)

@@ -8,6 +8,7 @@
 
 #include "core/validate.h"
 #include "ops/adam.h"
+#include "ops/lion.h"
 #include "ops/sgd.h"
 #include "ops/update_scale.h"
 
@@ -20,9 +21,9 @@ struct StepTensors {
   // exp_avg_sq, max_exp_avg_sq (Adam) or momentum_buffer (SGD); undefined for other state.
   std::vector<at::Tensor> absmaxes;
   // masters[i] is undefined where params[i] is updated in place, fp32 for a master, int16 for the
-  // remainder of a bf16 param, uint8 for the byte of a 24-bit master (ops/rounding.h); states_* and aux follow the op: Adam: exp_avgs,
-  // exp_avg_sqs, max_exp_avg_sqs (amsgrad); SGD: momentum_buffers in aux. A param's state
-  // tensors are all fp32 or all bf16.
+  // remainder of a bf16 param, uint8 for the byte of a 24-bit master (ops/rounding.h); states_*
+  // and aux follow the op: Adam: exp_avgs, exp_avg_sqs, max_exp_avg_sqs (amsgrad); SGD:
+  // momentum_buffers in aux; Lion: exp_avgs. A param's state tensors are all fp32 or all bf16.
   std::optional<at::Tensor> lr_tensor, inv_scale, found_inf;
   // With grad_norm (the total norm of the unscaled grads) the grads are clipped in the step:
   // multiplied by ops::clip_coef(grad_norm, max_grad_norm) on top of inv_scale.
@@ -80,6 +81,10 @@ struct SgdArgs {
   StepTensors tensors;
   ops::SgdHyper hyper;
   bool has_momentum;  // momentum buffers and step counts are kept only with momentum
+};
+struct LionArgs {
+  StepTensors tensors;
+  ops::LionHyper hyper;
 };
 
 }  // namespace fused_amp::core

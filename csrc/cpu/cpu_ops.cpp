@@ -249,4 +249,15 @@ void Device::sgd(const core::SgdArgs& a) {
   increment_steps(s);
 }
 
+void Device::lion(const core::LionArgs& a) {
+  const core::StepTensors& s = a.tensors;
+  if (skip_step(s)) return;
+  const float mult = step_grad_mult(s);
+  // no step-dependent terms: one set of coefficients for every param
+  const std::vector<ops::LionCoeffs> coeffs(s.params.size(), ops::lion_coeffs(a.hyper, step_lr(s), mult));
+  const Loops& k = loops();
+  update_all(s, mult, coeffs, round_keys_of(s), k.lion_float, k.lion_half, k.lion_bfloat16);
+  increment_steps(s);
+}
+
 }  // namespace fused_amp::cpu

@@ -9,6 +9,7 @@
 
 #include "ops/adam.h"
 #include "ops/grad_norm.h"
+#include "ops/lion.h"
 #include "ops/sgd.h"
 
 namespace fused_amp::cpu {
@@ -18,7 +19,7 @@ namespace fused_amp::cpu {
 // `remainder` or its 8-bit `remainder8` (a 24-bit master; ops/rounding.h) when given, else the
 // param itself (fp32 params, or half params with master_weights=False). The state (exp_avg,
 // exp_avg_sq; `aux`: max_exp_avg_sq for Adam, null without amsgrad, the momentum buffer for SGD,
-// null without momentum) is fp32 or bf16, as the loop's state type says; bf16 state and 24-bit
+// null without momentum; Lion: exp_avg only) is fp32 or bf16, as the loop's state type says; bf16 state and 24-bit
 // masters round to nearest even, or with `stochastic` by the random bits of `round_key`. With
 // `write_grad` the grad is left unscaled (grad * inv_scale), as torch's fused steps leave it.
 // 8-bit state (ops/quantize.h) holds codes in the state pointers and its blocks' absmax in
@@ -70,6 +71,9 @@ struct Loops {
   void (*sgd_float[kStateTypes])(const UpdateRange<float>&, const ops::SgdCoeffs&);
   void (*sgd_half[kStateTypes])(const UpdateRange<c10::Half>&, const ops::SgdCoeffs&);
   void (*sgd_bfloat16[kStateTypes])(const UpdateRange<c10::BFloat16>&, const ops::SgdCoeffs&);
+  void (*lion_float[kStateTypes])(const UpdateRange<float>&, const ops::LionCoeffs&);
+  void (*lion_half[kStateTypes])(const UpdateRange<c10::Half>&, const ops::LionCoeffs&);
+  void (*lion_bfloat16[kStateTypes])(const UpdateRange<c10::BFloat16>&, const ops::LionCoeffs&);
 };
 
 namespace DEFAULT { const Loops& loops(); }

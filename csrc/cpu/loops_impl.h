@@ -17,6 +17,7 @@
 // The op templates must come after the vector spellings to see them.
 #include "cpu/loops.h"
 #include "ops/grad_norm.h"
+#include "ops/lion.h"
 #include "ops/quantize.h"
 #include "ops/rounding.h"
 #include "ops/unscale.h"
@@ -54,6 +55,9 @@ const Loops& loops() {
       {sgd_range<float, float>, sgd_range<float, BF16>, sgd_range_q8<float>},
       {sgd_range<c10::Half, float>, sgd_range<c10::Half, BF16>, sgd_range_q8<c10::Half>},
       {sgd_range<BF16, float>, sgd_range<BF16, BF16>, sgd_range_q8<BF16>},
+      {lion_range<float, float>, lion_range<float, BF16>, lion_range_q8<float>},
+      {lion_range<c10::Half, float>, lion_range<c10::Half, BF16>, lion_range_q8<c10::Half>},
+      {lion_range<BF16, float>, lion_range<BF16, BF16>, lion_range_q8<BF16>},
   };
   return table;
 }

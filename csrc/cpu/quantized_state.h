@@ -219,3 +219,10 @@ void sgd_range_q8(const UpdateRange<T>& r, const ops::SgdCoeffs& c) {
   const QuantizedState states[1] = {quantized_state(r, 2, 0, true)};
   quantized_blocks(r, states, r.aux ? 1 : 0, [&](const UpdateRange<T>& sub) { sgd_range<T, float>(sub, c); });
 }
+
+// Lion: exp_avg signed, row 0.
+template <typename T>
+void lion_range_q8(const UpdateRange<T>& r, const ops::LionCoeffs& c) {
+  const QuantizedState states[1] = {quantized_state(r, 0, 0, true)};
+  quantized_blocks(r, states, 1, [&](const UpdateRange<T>& sub) { lion_range<T, float>(sub, c); });
+}

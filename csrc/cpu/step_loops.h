@@ -1,4 +1,4 @@
-// The optimizer step loops (Adam, SGD) over one range, for fp32 and bf16 state: the fp32 value
+// The optimizer step loops (Adam, SGD, Lion) over one range, for fp32 and bf16 state: the fp32 value
 // of the param and its storage (load_value/store_value), the state's storage (store_state2),
 // the vector and scalar paths of one range. Part of cpu/loops_impl.h.
 // ---- the step loops ----------------------------------------------------------------------
@@ -295,5 +295,38 @@ void sgd_range(const UpdateRange<T>& r, const ops::SgdCoeffs& c) {
         if (!buf) return;
         const uint32_t bits = r.stochastic ? ops::rounding_bits(r.round_key, r.first + i) : 0u;
         set_state_at(buf, i, b, r.stochastic, bits & 0xffffu);
+      });
+}
+
+template <typename T, typename S>
+FA_VECTOR_LOOP void lion_vectors(const UpdateRange<T> r, const ops::LionCoeffs c, int64_t begin, int64_t end,
+                                 bool stream) {
+  S* const m = static_cast<S*>(r.exp_avg);
+  const ExponentShift shift = exponent_shift_of<T>(c.inv_scale, r.write_grad);
+  for (int64_t i = begin; i < end; i += kStep<T>) {
+    VecF p0, p1, g0, g1, m0, m1;
+    load_value(r, i, p0, p1);
+    load2(r.grad + i, g0, g1);
+    load2(m + i, m0, m1);
+    store_unscaled_grad(r, i, g0, g1, c.inv_scale, shift);
+    ops::lion_update(p0, g0, m0, c);
+    ops::lion_update(p1, g1, m1, c);
+    store_value(r, i, p0, p1, stream);
+    U32 bits[4];
+    store_state2(m + i, m0, m1, vector_rounding_bits(r, i, bits));
+  }
+}
+
+template <typename T, typename S>
+void lion_range(const UpdateRange<T>& r, const ops::LionCoeffs& c) {
+  S* const m = static_cast<S*>(r.exp_avg);
+  update_range(
+      r, [&](int64_t begin, int64_t end, bool stream) { lion_vectors<T, S>(r, c, begin, end, stream); },
+      [&](int64_t i) {
+        float p = value_at(r, i), mi = state_at(m, i);
+        ops::lion_update(p, grad_at(r, i, c.inv_scale), mi, c);
+        set_value_at(r, i, p);
+        const uint32_t bits = r.stochastic ? ops::rounding_bits(r.round_key, r.first + i) : 0u;
+        set_state_at(m, i, mi, r.stochastic, bits & 0xffffu);
       });
 }

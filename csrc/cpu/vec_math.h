@@ -10,6 +10,11 @@ static inline VecF max_(const VecF& a, const VecF& b) { return at::vec::maximum(
 static inline VecF fma_(const VecF& a, const VecF& b, const VecF& c) { return at::vec::fmadd(a, b, c); }
 static inline VecD fma_(const VecD& a, const VecD& b, const VecD& c) { return at::vec::fmadd(a, b, c); }
 static inline VecF abs_(const VecF& x) { return x.abs(); }
+// torch.sign: -1, 0 or 1; NaN stays NaN
+static inline VecF sign_(const VecF& x) {
+  const VecF s = ((x > VecF(0.f)) & VecF(1.f)) - ((x < VecF(0.f)) & VecF(1.f));
+  return VecF::blendv(s, x, x.isnan());
+}
 static inline VecD abs_(const VecD& x) { return x.abs(); }
 // at::vec::maximum propagates NaN, as the norm's max must
 static inline VecF nan_max_(const VecF& a, const VecF& b) { return at::vec::maximum(a, b); }

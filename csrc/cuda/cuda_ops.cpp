@@ -183,6 +183,21 @@ void Device::sgd(const core::SgdArgs& a) {
           cudaStream_t stream) { cuda::sgd(kind, list, a.hyper, s, stream); });
 }
 
+
+
+void Device::lion(const core::LionArgs& a) {
+  const core::StepTensors& st = a.tensors;
+  optimizer_step(
+      st,
+      [&](size_t i) {
+        return ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), ptr_or_null(st.masters, i),
+                        st.states_a[i].data_ptr(), st.steps[i].data_ptr()},
+                       st.params[i].numel());
+      },
+      [&](const StepKind& kind, const std::vector<TensorPtrs>& list, const StepScalars& s,
+          cudaStream_t stream) { cuda::lion(kind, list, a.hyper, s, stream); });
+}
+
 }  // namespace fused_amp::cuda
 
 TORCH_LIBRARY_IMPL(fused_amp, CUDA, m) { fused_amp::register_entries<fused_amp::cuda::Device>(m); }

@@ -12,6 +12,7 @@
 
 #include "ops/adam.h"
 #include "ops/grad_norm.h"
+#include "ops/lion.h"
 #include "ops/sgd.h"
 #include "ops/update_scale.h"
 
@@ -72,15 +73,20 @@ struct StepKind {
 };
 
 // Lists per tensor, in this order: Adam: param, grad, master, exp_avg, exp_avg_sq,
-// max_exp_avg_sq, step; SGD: param, grad, master, momentum_buffer, step. All params share
-// the kind's dtypes; master (and the optional lists) are null where absent.
+// max_exp_avg_sq, step; SGD: param, grad, master, momentum_buffer, step; Lion: param, grad,
+// master, exp_avg, step. All params share the kind's dtypes; master (and the optional lists) are
+// null where absent.
 enum AdamList { kParam = 0, kGrad, kMasterList, kExpAvg, kExpAvgSq, kMaxExpAvgSq, kAdamStep };
 enum SgdList { kMomentumBuffer = 3, kSgdStep };
+// Lion: param, grad, master, exp_avg, step.
+enum LionList { kLionExpAvg = 3, kLionStep };
 
 void adam(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::AdamHyper& h,
           const StepScalars& s, cudaStream_t stream);
 void sgd(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::SgdHyper& h,
          const StepScalars& s, cudaStream_t stream);
+void lion(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::LionHyper& h,
+          const StepScalars& s, cudaStream_t stream);
 
 // steps[i] += 1 unless found_inf is nonzero; runs after the update that read the old steps.
 void increment_steps(const std::vector<TensorPtrs>& steps, const float* found_inf,

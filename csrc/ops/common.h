@@ -18,6 +18,8 @@ FA_HD float sqrt_(float x) { return sqrtf(x); }
 FA_HD float max_(float a, float b) { return a < b ? b : a; }
 FA_HD float abs_(float x) { return fabsf(x); }
 FA_HD double abs_(double x) { return fabs(x); }
+// torch.sign: -1, 0 or 1; NaN stays NaN
+FA_HD float sign_(float x) { return x > 0.f ? 1.f : (x < 0.f ? -1.f : (x == x ? 0.f : x)); }
 #if defined(FUSED_AMP_NO_FMA)
 // The portable CPU build: the processor may lack FMA, and at::vec's portable fmadd (like torch's
 // own portable kernels) rounds a * b + c twice; the scalar path does the same.

@@ -6,6 +6,7 @@
 #include "cuda/norm.cu"
 #include "cuda/adam.cu"
 #include "cuda/sgd.cu"
+#include "cuda/lion.cu"
 
 using namespace fused_amp::cuda;
 
@@ -87,6 +88,23 @@ void fa_sim_sgd(const int* kind, int n, void** ptrs, const int64_t* numels,
   for (int i = 0; i < n; ++i) {
     if (list[i].p[kSgdStep]) steps.push_back(TensorPtrs{{list[i].p[kSgdStep]}, 1});
   }
+  increment_steps(steps, found_inf, nullptr);
+}
+
+// Lion: hyper = (beta1, beta2, weight_decay), flags = (maximize).
+void fa_sim_lion(const int* kind, int n, void** ptrs, const int64_t* numels, const double* hyper,
+                 const int* flags, double lr, const float* inv_scale, const float* found_inf,
+                 int write_grads, const float* grad_norm, float max_grad_norm, int stochastic,
+                 int64_t seed, int large) {
+  fused_amp_sim_large_args = large;
+  const fused_amp::ops::LionHyper h{hyper[0], hyper[1], hyper[2], flags[0] != 0};
+  const auto list = tensors_of(n, 5, ptrs, numels);
+  lion(step_kind(kind), list, h,
+       {lr, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
+        stochastic != 0, seed},
+       nullptr);
+  std::vector<TensorPtrs> steps(n);
+  for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kLionStep]}, 1};
   increment_steps(steps, found_inf, nullptr);
 }
 

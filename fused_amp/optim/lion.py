@@ -1,0 +1,77 @@
+"""Lion with fp32 master weights, one fused pass per step."""
+from typing import Optional, Tuple, Union
+
+import torch
+
+from fused_amp import ops
+from fused_amp.optim._base import MasterWeightOptimizer, check_torch_flags
+
+
+class Lion(MasterWeightOptimizer):
+    r"""Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms", Algorithm 2) with
+    fp32 master weights, in one fused multi-tensor pass per step. The update of each step
+    (grads unscaled by the GradScaler's :math:`1/s` inside the same pass):
+
+    .. math::
+        g &\leftarrow \pm g / s \;(-\text{ when maximize}) \qquad
+        c \leftarrow \beta_1 m + (1-\beta_1) g \\
+        \theta &\leftarrow \theta (1 - \gamma\lambda) - \gamma\,\mathrm{sign}(c) \qquad
+        m \leftarrow \beta_2 m + (1-\beta_2) g
+
+    with decoupled weight decay :math:`\lambda` as in the paper (and lion-pytorch, bitsandbytes),
+    :math:`\mathrm{sign}(0) = 0` as ``torch.sign``; the moment is ``state[p]["exp_avg"]``. Each
+    operation rounds once in fp32, as the same steps written with torch's tensor ops round.
+
+    Args:
+        params: iterable of parameters or dicts defining parameter groups.
+        lr (float or Tensor): learning rate (default: 1e-4; Lion's updates have size lr, so it
+            is usually 3-10x smaller than AdamW's).
+        betas: the interpolation of the update direction and the decay of the moment
+            (default: (0.9, 0.99)).
+        weight_decay (float): decoupled weight decay (default: 0).
+        maximize (bool): maximize the objective instead of minimizing (default: False).
+        foreach, fused, capturable, differentiable: accepted as by :class:`fused_amp.optim.Adam`.
+        master_weights, state_dtype, stochastic_rounding, rounding_seed, min_8bit_size,
+        unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`
+            (``state_dtype`` applies to ``exp_avg``; 8-bit: the signed map).
+    """
+
+    def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-4,
+                 betas: Tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0, *,
+                 maximize: bool = False, foreach: Optional[bool] = None, capturable: bool = False,
+                 differentiable: bool = False, fused: Optional[bool] = None,
+                 master_weights: Union[bool, str] = True, unscale_grads: bool = True,
+                 max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
+                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
+                 rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
+        # the checks and messages of torch's optimizers
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not 0.0 <= betas[0] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
+        if not 0.0 <= betas[1] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
+        if not 0.0 <= weight_decay:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        check_torch_flags(type(self).__name__, foreach, fused, differentiable)
+        defaults = dict(lr=lr, betas=tuple(betas[:2]), weight_decay=weight_decay, maximize=maximize,
+                        foreach=foreach, capturable=capturable, differentiable=differentiable,
+                        fused=fused, master_weights=master_weights, unscale_grads=unscale_grads,
+                        state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
+                        rounding_seed=rounding_seed, min_8bit_size=min_8bit_size)
+        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
+
+    _group_defaults = dict(MasterWeightOptimizer._group_defaults, maximize=False, foreach=None,
+                           capturable=False, differentiable=False, fused=None)
+
+    def _state_keys_for(self, group):
+        return ("exp_avg",)
+
+    def _update(self, group, lists, scalars, check_only):
+        beta1, beta2 = (float(b) for b in group["betas"])
+        ops.lion_step_(lists["params"], lists["grads"], lists["master_params"], lists["exp_avg"],
+                       lists["steps"], state_absmaxes=lists["state_absmaxes"], beta1=beta1, beta2=beta2,
+                       weight_decay=group["weight_decay"], maximize=group["maximize"],
+                       check_only=check_only, **scalars)
