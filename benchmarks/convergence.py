@@ -96,12 +96,12 @@ OPTIONAL = {"torch-optimi Kahan AdamW": "optimi", "torchao bf16 SR AdamW": "torc
             "torchao AdamW8bit (bf16 weights)": "torchao"}
 
 
-def available(mode: str) -> bool:
-    """False for an outside reference whose package is not installed."""
-    if mode not in OPTIONAL:
+def available(mode: str, optional: Dict[str, str] = OPTIONAL) -> bool:
+    """False for an outside reference (``optional``: mode -> package) whose package is not installed."""
+    if mode not in optional:
         return True
     try:
-        __import__(OPTIONAL[mode])
+        __import__(optional[mode])
         return True
     except ImportError:
         return False

@@ -14,24 +14,18 @@ for exact masters to cover the offsets (3 sigma = 300 updates of lr).
     python benchmarks/finetune.py [--steps 500] [--seeds 0 1 2]
 """
 import argparse
+import os
 import statistics
+import sys
 from typing import Callable, Dict, List
 
 import torch
 
-import fused_amp
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.convergence import _fused, _torchao_sr, available  # noqa: E402
 
 WIDTH = 128
 TEACHER_OFFSET = 0.01
-
-
-def _fused(**kw):
-    return lambda params, lr: fused_amp.optim.AdamW(params, lr=lr, weight_decay=0.0, **kw)
-
-
-def _torchao_sr(params, lr):
-    from torchao.optim import _AdamW
-    return _AdamW(params, lr=lr, weight_decay=0.0, bf16_stochastic_round=True)
 
 
 MODES: Dict[str, Callable] = {
@@ -44,16 +38,6 @@ MODES: Dict[str, Callable] = {
     "torchao bf16 SR AdamW": _torchao_sr,
 }
 OPTIONAL = {"torchao bf16 SR AdamW": "torchao"}
-
-
-def available(mode: str) -> bool:
-    if mode not in OPTIONAL:
-        return True
-    try:
-        __import__(OPTIONAL[mode])
-        return True
-    except ImportError:
-        return False
 
 
 def train(mode: str, seed: int, steps: int, lr: float = 1e-5) -> float:
@@ -93,7 +77,7 @@ def main():
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     args = parser.parse_args()
-    modes = [m for m in MODES if available(m)]
+    modes = [m for m in MODES if available(m, OPTIONAL)]
     results = compare(modes, args.seeds, args.steps)
     print(f"fine-tune of a {WIDTH}x{WIDTH} bf16 layer with N(0, 1) weights towards a teacher "
           f"{TEACHER_OFFSET} N(0, 1) away, AdamW lr 1e-5, {args.steps} steps, seeds {args.seeds}: "
