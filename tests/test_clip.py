@@ -126,14 +126,17 @@ def grads_for(step, dtype, gen):
 def run_recipe(kind, cls, torch_cls, kw, dtype, steps=30, overflow_at=7):
     """``kind``: "torch_fused"/"torch_foreach" (fp32 copies, torch GradScaler, unscale_,
     clip_grad_norm_ with foreach on/off, torch's optimizer fused/foreach), or ours:
-    "max_grad_norm", "clip", "unscale_clip" (scaler.unscale_ first), "no_scaler"."""
+    "max_grad_norm", "clip", "unscale_clip" (scaler.unscale_ first), "no_scaler", and the same
+    under torch's GradScaler: "torch_scaler/clip", "torch_scaler/unscale_clip"."""
     gen = torch.Generator().manual_seed(0)
     init = [torch.randn(s, generator=gen).to(dtype) for s in SHAPES]
-    ours = not kind.startswith("torch")
+    ours = kind not in ("torch_fused", "torch_foreach")
     params = [torch.nn.Parameter(x.clone() if ours else x.float()) for x in init]
     if ours:
+        scaler_module, _, kind = kind.rpartition("/")
         opt = cls(params, **kw, max_grad_norm=MAX_NORM if kind == "max_grad_norm" else None)
-        scaler = fused_amp.GradScaler("cpu", init_scale=SCALE, growth_interval=1000)
+        scaler = (torch.amp if scaler_module == "torch_scaler" else fused_amp).GradScaler(
+            "cpu", init_scale=SCALE, growth_interval=1000)
     else:
         fused = kind == "torch_fused"
         opt = torch_cls(params, **kw, fused=fused, foreach=not fused)
@@ -152,7 +155,7 @@ def run_recipe(kind, cls, torch_cls, kw, dtype, steps=30, overflow_at=7):
             scaler.scale(torch.ones(()))  # the scale as a loss would be scaled
         for p, g in zip(params, grads):
             p.grad = g.clone() if ours else g.float()
-        if kind.startswith("torch"):
+        if not ours:
             scaler.unscale_(opt)
             norms.append(torch.nn.utils.clip_grad_norm_(params, MAX_NORM, foreach=kind == "torch_foreach"))
         elif kind == "unscale_clip":
@@ -175,7 +178,8 @@ def run_recipe(kind, cls, torch_cls, kw, dtype, steps=30, overflow_at=7):
     return torch.cat([v.detach().float().flatten() for v in values]), norms, exact, grads_after
 
 
-OUR_KINDS = ["max_grad_norm", "clip", "unscale_clip"]
+OUR_KINDS = ["max_grad_norm", "clip", "unscale_clip", "torch_scaler/max_grad_norm",
+             "torch_scaler/clip", "torch_scaler/unscale_clip"]
 
 
 def clipped_tolerance(fused, foreach):
@@ -191,10 +195,16 @@ def clipped_tolerance(fused, foreach):
 @pytest.mark.parametrize("dtype", PARAM_DTYPES)
 @pytest.mark.parametrize("cls,torch_cls,kw", CASES, ids=IDS)
 def test_clipped_steps_match_torchs_recipe(cls, torch_cls, kw, dtype, kind):
-    """30 clipped steps through a GradScaler, one of them skipped for an inf: our params end no
-    further from torch's recipe (fused) than torch's foreach recipe ends from it (at least one
-    fp32 ulp); the norms returned or logged are torch's within the same rule; after the last
-    step p.grad holds the unscaled, clipped grads, as torch leaves them."""
+    """30 clipped steps through a GradScaler (ours, or torch's kept while only the optimizer is
+    swapped), one of them skipped for an inf: our params end no further from torch's recipe
+    (fused) than torch's foreach recipe ends from it (at least one fp32 ulp); the norms returned
+    or logged are torch's within the same rule (under torch's scaler without unscale_, once the
+    step has run); after the last step p.grad holds the unscaled, clipped grads, as torch leaves
+    them."""
+    if kind == "torch_scaler/unscale_clip" and dtype == torch.float16:
+        with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+            run_recipe(kind, cls, torch_cls, kw, dtype)  # torch's refusal: clip without unscale_
+        return
     ours, our_norms, exact, our_grads = run_recipe(kind, cls, torch_cls, kw, dtype)
     fused, fused_norms, _, fused_grads = run_recipe("torch_fused", cls, torch_cls, kw, dtype)
     foreach, foreach_norms, _, _ = run_recipe("torch_foreach", cls, torch_cls, kw, dtype)

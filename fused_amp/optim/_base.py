@@ -80,13 +80,17 @@ class _ClipState:
     torch.compile (2.11) refuses attribute writes on an optimizer inside a compiled step."""
 
     def __init__(self):
-        self.pending = None  # (norm, max_norm) from clip_grad_norm_, for the next step
+        # (norm, max_norm, still_scaled) from clip_grad_norm_, for the next step
+        self.pending = None
         self.last_norm: Optional[torch.Tensor] = None
 
-    def record(self, norm, max_norm):
-        """A norm taken for a step: logged, and (norm, max_norm) returned for that step."""
+    def record(self, norm, max_norm, still_scaled=False):
+        """A norm taken for a step: logged, and (norm, max_norm, still_scaled) kept for that
+        step. ``still_scaled``: the norm is of grads that a scaler we do not drive may have
+        scaled (torch's GradScaler without ``unscale_``); the step divides it by the scale it
+        receives."""
         self.last_norm = norm
-        return norm, max_norm
+        return norm, max_norm, still_scaled
 
 
 class MasterWeightOptimizer(torch.optim.Optimizer):
@@ -251,6 +255,10 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         if clip is None and self.max_grad_norm is not None:
             norm, _ = total_grad_norm(self, self.grad_norm_type, self._inv_scale())
             clip = self._clip.record(norm, self.max_grad_norm)
+        elif clip is not None and clip[2] and self._inv_scale() is not None:
+            # torch's GradScaler hands the step the scale of grads clip_grad_norm_ saw scaled:
+            # the norm (the tensor it returned) becomes the unscaled one, in place
+            clip[0].mul_(self._inv_scale().to(clip[0].device))
         calls = []
         for index, group in enumerate(self.param_groups):
             for device, lists in self._device_lists(index, group).items():
@@ -286,22 +294,28 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         sync. Call it where torch's is called, between backward and :meth:`step`, with or without
         ``scaler.unscale_(optimizer)`` before it: scaled grads are unscaled in the norm by the
         GradScaler that scaled the loss (``fused_amp.GradScaler``), and that pass is also the
-        scaler's overflow check. Instead of rewriting the grads, the clip coefficient
+        scaler's overflow check. ``torch.amp.GradScaler`` (which refuses to unscale fp16 grads)
+        shows its scale to the optimizer only in ``scaler.step(optimizer)``: without ``unscale_``
+        the norm is taken of the scaled grads and divided, in place, by the scale that step
+        receives, so the clip is right, and the returned tensor holds the unscaled norm once
+        ``scaler.step`` has run (read it after the step). Instead of rewriting the grads, the clip coefficient
         ``min(1, max_norm / (total_norm + 1e-6))`` is applied by the next :meth:`step`, which
         leaves the clipped grads in ``p.grad`` as torch does. ``foreach`` is accepted and
         ignored (one fused pass either way); ``zero_grad`` drops a clip not yet applied.
         """
         scaler = _scaling.scaler_of(self)
+        inv_scale = self._inv_scale()
         if scaler is not None:
             norm = scaler._grad_norm_pass(self, norm_type)
         else:
-            norm, _ = total_grad_norm(self, norm_type, self._inv_scale())
+            norm, _ = total_grad_norm(self, norm_type, inv_scale)
         if error_if_nonfinite and bool(norm.isnan() | norm.isinf()):
             raise RuntimeError(
                 f"The total norm of order {float(norm_type)} for gradients from `parameters` is "
                 "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
                 "by the non-finite norm anyway, set `error_if_nonfinite=False`")
-        self._clip.pending = self._clip.record(norm, float(max_norm))
+        still_scaled = scaler is None and inv_scale is None and norm_type != 0.0
+        self._clip.pending = self._clip.record(norm, float(max_norm), still_scaled)
         return norm
 
     def _clip_before_step(self, scaler) -> bool:
