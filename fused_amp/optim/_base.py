@@ -13,6 +13,8 @@ from fused_amp.optim._grad_norm import DTensor, check_clip_options, local_shard,
 from fused_amp.optim._memory import MASTER as _MASTER, REMAINDER as _REMAINDER, REMAINDER8 as _REMAINDER8
 
 _HALF = (torch.float16, torch.bfloat16)
+# group options that must agree across groups: one total norm clips the grads of all of them
+_CLIP_OPTIONS = ("max_grad_norm", "grad_norm_type")
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -127,16 +129,21 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
     def __init__(self, params, defaults, max_grad_norm=None, grad_norm_type=2.0):
         check_clip_options(max_grad_norm, grad_norm_type)
         self._lists_cache: Dict[int, _GroupLists] = {}  # by the group's index in param_groups
-        self.max_grad_norm = max_grad_norm
-        self.grad_norm_type = float(grad_norm_type)
         self._clip = _ClipState()
+        # group options, as torch keeps every option, so that checkpoints carry them
+        defaults = dict(defaults, max_grad_norm=max_grad_norm, grad_norm_type=float(grad_norm_type))
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group):
         self._forget_lists()
         super().add_param_group(param_group)
-        index = len(self.param_groups) - 1
-        group = self.param_groups[-1]
+        try:
+            self._check_group(len(self.param_groups) - 1, self.param_groups[-1])
+        except Exception:
+            self.param_groups.pop()  # as torch's checks, which run before the group is added
+            raise
+
+    def _check_group(self, index, group):
         name = type(self).__name__
         for i, p in enumerate(group["params"]):
             if p.dtype not in _SUPPORTED:
@@ -147,6 +154,40 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             name, group["master_weights"], group["state_dtype"], group["stochastic_rounding"],
             group["rounding_seed"], group["min_8bit_size"])
         _memory.check_group_params(name, group, index)
+        check_clip_options(group["max_grad_norm"], group["grad_norm_type"])
+        group["grad_norm_type"] = float(group["grad_norm_type"])
+        _check_same_clip_options(name, self.param_groups[:index] + [group])
+
+    # ---- clipping options: group options, the same in every group -------------------------
+    @property
+    def max_grad_norm(self) -> Optional[float]:
+        """The total norm the grads are clipped to at every step (None: no clipping), kept in
+        every param group (and so in checkpoints); setting it sets it in all groups."""
+        return self._clip_option("max_grad_norm")
+
+    @max_grad_norm.setter
+    def max_grad_norm(self, value):
+        self._set_clip_option("max_grad_norm", value)
+
+    @property
+    def grad_norm_type(self) -> float:
+        """The norm of ``max_grad_norm`` (2.0, 1.0 or inf), a group option as ``max_grad_norm``."""
+        return self._clip_option("grad_norm_type")
+
+    @grad_norm_type.setter
+    def grad_norm_type(self, value):
+        self._set_clip_option("grad_norm_type", value)
+
+    def _clip_option(self, key):
+        groups = self.param_groups
+        return groups[0][key] if groups else self.defaults[key]
+
+    def _set_clip_option(self, key, value):
+        options = {"max_grad_norm": self.max_grad_norm, "grad_norm_type": self.grad_norm_type, key: value}
+        check_clip_options(options["max_grad_norm"], options["grad_norm_type"])
+        value = value if key == "max_grad_norm" else float(value)
+        for group in [self.defaults] + self.param_groups:
+            group[key] = value
 
     # ---- state -------------------------------------------------------------------------
     def _state_keys_for(self, group) -> tuple:
@@ -251,10 +292,11 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 loss = closure()
         if getattr(self, "found_inf", None) is None and not torch.compiler.is_compiling():
             _scaling.stepped(self)  # without a GradScaler (host bookkeeping, left out when traced)
+        max_grad_norm, grad_norm_type = _check_same_clip_options(type(self).__name__, self.param_groups)
         clip, self._clip.pending = self._clip.pending, None
-        if clip is None and self.max_grad_norm is not None:
-            norm, _ = total_grad_norm(self, self.grad_norm_type, self._inv_scale())
-            clip = self._clip.record(norm, self.max_grad_norm)
+        if clip is None and max_grad_norm is not None:
+            norm, _ = total_grad_norm(self, grad_norm_type, self._inv_scale())
+            clip = self._clip.record(norm, max_grad_norm)
         elif clip is not None and clip[2] and self._inv_scale() is not None:
             # torch's GradScaler hands the step the scale of grads clip_grad_norm_ saw scaled:
             # the norm (the tensor it returned) becomes the unscaled one, in place
@@ -322,10 +364,11 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         """Called by GradScaler.step before it checks the grads: with ``max_grad_norm`` and no
         clip pending, the norm pass runs now and serves as the scaler's overflow check. True
         when it ran."""
-        if self.max_grad_norm is None or self._clip.pending is not None:
+        max_grad_norm, grad_norm_type = _check_same_clip_options(type(self).__name__, self.param_groups)
+        if max_grad_norm is None or self._clip.pending is not None:
             return False
-        self._clip.pending = self._clip.record(scaler._grad_norm_pass(self, self.grad_norm_type),
-                                               self.max_grad_norm)
+        self._clip.pending = self._clip.record(scaler._grad_norm_pass(self, grad_norm_type),
+                                               max_grad_norm)
         return True
 
     def _drop_pending_clip(self):
@@ -388,7 +431,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         ``state_dtype`` and every other state tensor is fp32 (the masters and moments of a bf16
         param would lose their precision otherwise), on the param's device and in its memory
         layout; state missing from a torch checkpoint (masters) is created from the current
-        params at the next step. The memory options (``master_weights``, ``state_dtype``,
+        params at the next step (from rounded weights, if the model loaded an fp32 checkpoint:
+        :func:`fused_amp.optim.import_fp32` takes the fp32 weights as the masters instead). The memory options (``master_weights``, ``state_dtype``,
         ``stochastic_rounding``) stay this optimizer's: a checkpoint of any mode loads into any
         other. Load-state-dict hooks behave as torch's: a pre-hook's returned dict is what gets
         loaded, and post-hooks see the final state.
@@ -402,6 +446,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
+        clipping = self._loaded_clip_options(state_dict)
         for saved in state_dict.get("state", {}).values():
             if isinstance(saved, dict) and _quantize.ABSMAX in saved:
                 raise ValueError(f"{type(self).__name__}.load_state_dict: the state holds 8-bit codes "
@@ -415,8 +460,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         finally:
             self._optimizer_load_state_dict_pre_hooks = pre_hooks
             self._optimizer_load_state_dict_post_hooks = post_hooks
-        for group, options in zip(self.param_groups, memory):
-            group.update(options)
+        for group, options, clip_options in zip(self.param_groups, memory, clipping):
+            group.update(options, **clip_options)
         saved_state = state_dict["state"]
         id_map = dict(zip(chain.from_iterable(g["params"] for g in state_dict["param_groups"]),
                           chain.from_iterable(g["params"] for g in self.param_groups)))
@@ -438,32 +483,63 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         for post_hook in post_hooks.values():
             post_hook(self)
 
+    def _loaded_clip_options(self, state_dict) -> List[Dict[str, Any]]:
+        """The clip options each group will have after loading ``state_dict``: the checkpoint's
+        (checked here, before anything is replaced), or this optimizer's where it has none (a
+        torch.optim checkpoint, or one from before they were group options)."""
+        saved_groups = state_dict.get("param_groups")
+        if not isinstance(saved_groups, (list, tuple)) or len(saved_groups) != len(self.param_groups):
+            return [{} for _ in self.param_groups]  # torch's loading refuses it
+        name = f"{type(self).__name__}.load_state_dict"
+        options = []
+        for saved, group in zip(saved_groups, self.param_groups):
+            saved = saved if isinstance(saved, dict) else {}
+            chosen = {key: saved.get(key, group[key]) for key in _CLIP_OPTIONS}
+            try:
+                check_clip_options(chosen["max_grad_norm"], chosen["grad_norm_type"])
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"{name}: param_groups: {e}") from None
+            chosen["grad_norm_type"] = float(chosen["grad_norm_type"])
+            options.append(chosen)
+        _check_same_clip_options(name, [dict(o, params=()) for o in options])
+        return options
+
     def _complete_loaded_state(self, p, state):
         """Adapt the state of a ``torch.optim`` checkpoint (subclasses add what it lacks)."""
         step = state.get("step")
         if step is not None and not isinstance(step, torch.Tensor):  # a legacy Python number
             state["step"] = torch.tensor(float(step), dtype=torch.float32, device=p.device)
 
-    def __getstate__(self):
-        state = super().__getstate__()
-        state.update(max_grad_norm=self.max_grad_norm, grad_norm_type=self.grad_norm_type)
-        return state
-
     def __setstate__(self, state):
         super().__setstate__(state)
         self._forget_lists()
-        for key, value in (("max_grad_norm", None), ("grad_norm_type", 2.0)):
-            self.__dict__.setdefault(key, value)
+        # pickles from before the clip options moved into the groups hold them as attributes
+        legacy = {key: self.__dict__.pop(key) for key in _CLIP_OPTIONS if key in self.__dict__}
+        clip_defaults = dict({"max_grad_norm": None, "grad_norm_type": 2.0}, **legacy)
         self._clip = _ClipState()
         # options added in later versions (of torch or of ours) take torch's defaults for
         # checkpoints that lack them, as torch's optimizers do
-        for group in self.param_groups:
-            for key, value in self._group_defaults.items():
+        for group in [self.defaults] + self.param_groups:
+            for key, value in dict(self._group_defaults, **clip_defaults).items():
                 group.setdefault(key, value)
             self._fix_group(group)
 
     def _fix_group(self, group):
         """Group options a subclass forces whatever the checkpoint says (AdamW: decoupled)."""
+
+
+def _check_same_clip_options(name: str, groups) -> tuple:
+    """(max_grad_norm, grad_norm_type) of the groups, which must agree: the grads of all groups
+    are clipped by their one total norm."""
+    first = groups[0]
+    settings = (first["max_grad_norm"], first["grad_norm_type"])
+    for index, group in enumerate(groups[1:], 1):
+        for key, value in zip(_CLIP_OPTIONS, settings):
+            if group[key] != value:
+                raise ValueError(f"{name}: {key} is {group[key]!r} in param group {index} and "
+                                 f"{value!r} in group 0: the grads of all groups are clipped by "
+                                 f"one total norm, so every group needs the same {key}")
+    return settings
 
 
 def _state_like(value: torch.Tensor, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
