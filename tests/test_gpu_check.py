@@ -25,10 +25,10 @@ def test_dry_run_runs_every_step_in_order_and_summarises(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     steps = [s["step"] for s in summary["steps"]]
-    assert steps == ["info", "build", "cuda-tests", "tests", "bench", "sanitizer"]
+    assert steps == ["info", "build", "cuda-tests", "tests", "bench", "sanitizer", "racecheck", "synccheck"]
     status = {s["step"]: s["status"] for s in summary["steps"]}
     assert status["info"] == status["cuda-tests"] == status["tests"] == status["bench"] == "ok"
-    assert status["build"] == status["sanitizer"] == "skipped"
+    assert status["build"] == status["sanitizer"] == status["racecheck"] == status["synccheck"] == "skipped"
     tests = next(s for s in summary["steps"] if s["step"] == "tests")
     assert "passed" in tests["lines"][-1]
     for step in ("info", "cuda-tests", "tests", "bench"):

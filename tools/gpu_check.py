@@ -10,8 +10,10 @@ Steps, in order, each with its log under the output folder (``FUSED_AMP_GPU_OUT`
 3. cuda-tests ``pytest -m cuda``
 4. tests      the rest of the suite (``pytest -m "not cuda"``)
 5. bench      ``benchmarks/run.py --device cuda --quick``
-6. sanitizer  the CUDA tests of the ops under ``compute-sanitizer --tool memcheck`` (optional:
-              only where the tool exists and time is left)
+6. sanitizer  the CUDA tests of the ops under ``compute-sanitizer --tool memcheck``
+7. racecheck  those of the kernels with shared memory and block reductions (the clipping
+8. synccheck  norm) under the racecheck and synccheck tools (6-8 optional: only where
+              compute-sanitizer exists and time is left)
 
 It never reads input and always ends with a summary (summary.txt and summary.json), whatever
 failed. ``--dry-run`` runs the same steps on a machine without a GPU (the CUDA build is
@@ -27,7 +29,12 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = ("info", "build", "cuda-tests", "tests", "bench", "sanitizer")
+STEPS = ("info", "build", "cuda-tests", "tests", "bench", "sanitizer", "racecheck", "synccheck")
+# (step, compute-sanitizer tool, the tests it runs, seconds): memcheck over the ops' CUDA tests;
+# racecheck and synccheck over the kernels with shared memory and block reductions (the norm)
+SANITIZER_RUNS = (("sanitizer", "memcheck", ["tests/test_unscale.py", "tests/test_update_scale.py"], 120),
+                  ("racecheck", "racecheck", ["tests/test_cuda.py", "-k", "grad_norm"], 60),
+                  ("synccheck", "synccheck", ["tests/test_cuda.py", "-k", "grad_norm"], 60))
 INFO = r"""
 import os, sys, torch
 print("python", sys.version.split()[0], sys.executable)
@@ -155,12 +162,13 @@ def main(argv=None):
         sanitizer = shutil.which("compute-sanitizer") or next(
             (p for p in [os.path.join(cuda_home, "bin", "compute-sanitizer")] if os.path.exists(p)), None)
         if sanitizer and not args.dry_run:
-            check.run("sanitizer", [sanitizer, "--tool", "memcheck", "--error-exitcode", "9",
-                                    *pytest, "-m", "cuda", "-x", "tests/test_unscale.py",
-                                    "tests/test_update_scale.py"], 120, env, keep=pytest_tail)
+            for step, tool, tests, limit in SANITIZER_RUNS:
+                check.run(step, [sanitizer, "--tool", tool, "--error-exitcode", "9", *pytest,
+                                 "-m", "cuda", "-x", *tests], limit, env, keep=pytest_tail)
         else:
-            check.record("sanitizer", "skipped", 0.0,
-                         ["dry run" if args.dry_run else "compute-sanitizer not found"])
+            for step, _, _, _ in SANITIZER_RUNS:
+                check.record(step, "skipped", 0.0,
+                             ["dry run" if args.dry_run else "compute-sanitizer not found"])
     else:
         for step in STEPS[2:]:
             check.record(step, "skipped", 0.0, ["the build failed"])

@@ -301,6 +301,10 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             # torch's GradScaler hands the step the scale of grads clip_grad_norm_ saw scaled:
             # the norm (the tensor it returned) becomes the unscaled one, in place
             clip[0].mul_(self._inv_scale().to(clip[0].device))
+        cache, live = self._lists_cache, len(self.param_groups)
+        if len(cache) > live:  # groups were removed: let go of their tensors (the cache holds them)
+            for stale in [k for k in cache if k >= live]:
+                del cache[stale]
         calls = []
         for index, group in enumerate(self.param_groups):
             for device, lists in self._device_lists(index, group).items():
