@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import math
 import numbers
 import operator
 import warnings
@@ -88,6 +89,35 @@ def _check_options(growth_interval, hysteresis, min_scale, max_scale):
             raise ValueError(f"{name} must be a positive, finite float32 value (or None), got {bound}")
     if min_scale is not None and max_scale is not None and min_scale > max_scale:
         raise ValueError(f"min_scale ({min_scale}) is larger than max_scale ({max_scale})")
+
+
+def _check_loaded_torch_entries(state_dict):
+    """The entries torch's GradScaler.load_state_dict reads, as its constructor would take them."""
+    for key in ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"):
+        if key not in state_dict:
+            raise KeyError(f"GradScaler.load_state_dict: the state dict has no {key!r}")
+    values = {}
+    for key in ("scale", "growth_factor", "backoff_factor"):
+        value = state_dict[key]
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise ValueError(f"GradScaler.load_state_dict: {key} must be a finite number, got {value!r}")
+        values[key] = value
+    as_fp32 = torch.tensor(float(values["scale"]), dtype=torch.float32).item()
+    if not 0 < as_fp32 < math.inf:
+        raise ValueError(f"GradScaler.load_state_dict: scale must be positive and finite in "
+                         f"float32, got {values['scale']}")
+    if not values["growth_factor"] > 1.0:  # torch's constructor's checks
+        raise ValueError(f"GradScaler.load_state_dict: growth_factor {values['growth_factor']}: "
+                         "The growth factor must be > 1.0.")
+    if not 0.0 < values["backoff_factor"] < 1.0:
+        raise ValueError(f"GradScaler.load_state_dict: backoff_factor {values['backoff_factor']}: "
+                         "The backoff factor must be < 1.0 (and positive).")
+    tracker = state_dict["_growth_tracker"]
+    if isinstance(tracker, bool) or not isinstance(tracker, numbers.Integral) or not 0 <= tracker <= _INT32_MAX:
+        raise ValueError(f"GradScaler.load_state_dict: _growth_tracker must be an integer in int32, "
+                         f"at least 0, got {tracker!r}")
 
 
 class GradScaler(torch.amp.GradScaler):
@@ -403,7 +433,12 @@ class GradScaler(torch.amp.GradScaler):
         return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """torch's loading, with every entry checked before anything is loaded: a state dict
+        torch would load and then scale or update wrongly with (a NaN, infinite, zero or
+        negative scale; factors that do not grow or back off; a negative tracker; a missing
+        key, which torch notices after loading some) raises, naming the key."""
         if self._enabled and state_dict:  # checked before anything is loaded
+            _check_loaded_torch_entries(state_dict)
             _check_options(state_dict.get("growth_interval", self._growth_interval),
                            state_dict.get("hysteresis", self._hysteresis),
                            state_dict.get("min_scale", self._min_scale),

@@ -9,6 +9,7 @@ import torch
 
 from fused_amp import _scaling
 from fused_amp.optim import _memory, _quantize
+from fused_amp.optim._checkpoint import check_loadable
 from fused_amp.optim._grad_norm import DTensor, check_clip_options, local_shard, local_shards, total_grad_norm
 from fused_amp.optim._memory import MASTER as _MASTER, REMAINDER as _REMAINDER, REMAINDER8 as _REMAINDER8
 
@@ -190,9 +191,18 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             group[key] = value
 
     # ---- state -------------------------------------------------------------------------
+    @classmethod
+    def _check_hyperparameters(cls, options):
+        """torch's checks of the optimizer's arguments, with its messages and in its order, on a
+        dict of them: the constructor's, or a loaded group's."""
+        raise NotImplementedError
+
     def _state_keys_for(self, group) -> tuple:
         """The fp32 state tensors shaped like the param, zero-filled when a param first steps."""
         raise NotImplementedError
+
+    # whether torch's checkpoints of this optimizer hold a step count beside the moments
+    _step_count_saved = True
 
     def _init_state(self, p, group):
         """Create what a param's step needs (moments in the group's state dtype), and bring a
@@ -451,11 +461,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             if result is not None:
                 state_dict = result
         clipping = self._loaded_clip_options(state_dict)
-        for saved in state_dict.get("state", {}).values():
-            if isinstance(saved, dict) and _quantize.ABSMAX in saved:
-                raise ValueError(f"{type(self).__name__}.load_state_dict: the state holds 8-bit codes "
-                                 f"({_quantize.ABSMAX!r}); checkpoints hold fp32 moments (state_dict() "
-                                 "writes them), and a compact 8-bit checkpoint form is not supported yet")
+        check_loadable(self, state_dict, f"{type(self).__name__}.load_state_dict")
         # torch's loading, with the hooks run here around it instead of inside it
         self._optimizer_load_state_dict_pre_hooks = type(pre_hooks)()
         self._optimizer_load_state_dict_post_hooks = type(post_hooks)()
@@ -552,6 +558,24 @@ def _state_like(value: torch.Tensor, p: torch.Tensor, dtype: torch.dtype) -> tor
         out = torch.empty_like(p, dtype=dtype, memory_format=torch.preserve_format)
         return out.copy_(value)
     return value.detach().to(device=p.device, dtype=dtype, copy=True).reshape(value.shape)
+
+
+def check_lr(lr):
+    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+        raise ValueError("Tensor lr must be 1-element")
+    if not 0.0 <= lr:
+        raise ValueError(f"Invalid learning rate: {lr}")
+
+
+def check_betas(betas):
+    for i in (0, 1):
+        if not 0.0 <= betas[i] < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {i}: {betas[i]}")
+
+
+def check_weight_decay(weight_decay):
+    if not 0.0 <= weight_decay:
+        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
 
 
 def check_torch_flags(name: str, foreach, fused, differentiable):

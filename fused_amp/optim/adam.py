@@ -4,7 +4,8 @@ from typing import Optional, Tuple, Union
 import torch
 
 from fused_amp import ops
-from fused_amp.optim._base import MasterWeightOptimizer, check_torch_flags, lists_or_empty
+from fused_amp.optim._base import (MasterWeightOptimizer, check_betas, check_lr, check_torch_flags,
+                                   check_weight_decay, lists_or_empty)
 
 
 class Adam(MasterWeightOptimizer):
@@ -85,22 +86,30 @@ class Adam(MasterWeightOptimizer):
                  grad_norm_type: float = 2.0, state_dtype: torch.dtype = torch.float32,
                  stochastic_rounding: Optional[bool] = None, rounding_seed: Optional[int] = None,
                  min_8bit_size: int = 4096):
-        # torch.optim.Adam's checks and messages, in its order
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                        maximize=maximize, foreach=foreach, capturable=capturable,
+                        differentiable=differentiable, fused=fused,
+                        decoupled_weight_decay=decoupled_weight_decay,
+                        master_weights=master_weights, unscale_grads=unscale_grads,
+                        state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
+                        rounding_seed=rounding_seed, min_8bit_size=min_8bit_size)
+        self._check_hyperparameters(defaults)
+        # as torch: the first two, a 1-element tensor as a 0-dim one (torch 2.14 keeps no others)
+        defaults["betas"] = tuple(b.reshape(()) if isinstance(b, torch.Tensor) else b for b in betas[:2])
+        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
+
+    @classmethod
+    def _check_hyperparameters(cls, o):
+        """torch.optim.Adam's checks and messages, in its order."""
+        lr, betas, foreach, capturable = o["lr"], o["betas"], o["foreach"], o["capturable"]
         if isinstance(lr, torch.Tensor):
             if foreach and not capturable:
                 raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
-            if lr.numel() != 1:
-                raise ValueError("Tensor lr must be 1-element")
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        if not 0.0 <= betas[0] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
-        if not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        check_lr(lr)
+        if not 0.0 <= o["eps"]:
+            raise ValueError(f"Invalid epsilon value: {o['eps']}")
+        check_betas(betas)
+        check_weight_decay(o["weight_decay"])
         if not ((isinstance(betas[0], float) and isinstance(betas[1], float))
                 or (isinstance(betas[0], torch.Tensor) and isinstance(betas[1], torch.Tensor))):
             raise ValueError("betas must be either both floats or both Tensors")
@@ -111,17 +120,7 @@ class Adam(MasterWeightOptimizer):
                                      "capturable=False and foreach=True")
                 if beta.numel() != 1:
                     raise ValueError(f"Tensor betas[{i}] must be 1-element")
-        check_torch_flags(type(self).__name__, foreach, fused, differentiable)
-        # as torch: the first two, a 1-element tensor as a 0-dim one (torch 2.14 keeps no others)
-        betas = tuple(b.reshape(()) if isinstance(b, torch.Tensor) else b for b in betas[:2])
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                        maximize=maximize, foreach=foreach, capturable=capturable,
-                        differentiable=differentiable, fused=fused,
-                        decoupled_weight_decay=decoupled_weight_decay,
-                        master_weights=master_weights, unscale_grads=unscale_grads,
-                        state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
-                        rounding_seed=rounding_seed, min_8bit_size=min_8bit_size)
-        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
+        check_torch_flags(cls.__name__, foreach, o["fused"], o["differentiable"])
 
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, amsgrad=False, maximize=False,
                            foreach=None, capturable=False, differentiable=False,

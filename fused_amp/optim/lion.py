@@ -4,7 +4,8 @@ from typing import Optional, Tuple, Union
 import torch
 
 from fused_amp import ops
-from fused_amp.optim._base import MasterWeightOptimizer, check_torch_flags
+from fused_amp.optim._base import (MasterWeightOptimizer, check_betas, check_lr, check_torch_flags,
+                                   check_weight_decay)
 
 
 class Lion(MasterWeightOptimizer):
@@ -44,24 +45,22 @@ class Lion(MasterWeightOptimizer):
                  max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
                  state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
                  rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
-        # the checks and messages of torch's optimizers
-        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
-            raise ValueError("Tensor lr must be 1-element")
-        if not 0.0 <= lr:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not 0.0 <= betas[0] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 0: {betas[0]}")
-        if not 0.0 <= betas[1] < 1.0:
-            raise ValueError(f"Invalid beta parameter at index 1: {betas[1]}")
-        if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
-        check_torch_flags(type(self).__name__, foreach, fused, differentiable)
-        defaults = dict(lr=lr, betas=tuple(betas[:2]), weight_decay=weight_decay, maximize=maximize,
+        defaults = dict(lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize,
                         foreach=foreach, capturable=capturable, differentiable=differentiable,
                         fused=fused, master_weights=master_weights, unscale_grads=unscale_grads,
                         state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
                         rounding_seed=rounding_seed, min_8bit_size=min_8bit_size)
+        self._check_hyperparameters(defaults)
+        defaults["betas"] = tuple(betas[:2])
         super().__init__(params, defaults, max_grad_norm, grad_norm_type)
+
+    @classmethod
+    def _check_hyperparameters(cls, o):
+        """The checks and messages of torch's optimizers."""
+        check_lr(o["lr"])
+        check_betas(o["betas"])
+        check_weight_decay(o["weight_decay"])
+        check_torch_flags(cls.__name__, o["foreach"], o["fused"], o["differentiable"])
 
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, maximize=False, foreach=None,
                            capturable=False, differentiable=False, fused=None)

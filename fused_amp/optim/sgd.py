@@ -55,26 +55,32 @@ class SGD(MasterWeightOptimizer):
                  max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
                  state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
                  rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
-        # torch.optim.SGD's checks and messages, in its order
-        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
-            raise ValueError("Tensor lr must be 1-element")
-        if lr < 0.0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if momentum < 0.0:
-            raise ValueError(f"Invalid momentum value: {momentum}")
-        if weight_decay < 0.0:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                         nesterov=nesterov, maximize=maximize, foreach=foreach,
                         differentiable=differentiable, fused=fused,
                         master_weights=master_weights, unscale_grads=unscale_grads,
                         state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
                         rounding_seed=rounding_seed, min_8bit_size=min_8bit_size)
-        if nesterov and (momentum <= 0 or dampening != 0):
-            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
-        check_torch_flags(type(self).__name__, foreach, fused, differentiable)
+        self._check_hyperparameters(defaults)
         super().__init__(params, defaults, max_grad_norm, grad_norm_type)
 
+    @classmethod
+    def _check_hyperparameters(cls, o):
+        """torch.optim.SGD's checks and messages, in its order."""
+        lr, momentum = o["lr"], o["momentum"]
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        if lr < 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if momentum < 0.0:
+            raise ValueError(f"Invalid momentum value: {momentum}")
+        if o["weight_decay"] < 0.0:
+            raise ValueError(f"Invalid weight_decay value: {o['weight_decay']}")
+        if o["nesterov"] and (momentum <= 0 or o["dampening"] != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        check_torch_flags(cls.__name__, o["foreach"], o["fused"], o["differentiable"])
+
+    _step_count_saved = False  # torch.optim.SGD's state is the buffer alone
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, nesterov=False, maximize=False,
                            foreach=None, differentiable=False, fused=False)
 

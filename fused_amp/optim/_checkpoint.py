@@ -1,0 +1,144 @@
+"""The checks a state dict passes before an optimizer loads it.
+
+torch loads many state dicts that cannot step correctly (a moment of the wrong shape, a NaN
+step count, a string where a tensor goes) and fails at the next step, or steps wrong. Here
+each is refused before anything is replaced, naming the entry, so the optimizer keeps its
+previous state. What torch loads and steps correctly (extra keys, moments in another float
+dtype, legacy Python-number steps, options added in later versions missing) loads here too."""
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Dict
+
+import torch
+
+from fused_amp.optim import _memory, _quantize
+
+# moments that are squares: never negative
+_SQUARES = ("exp_avg_sq", "max_exp_avg_sq")
+# state a param may hold as None (torch.optim.SGD saves a missing buffer so)
+_MAY_BE_NONE = ("momentum_buffer",)
+# group options of ours that a torch checkpoint lacks: this optimizer's stay
+_OURS = ("rounding_seed", "max_grad_norm", "grad_norm_type")
+
+
+def check_loadable(optimizer, state_dict, name: str) -> None:
+    """Raise (naming the entry) if ``state_dict`` is not one that ``optimizer`` can load and step
+    correctly with; change nothing."""
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"{name}: expected a state dict (a dict), got {type(state_dict).__name__}")
+    for key in ("state", "param_groups"):
+        if key not in state_dict:
+            raise KeyError(f"{name}: the state dict has no {key!r}")
+    saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
+    if not isinstance(saved_groups, (list, tuple)):
+        raise TypeError(f"{name}: 'param_groups' is a {type(saved_groups).__name__}, not a list")
+    if not isinstance(saved_state, Mapping):
+        raise TypeError(f"{name}: 'state' is a {type(saved_state).__name__}, not a dict")
+    if len(saved_groups) != len(optimizer.param_groups):  # torch's message
+        raise ValueError("loaded state dict has a different number of parameter groups")
+    owners: Dict = {}  # saved param id -> (param, its options after loading)
+    for index, (saved, group) in enumerate(zip(saved_groups, optimizer.param_groups)):
+        where = f"{name}: param_groups[{index}]"
+        options = _loaded_options(optimizer, saved, group, where)
+        for saved_id, p in zip(saved["params"], group["params"]):
+            if saved_id in owners:
+                raise ValueError(f"{where}: param id {saved_id!r} appears more than once")
+            owners[saved_id] = (p, options)
+    for saved_id, entry in saved_state.items():
+        if saved_id not in owners:
+            continue  # torch keeps state of params it does not know, unused
+        p, options = owners[saved_id]
+        _check_param_state(optimizer, p, options, entry, f"{name}: state[{saved_id!r}]")
+
+
+def _loaded_options(optimizer, saved, group, where):
+    """The options a group will have after loading ``saved``, checked as the constructor checks
+    them (the memory options stay this optimizer's)."""
+    if not isinstance(saved, Mapping):
+        raise TypeError(f"{where} is a {type(saved).__name__}, not a dict")
+    params = saved.get("params")
+    if not isinstance(params, (list, tuple)):
+        raise TypeError(f"{where}['params'] is {type(params).__name__}, not a list of param ids")
+    if len(params) != len(group["params"]):  # torch's message
+        raise ValueError("loaded state dict contains a parameter group that doesn't match the "
+                         "size of optimizer's group")
+    for i, saved_id in enumerate(params):
+        if isinstance(saved_id, bool) or not isinstance(saved_id, (int, str)):
+            raise TypeError(f"{where}['params'][{i}] is {saved_id!r}, not a param id")
+    options = dict(optimizer._group_defaults)
+    options.update((k, v) for k, v in saved.items() if k != "params")
+    options.update((k, group[k]) for k in _memory.MEMORY_OPTIONS)
+    # the options of torch's constructor (ours, clip options included, stay when missing)
+    missing = [k for k in optimizer.defaults if k not in options and k not in _OURS]
+    if missing:
+        raise KeyError(f"{where} has no {missing[0]!r}")
+    try:
+        optimizer._check_hyperparameters(options)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise type(e)(f"{where}: {e}") from None
+    except (IndexError, KeyError) as e:  # betas too short, or not a sequence
+        raise ValueError(f"{where}: malformed option: {e!r}") from None
+    for key, value in options.items():  # a NaN hyperparameter passes torch's checks
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError(f"{where}[{key!r}] is NaN")
+        if key == "betas" and any(isinstance(b, float) and math.isnan(b) for b in value):
+            raise ValueError(f"{where}['betas'] holds NaN")
+    return options
+
+
+def _check_param_state(optimizer, p, options, entry, where):
+    if not isinstance(entry, Mapping):
+        raise TypeError(f"{where} is a {type(entry).__name__}, not a dict")
+    if _quantize.ABSMAX in entry:
+        raise ValueError(f"{where}: the state holds 8-bit codes ({_quantize.ABSMAX!r}); checkpoints "
+                         "hold fp32 moments (state_dict() writes them), and a compact 8-bit "
+                         "checkpoint form is not supported yet")
+    for key in (_memory.REMAINDER, _memory.REMAINDER8):
+        if key in entry:
+            raise ValueError(f"{where}[{key!r}]: checkpoints hold the fp32 'master_param' "
+                             "(state_dict() writes it), not the remainder")
+    moments = optimizer._state_keys_for(options)
+    # a param that has stepped holds what its next update needs (torch's step: KeyError); a
+    # step count of 0 with no moments is a param that never stepped (they start at zero)
+    if "step" in entry:
+        if _check_step(entry["step"], f"{where}['step']") > 0:
+            for key in moments:
+                if entry.get(key) is None:
+                    raise KeyError(f"{where} has no {key!r}, but its step count is not 0")
+    elif optimizer._step_count_saved and any(entry.get(key) is not None for key in moments):
+        raise KeyError(f"{where} has no 'step'")
+    for key in moments + (_memory.MASTER,):
+        if key not in entry or (entry[key] is None and key in _MAY_BE_NONE):
+            continue
+        value = entry[key]
+        what = f"{where}[{key!r}]"
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{what} is a {type(value).__name__}, not a tensor")
+        if not value.is_floating_point():
+            raise TypeError(f"{what} has dtype {value.dtype}, not a floating-point one")
+        if value.shape != p.shape:
+            raise ValueError(f"{what} has shape {tuple(value.shape)}, the param {tuple(p.shape)}")
+        # moments of a run are finite (an overflow step is skipped); a master is a weight, which
+        # may be anything a model holds, as torch's model.load_state_dict takes it
+        if key != _memory.MASTER and not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{what} holds inf or NaN")
+        if key in _SQUARES and bool((value < 0).any()):
+            raise ValueError(f"{what} holds negative values (it is a mean of squares)")
+    if _memory.MASTER in entry and p.dtype == torch.float32:
+        raise ValueError(f"{where}['master_param']: the param is float32 and has no master")
+
+
+def _check_step(step, what):
+    if isinstance(step, torch.Tensor):
+        if step.numel() != 1 or step.is_complex() or step.dtype == torch.bool:
+            raise ValueError(f"{what} must be a number or a 1-element real tensor, got "
+                             f"{step.dtype} of shape {tuple(step.shape)}")
+        step = step.item()
+    elif isinstance(step, bool) or not isinstance(step, numbers.Real):
+        raise TypeError(f"{what} must be a number or a 1-element tensor, got {type(step).__name__}")
+    if not (math.isfinite(step) and step >= 0 and float(step).is_integer()):
+        raise ValueError(f"{what} must be a count of steps (a whole number >= 0), got {step}")
+    return step
