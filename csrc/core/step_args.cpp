@@ -129,6 +129,7 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
   for (size_t i = 0; i < grads.size(); ++i) {
     check_partner(op, "grads", i, grads[i], params[i], params[i].scalar_type(), s.write_grads);
   }
+  if (s.write_grads) check_distinct(op, "grads", grads);
   s.params = params.vec();
   s.grads = grads.vec();
   s.masters.resize(params.size());

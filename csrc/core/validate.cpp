@@ -5,6 +5,7 @@
 #include <ATen/ops/empty_strided.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -63,6 +64,31 @@ void Staging::copy_back() {
   written_.clear();
 }
 
+void check_distinct(const char* op, const char* name, at::TensorList list) {
+  if (list.size() < 2) return;
+  std::vector<std::pair<const void*, size_t>> starts;  // (first element, index)
+  starts.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    // (fake and meta tensors, under torch.compile's tracing, have no memory to share)
+    const void* start = list[i].numel() > 0 && !list[i].is_meta() ? list[i].data_ptr() : nullptr;
+    if (start != nullptr) starts.emplace_back(start, i);
+  }
+  std::sort(starts.begin(), starts.end());
+  // name the first repeat in list order: the smallest j whose tensor appeared before, at i
+  size_t i = 0, j = list.size();
+  for (size_t k = 1; k < starts.size(); ++k) {
+    const bool repeats = starts[k].first == starts[k - 1].first;
+    const bool run_start = k < 2 || starts[k - 1].first != starts[k - 2].first;
+    if (repeats && run_start && starts[k].second < j) {
+      i = starts[k - 1].second;
+      j = starts[k].second;
+    }
+  }
+  TORCH_CHECK_VALUE(j == list.size(), op, ": ", name, "[", i, "] and ", name, "[", j, "] are the same "
+                    "memory; the op writes them, so each tensor may appear once (a param repeated "
+                    "in a param group, or two params sharing one grad tensor)");
+}
+
 void check_list(const char* op, const char* name, at::TensorList list, const at::Device& device,
                 bool (*allowed)(at::ScalarType), const char* allowed_text, bool written) {
   for (size_t i = 0; i < list.size(); ++i) {
@@ -76,6 +102,7 @@ void check_list(const char* op, const char* name, at::TensorList list, const at:
                      t.scalar_type(), "; supported dtypes are ", allowed_text);
     if (written) check_no_overlap(op, name, i, t);
   }
+  if (written) check_distinct(op, name, list);
 }
 
 void check_scalar(const char* op, const char* name, const at::Tensor& t, const at::Device& device,

@@ -17,6 +17,10 @@ namespace fused_amp::core {
 void check_list(const char* op, const char* name, at::TensorList list, const at::Device& device,
                 bool (*allowed)(at::ScalarType), const char* allowed_text, bool written);
 
+// No two tensors of `list`, which the op writes, start at the same memory (the same tensor
+// repeated): the kernels would update it from several threads or blocks at once.
+void check_distinct(const char* op, const char* name, at::TensorList list);
+
 // A one-element fp32 tensor on `device` (found_inf, inv_scale, scale, ...).
 void check_scalar(const char* op, const char* name, const at::Tensor& t, const at::Device& device,
                   at::ScalarType dtype = at::kFloat);
