@@ -1,5 +1,7 @@
 # make test  : set everything up in .venv, build the extension, run the test suite
 # make bench : set everything up in .venv, build the extension, run the benchmark suite
+# make sanitize : the CPU kernels and the CUDA host simulation under ASan + UBSan, over the
+#                 numerics tests (tools/sanitize.sh)
 # make gpu-check : on a machine with an NVIDIA GPU and its own torch: build for that GPU, run the
 #                  CUDA tests, the rest of the suite and the CUDA benchmarks (tools/gpu_check.py)
 PYTHON ?= python3
@@ -10,7 +12,7 @@ STAMP := $(VENV)/.fused_amp-deps
 
 GPU_PYTHON ?= python3
 
-.PHONY: test bench build deps clean gpu-check
+.PHONY: test bench build deps clean gpu-check sanitize
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -41,9 +43,20 @@ bench: build
 	$(PY) -m pip install -r requirements-bench.txt || echo "optional benchmark dependencies not installed: their rows are skipped"
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
 
+# The CPU kernels and the CUDA host simulation under AddressSanitizer + UndefinedBehaviorSanitizer
+# (tools/sanitize.sh: a separate build in build-sanitize/), over the numerics, property, bad-input
+# and simulation tests.
+SANITIZE_TESTS ?= tests/test_unscale.py tests/test_bad_input.py tests/test_properties.py \
+                  tests/test_cuda_sim.py tests/test_optim.py tests/test_clip.py tests/test_memory_modes.py \
+                  tests/test_quantized_state.py tests/test_master24.py tests/test_lion.py \
+                  tests/test_checkpoint_fuzz.py tests/test_peer_checks.py
+
+sanitize: $(STAMP)
+	PY=$(abspath $(PY)) tools/sanitize.sh $(SANITIZE_TESTS)
+
 # No venv: the GPU machine's own interpreter and torch; results in $$FUSED_AMP_GPU_OUT.
 gpu-check:
 	$(GPU_PYTHON) tools/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf build *.egg-info fused_amp/_C*.so
+	rm -rf build build-sanitize *.egg-info fused_amp/_C*.so

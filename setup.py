@@ -6,6 +6,8 @@ Environment variables read here (all documented in README.md):
                         installed nvcc cannot build).
   CUDA_HOME / CUDA_PATH the CUDA toolkit (default: /usr/local/cuda when it exists).
   MAX_JOBS              parallel compile jobs (read by torch's ninja builder).
+  FUSED_AMP_SANITIZE    1: compile the CPU kernels with AddressSanitizer and
+                        UndefinedBehaviorSanitizer (make sanitize; not for use otherwise).
 """
 import glob
 import os
@@ -15,6 +17,8 @@ import subprocess
 from setuptools import setup
 
 DEFAULT_ARCHS = "8.0;8.6;8.9;9.0;10.0+PTX"
+# with FUSED_AMP_SANITIZE=1; float-cast-overflow is UB that -fsanitize=undefined leaves out
+SANITIZERS = ["-fsanitize=address,undefined,float-cast-overflow", "-fno-sanitize-recover=all"]
 
 
 def _cuda_home():
@@ -69,6 +73,9 @@ sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/core/*.cpp") + glob.g
 # GPU) then compute the same IEEE operations, and where an element falls changes no bit.
 cxx_flags = ["-O3", "-fopenmp", "-ffp-contract=off", f'-DFUSED_AMP_TORCH_VERSION="{torch.__version__}"']
 link_flags = ["-fopenmp"]
+if os.environ.get("FUSED_AMP_SANITIZE") == "1":  # any finding aborts the process
+    cxx_flags = [f for f in cxx_flags if f != "-O3"] + ["-O1", "-g", "-fno-omit-frame-pointer"] + SANITIZERS
+    link_flags += SANITIZERS
 if with_cuda:
     archs = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", _default_archs(cuda_home))
     sources += sorted(glob.glob("csrc/cuda/*.cpp") + glob.glob("csrc/cuda/*.cu"))

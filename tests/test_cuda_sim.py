@@ -29,7 +29,10 @@ def sim(tmp_path_factory):
         pytest.skip(f"no CUDA headers under {CUDA_HOME} (set CUDA_HOME)")
     cxx = shutil.which("g++") or shutil.which("c++")
     out = str(tmp_path_factory.mktemp("sim") / "libfused_amp_sim.so")
-    subprocess.run([cxx, "-O1", "-shared", "-fPIC", "-std=c++17", f"-I{ROOT}/csrc",
+    # under make sanitize, with the sanitizers the extension was built with (setup.py)
+    sanitizers = (["-g", "-fsanitize=address,undefined,float-cast-overflow", "-fno-sanitize-recover=all"]
+                  if os.environ.get("FUSED_AMP_SANITIZE") == "1" else [])
+    subprocess.run([cxx, "-O1", *sanitizers, "-shared", "-fPIC", "-std=c++17", f"-I{ROOT}/csrc",
                     f"-I{CUDA_HOME}/include", "-DFUSED_AMP_HOST_SIM",
                     "-DFUSED_AMP_SIM_CHUNK_SIZE=20", "-DFUSED_AMP_SIM_BLOCK_SIZE=2",
                     "-DFUSED_AMP_SIM_MAX_BLOCKS=5", "-DFUSED_AMP_SIM_MAX_TENSORS=3",
@@ -245,9 +248,12 @@ def test_overflow_step_changes_nothing(sim):
     rows = [[p, g, m, a, b, None, s] for p, g, m, a, b, s in zip(params, grads, masters, *state, steps)]
     hyper = (ctypes.c_double * 4)(0.9, 0.999, 1e-8, 0.0)
     flags = (ctypes.c_int * 3)(0, 0, 0)
+    # held in names: a tensor made in the call's arguments would be freed before the kernel
+    # reads it (AddressSanitizer found that use after free)
+    inv_scale, found_inf, norm = torch.tensor([0.5]), torch.ones(1), torch.tensor([3.0])
     sim.fa_sim_adam(kind(torch.float16, True), len(params), ptr_array(rows), numel_array(params),
-                    hyper, flags, ctypes.c_double(1e-3), None, fptr(torch.tensor([0.5])),
-                    fptr(torch.ones(1)), 1, fptr(torch.tensor([3.0])), ctypes.c_float(1.0), 0,
+                    hyper, flags, ctypes.c_double(1e-3), None, fptr(inv_scale),
+                    fptr(found_inf), 1, fptr(norm), ctypes.c_float(1.0), 0,
                     ctypes.c_int64(0), 0)
     for a, b in zip(params + grads + masters + state[0] + state[1] + steps, snapshot):
         assert torch.equal(a, b)

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# make sanitize: the CPU kernels and the CUDA launcher's host simulation built with
+# AddressSanitizer and UndefinedBehaviorSanitizer (FUSED_AMP_SANITIZE=1, see setup.py), and the
+# tests given as arguments run against that build. The build goes to build-sanitize/ (with a
+# copy of the Python package), so the regular build stays as it is.
+#
+# The interpreter and torch are not built with ASan: the ASan runtime is preloaded so that it
+# comes first, and leak detection is off (the interpreter keeps its objects to the end, which
+# LeakSanitizer would report as leaks of ours). Every other finding aborts the test process.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PY=${PY:-$ROOT/.venv/bin/python}
+OUT=$ROOT/build-sanitize
+mkdir -p "$OUT"
+rm -rf "$OUT/fused_amp"
+cp -r fused_amp "$OUT/fused_amp"
+rm -f "$OUT"/fused_amp/_C*.so
+FUSED_AMP_SANITIZE=1 FUSED_AMP_CUDA=0 MAX_JOBS=${MAX_JOBS:-$(nproc)} \
+    "$PY" setup.py build_ext --build-lib "$OUT" --build-temp "$OUT/tmp" > "$OUT/build.log" 2>&1 \
+    || { grep -E -A5 "error" "$OUT/build.log" | tail -40; echo "sanitizer build failed: see $OUT/build.log"; exit 1; }
+CXX=${CXX:-g++}
+# reports go to files (pytest's capture of stderr dies with an aborted process)
+rm -f "$OUT"/report.*
+export LD_PRELOAD="$($CXX -print-file-name=libasan.so) $($CXX -print-file-name=libubsan.so)"
+export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:log_path=$OUT/report.asan
+export UBSAN_OPTIONS=print_stacktrace=1:log_path=$OUT/report.ubsan
+export FUSED_AMP_SANITIZE=1  # tests/test_cuda_sim.py builds the simulation with the sanitizers too
+cd "$OUT"  # so that `import fused_amp` finds the sanitizer build first
+"$PY" -c "import fused_amp, sys; print('sanitizer build:', fused_amp.__file__); sys.exit(0 if '$OUT' in fused_amp.__file__ else 1)"
+args=()
+for a in "$@"; do [[ $a == -* ]] && args+=("$a") || args+=("$ROOT/$a"); done
+status=0
+"$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" "${args[@]}" || status=$?
+for report in "$OUT"/report.*; do
+  [[ -e $report ]] || continue
+  echo "=== $report"; cat "$report"; status=1
+done
+exit $status
