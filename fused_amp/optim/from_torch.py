@@ -1,0 +1,54 @@
+"""The swap where real scripts make it: a torch.optim optimizer that library code built
+(nanoGPT's ``configure_optimizers``, HF's ``create_optimizer``) becomes ours."""
+import inspect
+
+import torch
+
+from fused_amp.optim.adam import Adam, AdamW
+from fused_amp.optim.sgd import SGD
+
+_COUNTERPARTS = {torch.optim.Adam: Adam, torch.optim.AdamW: AdamW, torch.optim.SGD: SGD}
+
+
+def from_optimizer(optimizer: torch.optim.Optimizer, **options):
+    """The fused_amp counterpart of a ``torch.optim`` optimizer, over the same params in the
+    same param groups, with every group option carried across (lr, betas, weight decay per
+    group, ``amsgrad``, ``maximize``, ...), and its state if it has stepped.
+
+    ``torch.optim.Adam``, ``AdamW`` and ``SGD`` become :class:`Adam`, :class:`AdamW` and
+    :class:`SGD`; ``options`` are ours for every group (``master_weights``, ``state_dtype``,
+    ``max_grad_norm``, ...)::
+
+        optimizer = model.configure_optimizers(weight_decay, lr, betas, device_type)
+        optimizer = fused_amp.optim.from_optimizer(optimizer)
+
+    Build LR schedulers after the swap (a scheduler holds the optimizer it was built over).
+    The torch optimizer is left as it was; its groups are copied, not shared.
+
+    Raises ``TypeError`` for an optimizer without a counterpart here, and ``ValueError`` (or
+    the constructor's own error) for a torch option the counterpart does not have or cannot
+    honour (``differentiable=True``), before anything is built. Keys of a script's own in the
+    groups (a group name) are kept, as torch keeps them.
+    """
+    cls = _COUNTERPARTS.get(type(optimizer))
+    if cls is None:
+        raise TypeError(f"from_optimizer: no fused_amp counterpart for {type(optimizer).__module__}."
+                        f"{type(optimizer).__qualname__} (fused_amp.optim has Adam, AdamW and SGD, the "
+                        "counterparts of torch.optim's, and Lion)")
+    arguments = set(inspect.signature(cls).parameters) - {"params"}
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in arguments}
+    groups = []
+    for index, group in enumerate(optimizer.param_groups):
+        # torch's options the counterpart lacks (other keys, a script's own, are kept as torch keeps them)
+        lacking = [k for k in group if k in optimizer.defaults and k not in arguments
+                   and not (cls is AdamW and k == "decoupled_weight_decay" and group[k])]
+        if lacking:
+            raise ValueError(f"from_optimizer: param group {index} has {lacking[0]!r}, an option "
+                             f"{cls.__name__} does not have")
+        copied = dict(group, params=list(group["params"]), **options)
+        cls._check_hyperparameters(dict(defaults, **{k: v for k, v in copied.items() if k in arguments}))
+        groups.append(copied)
+    ours = cls(groups, **dict(defaults, **options))
+    if optimizer.state:
+        ours.load_state_dict(optimizer.state_dict())
+    return ours
