@@ -1,5 +1,7 @@
 # make test  : set everything up in .venv, build the extension, run the test suite
 # make bench : set everything up in .venv, build the extension, run the benchmark suite
+# make docs  : set everything up in .venv, build the extension and the documentation (HTML in
+#              docs/_build/html; Sphinx, warnings as errors)
 # make sanitize : the CPU kernels and the CUDA host simulation under ASan + UBSan, over the
 #                 numerics tests (tools/sanitize.sh)
 # make gpu-check : on a machine with an NVIDIA GPU and its own torch: build for that GPU, run the
@@ -12,7 +14,7 @@ STAMP := $(VENV)/.fused_amp-deps
 
 GPU_PYTHON ?= python3
 
-.PHONY: test bench build deps clean gpu-check sanitize
+.PHONY: test bench build deps clean gpu-check sanitize docs
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +45,11 @@ bench: build
 	$(PY) -m pip install -r requirements-bench.txt || echo "optional benchmark dependencies not installed: their rows are skipped"
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
 
+# autodoc imports the built package; the generator comes from requirements-docs.txt
+docs: build
+	$(PY) -m pip install -r requirements-docs.txt
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+
 # The CPU kernels and the CUDA host simulation under AddressSanitizer + UndefinedBehaviorSanitizer
 # (tools/sanitize.sh: a separate build in build-sanitize/), over the numerics, property, bad-input
 # and simulation tests.
@@ -59,4 +66,4 @@ gpu-check:
 	$(GPU_PYTHON) tools/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf build build-sanitize *.egg-info fused_amp/_C*.so
+	rm -rf build build-sanitize docs/_build *.egg-info fused_amp/_C*.so

@@ -18,7 +18,15 @@ _EPS_IN_PARAM_DTYPE = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "
 
 @dataclass
 class Finding:
-    """One pitfall: where it is, the value, what goes wrong and what to do."""
+    """One pitfall that :func:`check_model` found.
+
+    Attributes:
+        kind (str): what kind of pitfall (e.g. ``"update-vanishes"``, ``"eps-underflow"``).
+        where (str): the module path of the param or buffer, or the stage (forward, backward).
+        value: the offending value (an eps, a magnitude, a loss, a share of elements, ...).
+        problem (str): what goes wrong in training.
+        fix (str): what to do about it.
+    """
     kind: str
     where: str
     value: Any

@@ -28,10 +28,15 @@ __all__ = ["GradScaler", "OverflowReport"]
 
 @dataclass
 class OverflowReport:
-    """What :meth:`GradScaler.overflow_report` returns."""
+    """What :meth:`GradScaler.overflow_report` returns.
+
+    Attributes:
+        skipped_steps (int): the steps skipped for inf/NaN grads so far.
+        last_overflow_params (list of str): the names (``param[i]`` for params of modules not
+            watched with :meth:`GradScaler.watch`) of the params whose grads held inf/NaN in
+            the latest skipped step.
+    """
     skipped_steps: int
-    # names (or ``param[i]`` for params of unwatched modules) of the parameters whose gradients
-    # held inf/NaN in the latest skipped step
     last_overflow_params: List[str] = field(default_factory=list)
 
     def __str__(self):

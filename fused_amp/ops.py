@@ -122,6 +122,21 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
     ``unscale_grads`` they are left so in place. ``check_only`` validates
     the arguments and returns, so that a caller can check several calls before running any.
     Tensors in other layouts than their param (or not dense) are handled through copies.
+
+    Args:
+        params, grads, master_params: the params (updated in place), their grads, their masters.
+        exp_avgs, exp_avg_sqs, max_exp_avg_sqs: the moments (``max_exp_avg_sqs`` with
+            ``amsgrad`` only, else empty), one per param.
+        steps: one-element fp32 step counts, one per param, on the params' device.
+        lr, lr_tensor: the learning rate, or a one-element tensor holding it (then ``lr`` is
+            ignored).
+        beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled_weight_decay: Adam's
+            hyperparameters, as :class:`torch.optim.Adam` takes them.
+        state_absmaxes, inv_scale, found_inf, grad_norm, max_grad_norm: as described above.
+        rounding_seed, unscale_grads, check_only: as described above.
+
+    Raises:
+        ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
     """
     op = "adam_step_"
     lists = [_tensors(op, "params", params), _tensors(op, "grads", grads),
@@ -154,6 +169,18 @@ def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
     in ``state_absmaxes`` (one row), with the signed map of :func:`adam_step_`. Masters, ``inv_scale``,
     ``found_inf``, ``grad_norm``, ``max_grad_norm``, ``rounding_seed``, ``unscale_grads`` and
     ``check_only`` as in :func:`adam_step_`.
+
+    Args:
+        params, grads, master_params: the params (updated in place), their grads, their masters.
+        momentum_buffers, steps: one per param (see above).
+        lr, lr_tensor: the learning rate, or a one-element tensor holding it.
+        momentum, dampening, weight_decay, nesterov, maximize: SGD's hyperparameters, as
+            :class:`torch.optim.SGD` takes them.
+        state_absmaxes, inv_scale, found_inf, grad_norm, max_grad_norm: as for :func:`adam_step_`.
+        rounding_seed, unscale_grads, check_only: as for :func:`adam_step_`.
+
+    Raises:
+        ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
     """
     op = "sgd_step_"
     lists = [_tensors(op, "params", params), _tensors(op, "grads", grads),
@@ -185,6 +212,17 @@ def lion_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
     ``state_absmaxes``) and ``steps`` (counted; stochastic rounding's bits follow them) are
     required. Masters, ``inv_scale``, ``found_inf``, ``grad_norm``, ``max_grad_norm``,
     ``rounding_seed``, ``unscale_grads`` and ``check_only`` as in :func:`adam_step_`.
+
+    Args:
+        params, grads, master_params: the params (updated in place), their grads, their masters.
+        exp_avgs, steps: one per param (see above).
+        lr, lr_tensor: the learning rate, or a one-element tensor holding it.
+        beta1, beta2, weight_decay, maximize: Lion's hyperparameters (:class:`fused_amp.optim.Lion`).
+        state_absmaxes, inv_scale, found_inf, grad_norm, max_grad_norm: as for :func:`adam_step_`.
+        rounding_seed, unscale_grads, check_only: as for :func:`adam_step_`.
+
+    Raises:
+        ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
     """
     op = "lion_step_"
     lists = [_tensors(op, "params", params), _tensors(op, "grads", grads),

@@ -146,7 +146,26 @@ class AdamW(Adam):
     Same arguments and defaults as :class:`torch.optim.AdamW` (``weight_decay=1e-2``), plus
     ``master_weights``, ``unscale_grads``, ``max_grad_norm``, ``grad_norm_type``, ``state_dtype``,
     ``stochastic_rounding``, ``rounding_seed`` and ``min_8bit_size``. As in torch, its groups always decay
-    decoupled, also when a checkpoint says otherwise.
+    decoupled, also when a checkpoint says otherwise:
+
+    .. math::
+        \theta \leftarrow \theta - \gamma\lambda\theta \qquad
+        \theta \leftarrow \theta - \frac{\gamma}{1-\beta_1^t}\,
+        \frac{m}{\sqrt{v}/\sqrt{1-\beta_2^t} + \epsilon}
+
+    Args:
+        params: iterable of parameters or dicts defining parameter groups.
+        lr (float or Tensor): learning rate (default: 1e-3).
+        betas: coefficients of the running averages (default: (0.9, 0.999)).
+        eps (float): added to the denominator, in fp32 (default: 1e-8).
+        weight_decay (float): decoupled weight decay (default: 1e-2).
+        amsgrad (bool): use the AMSGrad variant (default: False).
+        maximize (bool): maximize the objective instead of minimizing (default: False).
+        foreach, fused, capturable: accepted with torch's checks; the step is always one fused
+            pass that runs on the device.
+        differentiable (bool): must be False: the fused step runs outside autograd.
+        master_weights, unscale_grads, max_grad_norm, grad_norm_type: as for :class:`Adam`.
+        state_dtype, stochastic_rounding, rounding_seed, min_8bit_size: as for :class:`Adam`.
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3,

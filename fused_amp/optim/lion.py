@@ -32,9 +32,10 @@ class Lion(MasterWeightOptimizer):
         weight_decay (float): decoupled weight decay (default: 0).
         maximize (bool): maximize the objective instead of minimizing (default: False).
         foreach, fused, capturable, differentiable: accepted as by :class:`fused_amp.optim.Adam`.
-        master_weights, state_dtype, stochastic_rounding, rounding_seed, min_8bit_size,
-        unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`
-            (``state_dtype`` applies to ``exp_avg``; 8-bit: the signed map).
+        master_weights, state_dtype, stochastic_rounding, rounding_seed, min_8bit_size: as for
+            :class:`fused_amp.optim.Adam` (``state_dtype`` applies to ``exp_avg``; 8-bit: the
+            signed map).
+        unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-4,
