@@ -1,6 +1,6 @@
-"""The documentation stays true: every Python example in README.md and docs/ runs, and every
-public class and function has a docstring that names each of its arguments (the docs build,
-``make docs``, checks their form with warnings as errors)."""
+"""The documentation stays true: every Python example in README.md, docs/ and the public
+docstrings runs, and every public class and function has a docstring that names each of its
+arguments (the docs build, ``make docs``, checks their form with warnings as errors)."""
 import inspect
 import os
 import re
@@ -72,6 +72,21 @@ def test_every_python_example_runs(code, process_group):
     exec(compile(on_this_machine(code), "<example>", "exec"), namespace)
 
 
+def docstring_examples():
+    """The literal blocks (``::``) of the public docstrings: code, to run as the pages' is."""
+    for name, obj in public_callables():
+        lines = (inspect.getdoc(obj) or "").split("\n")
+        for i, line in enumerate(lines):
+            if not line.endswith("::") or line.lstrip().startswith(".."):
+                continue
+            block = []
+            for following in lines[i + 1:]:
+                if following.strip() and not following.startswith("    "):
+                    break
+                block.append(following[4:])
+            yield pytest.param("\n".join(block).strip() + "\n", id=f"{name}:{i + 1}")
+
+
 def public_callables():
     names = [(f"fused_amp.{n}", getattr(fused_amp, n)) for n in fused_amp.__all__]
     names += [(f"fused_amp.optim.{n}", getattr(fused_amp.optim, n)) for n in fused_amp.optim.__all__]
@@ -93,6 +108,30 @@ def test_every_public_callable_documents_each_argument(name, obj):
               if p.name not in ("self", "cls") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     missing = [p.name for p in params if not re.search(rf"\b{re.escape(p.name)}\b", doc)]
     assert not missing, f"{name}: its docstring does not name {missing}"
+
+
+DOCSTRING_EXAMPLES = list(docstring_examples())
+
+
+@pytest.mark.parametrize("code", DOCSTRING_EXAMPLES)
+def test_every_docstring_example_runs(code):
+    """Against a bf16 model stepped once by our Adam (``model``, ``opt``) and an fp32 checkpoint
+    of the same model under torch's Adam (``ckpt``), the names the examples use."""
+    torch.manual_seed(0)
+    model32 = MyModel()
+    torch_opt = torch.optim.Adam(model32.parameters(), lr=1e-3)
+    model = MyModel().bfloat16()
+    opt = fused_amp.optim.Adam(model.parameters(), lr=1e-3)
+    for net, optimizer in ((model32, torch_opt), (model, opt)):
+        net(torch.ones(2, 8, dtype=next(net.parameters()).dtype)).float().sum().backward()
+        optimizer.step()
+    ckpt = {"model": model32.state_dict(), "optimizer": torch_opt.state_dict()}
+    namespace = dict(torch=torch, fused_amp=fused_amp, model=model, opt=opt, ckpt=ckpt)
+    exec(compile(code, "<docstring example>", "exec"), namespace)
+
+
+def test_the_docstrings_have_examples():
+    assert len(DOCSTRING_EXAMPLES) >= 3
 
 
 def test_make_docs_builds_the_pages_this_test_reads():

@@ -19,8 +19,8 @@ def from_optimizer(optimizer: torch.optim.Optimizer, **options):
     :class:`SGD`; ``options`` are ours for every group (``master_weights``, ``state_dtype``,
     ``max_grad_norm``, ...)::
 
-        optimizer = model.configure_optimizers(weight_decay, lr, betas, device_type)
-        optimizer = fused_amp.optim.from_optimizer(optimizer)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)  # library code's
+        optimizer = fused_amp.optim.from_optimizer(optimizer, master_weights="remainder")
 
     Build LR schedulers after the swap (a scheduler holds the optimizer it was built over).
     The torch optimizer is left as it was; its groups are copied, not shared.
