@@ -72,6 +72,17 @@ _INT32_MAX = 2 ** 31 - 1
 _GRAD, _IS_SPARSE, _DEVICE, _DEVICE_MESH = (operator.attrgetter(a) for a in ("grad", "is_sparse", "device", "device_mesh"))
 
 
+def _positive_in_fp32(value) -> bool:
+    """Whether ``value`` is positive and finite once rounded to float32 (what the scale is)."""
+    return 0 < torch.tensor(float(value), dtype=torch.float32).item() < math.inf
+
+
+def _check_tracker(name: str, value):
+    """A tracker (a count kept in int32 on the device): an integer in [0, 2^31)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= _INT32_MAX:
+        raise ValueError(f"{name} must be an integer in int32, at least 0, got {value!r}")
+
+
 def _check_options(growth_interval, hysteresis, min_scale, max_scale):
     """Refuse up front what ``update()`` could not use (its trackers are int32, the scale fp32),
     so that a bad value fails here and not in the middle of training. torch accepts any integer
@@ -89,8 +100,7 @@ def _check_options(growth_interval, hysteresis, min_scale, max_scale):
             continue
         if not isinstance(bound, numbers.Real):
             raise TypeError(f"{name} must be a number or None, got {bound!r}")
-        as_fp32 = torch.tensor(float(bound), dtype=torch.float32).item()
-        if not 0 < as_fp32 < float("inf"):
+        if not _positive_in_fp32(bound):
             raise ValueError(f"{name} must be a positive, finite float32 value (or None), got {bound}")
     if min_scale is not None and max_scale is not None and min_scale > max_scale:
         raise ValueError(f"min_scale ({min_scale}) is larger than max_scale ({max_scale})")
@@ -109,8 +119,7 @@ def _check_loaded_torch_entries(state_dict):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise ValueError(f"GradScaler.load_state_dict: {key} must be a finite number, got {value!r}")
         values[key] = value
-    as_fp32 = torch.tensor(float(values["scale"]), dtype=torch.float32).item()
-    if not 0 < as_fp32 < math.inf:
+    if not _positive_in_fp32(values["scale"]):
         raise ValueError(f"GradScaler.load_state_dict: scale must be positive and finite in "
                          f"float32, got {values['scale']}")
     if not values["growth_factor"] > 1.0:  # torch's constructor's checks
@@ -119,10 +128,7 @@ def _check_loaded_torch_entries(state_dict):
     if not 0.0 < values["backoff_factor"] < 1.0:
         raise ValueError(f"GradScaler.load_state_dict: backoff_factor {values['backoff_factor']}: "
                          "The backoff factor must be < 1.0 (and positive).")
-    tracker = state_dict["_growth_tracker"]
-    if isinstance(tracker, bool) or not isinstance(tracker, numbers.Integral) or not 0 <= tracker <= _INT32_MAX:
-        raise ValueError(f"GradScaler.load_state_dict: _growth_tracker must be an integer in int32, "
-                         f"at least 0, got {tracker!r}")
+    _check_tracker("GradScaler.load_state_dict: _growth_tracker", state_dict["_growth_tracker"])
 
 
 class GradScaler(torch.amp.GradScaler):
@@ -448,9 +454,7 @@ class GradScaler(torch.amp.GradScaler):
                            state_dict.get("hysteresis", self._hysteresis),
                            state_dict.get("min_scale", self._min_scale),
                            state_dict.get("max_scale", self._max_scale))
-            tracker = state_dict.get("_hysteresis_tracker", 0)
-            if isinstance(tracker, bool) or not isinstance(tracker, numbers.Integral) or not 0 <= tracker <= _INT32_MAX:
-                raise ValueError(f"_hysteresis_tracker must be an integer in int32, got {tracker!r}")
+            _check_tracker("_hysteresis_tracker", state_dict.get("_hysteresis_tracker", 0))
         super().load_state_dict(state_dict)
         if not self._enabled:
             return

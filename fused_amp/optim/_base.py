@@ -10,12 +10,11 @@ import torch
 from fused_amp import _scaling
 from fused_amp.optim import _memory, _quantize
 from fused_amp.optim._checkpoint import check_loadable
-from fused_amp.optim._grad_norm import DTensor, check_clip_options, local_shard, local_shards, total_grad_norm
+from fused_amp.optim._grad_norm import (CLIP_OPTIONS, DTensor, check_clip_options, check_same_clip_options,
+                                        local_shard, local_shards, total_grad_norm)
 from fused_amp.optim._memory import MASTER as _MASTER, REMAINDER as _REMAINDER, REMAINDER8 as _REMAINDER8
 
 _HALF = (torch.float16, torch.bfloat16)
-# group options that must agree across groups: one total norm clips the grads of all of them
-_CLIP_OPTIONS = ("max_grad_norm", "grad_norm_type")
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -157,7 +156,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         _memory.check_group_params(name, group, index)
         check_clip_options(group["max_grad_norm"], group["grad_norm_type"])
         group["grad_norm_type"] = float(group["grad_norm_type"])
-        _check_same_clip_options(name, self.param_groups[:index] + [group])
+        check_same_clip_options(name, self.param_groups[:index] + [group])
 
     # ---- clipping options: group options, the same in every group -------------------------
     @property
@@ -262,11 +261,9 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 for key in lists:
                     if key != "steps":
                         lists[key] = [local_shard(t) for t in lists[key]]
-        # drop what is kept for this group, and for groups no longer in the optimizer
-        # (the cache is changed in place, never reassigned: torch.compile follows that)
-        live = len(self.param_groups)
-        for stale in [k for k in self._lists_cache if k >= live or k == index]:
-            del self._lists_cache[stale]
+        # drop what is kept for this group (step() drops that of groups no longer in the
+        # optimizer; the cache is changed in place, never reassigned: torch.compile follows that)
+        self._lists_cache.pop(index, None)
         if all_grads:
             self._lists_cache[index] = _GroupLists(
                 group, params, self.state, [self.state[p] for p in params], options,
@@ -302,15 +299,16 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 loss = closure()
         if getattr(self, "found_inf", None) is None and not torch.compiler.is_compiling():
             _scaling.stepped(self)  # without a GradScaler (host bookkeeping, left out when traced)
-        max_grad_norm, grad_norm_type = _check_same_clip_options(type(self).__name__, self.param_groups)
+        max_grad_norm, grad_norm_type = check_same_clip_options(type(self).__name__, self.param_groups)
+        inv_scale = self._inv_scale()
         clip, self._clip.pending = self._clip.pending, None
         if clip is None and max_grad_norm is not None:
-            norm, _ = total_grad_norm(self, grad_norm_type, self._inv_scale())
+            norm, _ = total_grad_norm(self, grad_norm_type, inv_scale)
             clip = self._clip.record(norm, max_grad_norm)
-        elif clip is not None and clip[2] and self._inv_scale() is not None:
+        elif clip is not None and clip[2] and inv_scale is not None:
             # torch's GradScaler hands the step the scale of grads clip_grad_norm_ saw scaled:
             # the norm (the tensor it returned) becomes the unscaled one, in place
-            clip[0].mul_(self._inv_scale().to(clip[0].device))
+            clip[0].mul_(inv_scale.to(clip[0].device))
         cache, live = self._lists_cache, len(self.param_groups)
         if len(cache) > live:  # groups were removed: let go of their tensors (the cache holds them)
             for stale in [k for k in cache if k >= live]:
@@ -378,7 +376,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         """Called by GradScaler.step before it checks the grads: with ``max_grad_norm`` and no
         clip pending, the norm pass runs now and serves as the scaler's overflow check. True
         when it ran."""
-        max_grad_norm, grad_norm_type = _check_same_clip_options(type(self).__name__, self.param_groups)
+        max_grad_norm, grad_norm_type = check_same_clip_options(type(self).__name__, self.param_groups)
         if max_grad_norm is None or self._clip.pending is not None:
             return False
         self._clip.pending = self._clip.record(scaler._grad_norm_pass(self, grad_norm_type),
@@ -460,8 +458,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
-        clipping = self._loaded_clip_options(state_dict)
-        check_loadable(self, state_dict, f"{type(self).__name__}.load_state_dict")
+        loaded = check_loadable(self, state_dict, f"{type(self).__name__}.load_state_dict")
         # torch's loading, with the hooks run here around it instead of inside it
         self._optimizer_load_state_dict_pre_hooks = type(pre_hooks)()
         self._optimizer_load_state_dict_post_hooks = type(post_hooks)()
@@ -470,8 +467,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         finally:
             self._optimizer_load_state_dict_pre_hooks = pre_hooks
             self._optimizer_load_state_dict_post_hooks = post_hooks
-        for group, options, clip_options in zip(self.param_groups, memory, clipping):
-            group.update(options, **clip_options)
+        for group, options, loaded_options in zip(self.param_groups, memory, loaded):
+            group.update(options, **{key: loaded_options[key] for key in CLIP_OPTIONS})
         saved_state = state_dict["state"]
         id_map = dict(zip(chain.from_iterable(g["params"] for g in state_dict["param_groups"]),
                           chain.from_iterable(g["params"] for g in self.param_groups)))
@@ -493,27 +490,6 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         for post_hook in post_hooks.values():
             post_hook(self)
 
-    def _loaded_clip_options(self, state_dict) -> List[Dict[str, Any]]:
-        """The clip options each group will have after loading ``state_dict``: the checkpoint's
-        (checked here, before anything is replaced), or this optimizer's where it has none (a
-        torch.optim checkpoint, or one from before they were group options)."""
-        saved_groups = state_dict.get("param_groups")
-        if not isinstance(saved_groups, (list, tuple)) or len(saved_groups) != len(self.param_groups):
-            return [{} for _ in self.param_groups]  # torch's loading refuses it
-        name = f"{type(self).__name__}.load_state_dict"
-        options = []
-        for saved, group in zip(saved_groups, self.param_groups):
-            saved = saved if isinstance(saved, dict) else {}
-            chosen = {key: saved.get(key, group[key]) for key in _CLIP_OPTIONS}
-            try:
-                check_clip_options(chosen["max_grad_norm"], chosen["grad_norm_type"])
-            except (TypeError, ValueError) as e:
-                raise type(e)(f"{name}: param_groups: {e}") from None
-            chosen["grad_norm_type"] = float(chosen["grad_norm_type"])
-            options.append(chosen)
-        _check_same_clip_options(name, [dict(o, params=()) for o in options])
-        return options
-
     def _complete_loaded_state(self, p, state):
         """Adapt the state of a ``torch.optim`` checkpoint (subclasses add what it lacks)."""
         step = state.get("step")
@@ -524,7 +500,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         super().__setstate__(state)
         self._forget_lists()
         # pickles from before the clip options moved into the groups hold them as attributes
-        legacy = {key: self.__dict__.pop(key) for key in _CLIP_OPTIONS if key in self.__dict__}
+        legacy = {key: self.__dict__.pop(key) for key in CLIP_OPTIONS if key in self.__dict__}
         clip_defaults = dict({"max_grad_norm": None, "grad_norm_type": 2.0}, **legacy)
         self._clip = _ClipState()
         # options added in later versions (of torch or of ours) take torch's defaults for
@@ -536,20 +512,6 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
     def _fix_group(self, group):
         """Group options a subclass forces whatever the checkpoint says (AdamW: decoupled)."""
-
-
-def _check_same_clip_options(name: str, groups) -> tuple:
-    """(max_grad_norm, grad_norm_type) of the groups, which must agree: the grads of all groups
-    are clipped by their one total norm."""
-    first = groups[0]
-    settings = (first["max_grad_norm"], first["grad_norm_type"])
-    for index, group in enumerate(groups[1:], 1):
-        for key, value in zip(_CLIP_OPTIONS, settings):
-            if group[key] != value:
-                raise ValueError(f"{name}: {key} is {group[key]!r} in param group {index} and "
-                                 f"{value!r} in group 0: the grads of all groups are clipped by "
-                                 f"one total norm, so every group needs the same {key}")
-    return settings
 
 
 def _state_like(value: torch.Tensor, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -8,23 +8,26 @@ dtype, legacy Python-number steps, options added in later versions missing) load
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Dict
+from typing import Dict, List
 
 import torch
 
 from fused_amp.optim import _memory, _quantize
+from fused_amp.optim._grad_norm import CLIP_OPTIONS, check_clip_options, check_same_clip_options
 
 # moments that are squares: never negative
 _SQUARES = ("exp_avg_sq", "max_exp_avg_sq")
 # state a param may hold as None (torch.optim.SGD saves a missing buffer so)
 _MAY_BE_NONE = ("momentum_buffer",)
 # group options of ours that a torch checkpoint lacks: this optimizer's stay
-_OURS = ("rounding_seed", "max_grad_norm", "grad_norm_type")
+_OURS = ("rounding_seed",) + CLIP_OPTIONS
 
 
-def check_loadable(optimizer, state_dict, name: str) -> None:
+def check_loadable(optimizer, state_dict, name: str) -> List[Dict]:
     """Raise (naming the entry) if ``state_dict`` is not one that ``optimizer`` can load and step
-    correctly with; change nothing."""
+    correctly with; change nothing. Returns the options each group will have after loading (the
+    clip options: the checkpoint's, or this optimizer's where it has none, as a torch.optim
+    checkpoint or one from before they were group options)."""
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"{name}: expected a state dict (a dict), got {type(state_dict).__name__}")
     for key in ("state", "param_groups"):
@@ -38,18 +41,22 @@ def check_loadable(optimizer, state_dict, name: str) -> None:
     if len(saved_groups) != len(optimizer.param_groups):  # torch's message
         raise ValueError("loaded state dict has a different number of parameter groups")
     owners: Dict = {}  # saved param id -> (param, its options after loading)
+    loaded = []
     for index, (saved, group) in enumerate(zip(saved_groups, optimizer.param_groups)):
         where = f"{name}: param_groups[{index}]"
         options = _loaded_options(optimizer, saved, group, where)
+        loaded.append(options)
         for saved_id, p in zip(saved["params"], group["params"]):
             if saved_id in owners:
                 raise ValueError(f"{where}: param id {saved_id!r} appears more than once")
             owners[saved_id] = (p, options)
+    check_same_clip_options(name, loaded)
     for saved_id, entry in saved_state.items():
         if saved_id not in owners:
             continue  # torch keeps state of params it does not know, unused
         p, options = owners[saved_id]
         _check_param_state(optimizer, p, options, entry, f"{name}: state[{saved_id!r}]")
+    return loaded
 
 
 def _loaded_options(optimizer, saved, group, where):
@@ -69,6 +76,12 @@ def _loaded_options(optimizer, saved, group, where):
     options = dict(optimizer._group_defaults)
     options.update((k, v) for k, v in saved.items() if k != "params")
     options.update((k, group[k]) for k in _memory.MEMORY_OPTIONS)
+    options.update((k, saved.get(k, group[k])) for k in CLIP_OPTIONS)
+    try:
+        check_clip_options(options["max_grad_norm"], options["grad_norm_type"])
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{where}: {e}") from None
+    options["grad_norm_type"] = float(options["grad_norm_type"])
     # the options of torch's constructor (ours, clip options included, stay when missing)
     missing = [k for k in optimizer.defaults if k not in options and k not in _OURS]
     if missing:

@@ -20,6 +20,8 @@ except ImportError:  # pragma: no cover
 _LOCAL_TENSOR, _DEVICE_MESH, _PLACEMENTS = map(operator.attrgetter, ("_local_tensor", "device_mesh", "placements"))
 # the norm types the fused pass computes; others go through torch (clip_grad_norm_ only)
 FUSED_NORM_TYPES = (1.0, 2.0, math.inf)
+# group options that must agree across groups: one total norm clips the grads of all of them
+CLIP_OPTIONS = ("max_grad_norm", "grad_norm_type")
 
 
 def check_clip_options(max_grad_norm, grad_norm_type):
@@ -32,6 +34,20 @@ def check_clip_options(max_grad_norm, grad_norm_type):
     if isinstance(grad_norm_type, bool) or not isinstance(grad_norm_type, (int, float)) \
             or float(grad_norm_type) not in FUSED_NORM_TYPES:
         raise ValueError(f"Invalid grad_norm_type: {grad_norm_type!r} (1.0, 2.0 or inf)")
+
+
+def check_same_clip_options(name: str, groups) -> tuple:
+    """(max_grad_norm, grad_norm_type) of the groups, which must agree: the grads of all groups
+    are clipped by their one total norm."""
+    first = groups[0]
+    settings = (first["max_grad_norm"], first["grad_norm_type"])
+    for index, group in enumerate(groups[1:], 1):
+        for key, value in zip(CLIP_OPTIONS, settings):
+            if group[key] != value:
+                raise ValueError(f"{name}: {key} is {group[key]!r} in param group {index} and "
+                                 f"{value!r} in group 0: the grads of all groups are clipped by "
+                                 f"one total norm, so every group needs the same {key}")
+    return settings
 
 
 def _grads(optimizer) -> List[torch.Tensor]:
