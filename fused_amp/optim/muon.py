@@ -1,0 +1,213 @@
+"""Muon with fp32 master weights: torch.optim.Muon's update, its Newton-Schulz batched per shape."""
+import math
+from collections import defaultdict
+from typing import Optional, Tuple, Union
+
+import torch
+
+from fused_amp import ops
+from fused_amp.optim import _quantize
+from fused_amp.optim._base import MasterWeightOptimizer
+from fused_amp.optim._grad_norm import DTensor
+from fused_amp.optim._newton_schulz import check_ns_options, orthogonalize
+
+# torch.optim.Muon's defaults (Keller Jordan's coefficients)
+DEFAULT_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+ADJUST_LR_FNS = ("original", "match_rms_adamw", "spectral_unclamped")
+
+
+def adjusted_lr_ratio(adjust_lr_fn: Optional[str], shape) -> float:
+    """What torch.optim.Muon multiplies the lr of a (A, B) matrix's update by."""
+    a, b = shape[:2]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        return math.sqrt(max(1, a / b))
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(a, b))
+    return math.sqrt(a / b)  # "spectral_unclamped"
+
+
+class Muon(MasterWeightOptimizer):
+    r"""Muon (Jordan et al. 2024) for 2-D params, with fp32 master weights: the update of
+    :class:`torch.optim.Muon`, with its arguments, defaults and checks. Each step (grads unscaled
+    by the GradScaler's :math:`1/s` and clipped, :math:`k` the clip coefficient):
+
+    .. math::
+        g &\leftarrow k\,g / s \qquad B \leftarrow \mu B + (1-\mu) g \qquad
+        \widetilde{B} \leftarrow (1-\mu) g + \mu B \text{ if nesterov else } B \\
+        O &\leftarrow \mathrm{NS}^{(a,b,c)}_{n}\big(\widetilde{B} / \max(\lVert\widetilde{B}\rVert_F,
+            \varepsilon)\big) \qquad
+        \theta \leftarrow \theta (1 - \gamma\lambda) - \gamma\,r(A, B)\,O
+
+    with the momentum and the step on the fp32 master (``state[p]["momentum_buffer"]`` fp32, or
+    bf16 with ``state_dtype=torch.bfloat16``), the Newton-Schulz iterations in bf16 as torch's
+    (:math:`X \leftarrow aX + (bA + cA^2)X`, :math:`A = XX^T` for wide X) and :math:`r` the
+    ``adjust_lr_fn`` ratio of the (A, B) shape ("original": :math:`\sqrt{\max(1, A/B)}`,
+    "match_rms_adamw": :math:`0.2\sqrt{\max(A, B)}`, "spectral_unclamped": :math:`\sqrt{A/B}`).
+    The matrices of one shape go through Newton-Schulz as one batched product chain (on a GPU,
+    bf16 Tensor Core products; on the CPU fp32 products of the bf16 values rounded to bf16, which
+    is what a bf16 product computes). The update is applied to the master in one fused pass per
+    lr ratio (the SGD op's: :math:`\theta - \gamma r\,(O + \tfrac{\lambda}{r}\theta)`, the same
+    value as torch's two roundings within an fp32 ulp), which writes the half param. An overflow
+    step changes nothing, on the device; no step syncs with the host.
+
+    Use it for the hidden 2-D matrices and AdamW for the rest (embeddings, heads, norms, biases);
+    one GradScaler steps both (``scaler.step(muon); scaler.step(adamw)``), as with torch.
+
+    Args:
+        params: iterable of 2-D parameters or dicts defining parameter groups.
+        lr (float or Tensor): learning rate (default: 1e-3).
+        weight_decay (float): decoupled weight decay (default: 0.1).
+        momentum (float): momentum factor (default: 0.95).
+        nesterov (bool): Nesterov momentum (default: True).
+        ns_coefficients (tuple of three floats): the Newton-Schulz polynomial's (a, b, c)
+            (default: (3.4445, -4.7750, 2.0315)).
+        eps (float): the floor of the Frobenius norm the update is divided by (default: 1e-7).
+        ns_steps (int): Newton-Schulz iterations, fewer than 100 (default: 5).
+        adjust_lr_fn (str, optional): "original" (the default, None), "match_rms_adamw" or
+            "spectral_unclamped", as torch's.
+        master_weights: as for :class:`fused_amp.optim.Adam` (True, False, "remainder",
+            "remainder8").
+        state_dtype: the momentum buffer's dtype: torch.float32 (default) or torch.bfloat16
+            (rounded to nearest even); 8-bit state is not supported by Muon yet.
+        stochastic_rounding, rounding_seed: the rounding of 24-bit masters
+            (``master_weights="remainder8"``), as for :class:`fused_amp.optim.Adam`.
+        unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
+    """
+
+    def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3, weight_decay: float = 0.1,
+                 momentum: float = 0.95, nesterov: bool = True,
+                 ns_coefficients: Tuple[float, float, float] = DEFAULT_NS_COEFFICIENTS,
+                 eps: float = 1e-7, ns_steps: int = 5, adjust_lr_fn: Optional[str] = None, *,
+                 master_weights: Union[bool, str] = True, unscale_grads: bool = True,
+                 max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
+                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
+                 rounding_seed: Optional[int] = None):
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                        ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
+                        adjust_lr_fn=adjust_lr_fn, master_weights=master_weights,
+                        unscale_grads=unscale_grads, state_dtype=state_dtype,
+                        stochastic_rounding=stochastic_rounding, rounding_seed=rounding_seed,
+                        min_8bit_size=_quantize.MIN_8BIT_SIZE)
+        self._check_hyperparameters(defaults)
+        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
+
+    @classmethod
+    def _check_hyperparameters(cls, o):
+        """torch.optim.Muon's checks and messages, in its order."""
+        lr = o["lr"]
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        if not 0.0 <= lr:
+            raise ValueError(f"Learning rate should be >= 0 but is: {lr}")
+        if not 0.0 <= o["momentum"]:
+            raise ValueError(f"momentum should be >= 0 but is: {o['momentum']}")
+        if not 0.0 <= o["weight_decay"]:
+            raise ValueError(f"weight decay should be >= 0 but is: {o['weight_decay']}")
+        if o["adjust_lr_fn"] is not None and o["adjust_lr_fn"] not in ADJUST_LR_FNS:
+            raise ValueError(f"Adjust learning rate function {o['adjust_lr_fn']} is not supported")
+
+    _step_count_saved = False  # torch.optim.Muon's state is the buffer alone
+
+    def _check_group(self, index, group):
+        super()._check_group(index, group)
+        for i, p in enumerate(group["params"]):
+            if p.ndim != 2:
+                raise ValueError("Muon only supports 2D parameters whereas we found a parameter "
+                                 f"with size: {p.size()}")
+            if DTensor is not None and isinstance(p, DTensor):
+                raise ValueError(f"Muon: DTensor (FSDP2) params are not supported yet (Newton-Schulz "
+                                 f"needs the whole matrix); param {i} of group {index} is a DTensor")
+        if group["state_dtype"] == torch.uint8:
+            raise ValueError("Muon: state_dtype must be torch.float32 or torch.bfloat16 (8-bit "
+                             "momentum is not supported by Muon yet)")
+        if group["stochastic_rounding"] and group["master_weights"] != "remainder8":
+            raise ValueError("Muon: stochastic_rounding=True rounds 24-bit masters "
+                             "(master_weights='remainder8'); Muon's bf16 momentum rounds to nearest")
+
+    def _state_keys_for(self, group):
+        return ("momentum_buffer",)
+
+    def _complete_loaded_state(self, p, state):
+        super()._complete_loaded_state(p, state)
+        if "step" not in state:  # a torch.optim.Muon checkpoint: a buffer means it has stepped
+            has_buffer = state.get("momentum_buffer") is not None
+            state["step"] = torch.full((), float(has_buffer), device=p.device)
+
+    def _update(self, group, lists, scalars, check_only):
+        check_ns_options(group["ns_coefficients"], group["ns_steps"])
+        params, grads, masters = lists["params"], lists["grads"], lists["master_params"]
+        steps = lists["steps"]  # the clean steps, counted on the device (the op skips with them)
+        apply = dict(momentum=0.0, dampening=0.0, nesterov=False, maximize=False,
+                     found_inf=scalars["found_inf"], rounding_seed=scalars["rounding_seed"],
+                     unscale_grads=False)
+        # the update's pass validates params, masters and grads (shapes, dtypes, devices)
+        # before the momentum changes
+        ops.sgd_step_(params, grads, masters, [], steps, lr=0.0, weight_decay=0.0, check_only=True,
+                      **apply)
+        if check_only or not params:
+            return
+        updates = self._momentum_pass(group, grads, lists["momentum_buffer"], scalars)
+        orthogonal = self._orthogonalize(group, updates)
+        self._apply_pass(group, params, masters, steps, orthogonal, scalars, apply)
+
+    @staticmethod
+    def _grad_multiplier(scalars) -> Optional[torch.Tensor]:
+        """What the grads are multiplied by: 1/scale times the clip coefficient, 1 on an overflow
+        step (nothing changes then, the grads included), or None when there is nothing to do."""
+        mult = scalars["inv_scale"]
+        norm = scalars.get("grad_norm")
+        if norm is not None:  # min(1, max_norm / (norm + 1e-6)), as the fused ops form it
+            coef = ((norm.float() + 1e-6).reciprocal() * scalars["max_grad_norm"]).clamp(max=1.0)
+            mult = coef if mult is None else mult * coef
+        found_inf = scalars["found_inf"]
+        if mult is not None and found_inf is not None:
+            mult = torch.where(found_inf != 0, torch.ones_like(mult), mult)
+        return mult
+
+    def _momentum_pass(self, group, grads, bufs, scalars):
+        """B = lerp(B, g, 1 - mu) and the Newton-Schulz input, unscaled and clipped grads in,
+        the momentum unchanged on an overflow step."""
+        mult = self._grad_multiplier(scalars)
+        if mult is not None:
+            if group["unscale_grads"]:  # left unscaled (and clipped) in p.grad, as torch leaves them
+                torch._foreach_mul_(grads, mult)
+            else:
+                grads = torch._foreach_mul(grads, mult)
+        found_inf = scalars["found_inf"]
+        if found_inf is not None:  # an overflow step lerps B towards itself: B exactly
+            skip = found_inf != 0
+            grads = [torch.where(skip, b, g).to(b.dtype) for b, g in zip(bufs, grads)]
+        else:
+            grads = [g.to(b.dtype) for b, g in zip(bufs, grads)]
+        momentum = group["momentum"]
+        torch._foreach_lerp_(bufs, grads, 1 - momentum)
+        if group["nesterov"]:
+            return torch._foreach_lerp(grads, bufs, momentum)
+        return bufs
+
+    def _orthogonalize(self, group, updates):
+        """Newton-Schulz of every update, batched per (device, shape); returns bf16 matrices."""
+        by_shape = defaultdict(list)
+        for i, u in enumerate(updates):
+            by_shape[(u.device, tuple(u.shape))].append(i)
+        out = [None] * len(updates)
+        for indices in by_shape.values():
+            stack = torch.stack([updates[i] for i in indices]).to(torch.bfloat16)
+            result = orthogonalize(stack, group["ns_coefficients"], group["ns_steps"], group["eps"])
+            for j, i in enumerate(indices):
+                out[i] = result[j]
+        return out
+
+    def _apply_pass(self, group, params, masters, steps, orthogonal, scalars, apply):
+        """theta(1 - lr wd) - lr r O on the masters, one fused pass per lr ratio r."""
+        by_ratio = defaultdict(list)
+        for i, p in enumerate(params):
+            by_ratio[adjusted_lr_ratio(group["adjust_lr_fn"], p.shape)].append(i)
+        lr, lr_tensor = scalars["lr"], scalars["lr_tensor"]
+        for ratio, indices in by_ratio.items():
+            take = lambda xs: [xs[i] for i in indices] if xs else []  # noqa: E731
+            params_r = take(params)
+            updates = [orthogonal[i].to(params[i].dtype) for i in indices]
+            ops.sgd_step_(params_r, updates, take(masters), [], take(steps),
+                          lr=lr * ratio, lr_tensor=None if lr_tensor is None else lr_tensor * ratio,
+                          weight_decay=group["weight_decay"] / ratio, **apply)

@@ -1,0 +1,446 @@
+"""Muon against torch.optim.Muon: its signature, checks and messages; its update on fp32 copies
+fed the same unscaled grads, within the spread of torch's own Muon when its Newton-Schulz runs
+in another, equivalent order; the scaler, clipping, memory modes, checkpoints both ways, the
+Muon + AdamW recipe with one scaler, and DDP.
+
+Muon only takes 2-D params, so it is not in optim_registry (whose generic tests use 1-D and 4-D
+params too); what those tests check for every optimizer is checked here for Muon."""
+import inspect
+
+import pytest
+import torch
+import torch.optim._muon as torch_muon
+
+import fused_amp
+from fused_amp.optim import AdamW, Muon
+from fused_amp.optim._newton_schulz import orthogonalize
+from helpers import assert_bitwise_equal
+from test_distributed import run_ranks
+
+# wide, tall (of the same size: another stack), square, two of a shape (batched together)
+SHAPES = [(64, 256), (256, 64), (64, 256), (96, 96), (32, 48)]
+OPTIONS = [dict(lr=0.02),
+           dict(lr=0.02, nesterov=False, adjust_lr_fn="match_rms_adamw"),
+           dict(lr=0.02, weight_decay=0.0, momentum=0.9, adjust_lr_fn="spectral_unclamped")]
+COEFFICIENTS = torch_muon.DEFAULT_A, torch_muon.DEFAULT_B, torch_muon.DEFAULT_C
+
+
+# ---- torch's Newton-Schulz in other, equivalent orders: the spread the tolerance comes from ----
+
+def _other_orientation(grad, ns_coefficients, ns_steps, eps):
+    """torch's iteration on the other orientation of the matrix: X = a X + X B with A = X^T X
+    on the tall form (the same polynomial, other sums)."""
+    a, b, c = ns_coefficients
+    x = grad.bfloat16()
+    wide = grad.size(0) <= grad.size(1)
+    if wide:
+        x = x.T
+    x = x.div(x.norm().clamp(min=eps))
+    for _ in range(ns_steps):
+        gram = x.T @ x
+        x = torch.addmm(x, x, torch.addmm(gram, gram, gram, beta=b, alpha=c), beta=a)
+    return x.T if wide else x
+
+
+def _fp32_sums(grad, ns_coefficients, ns_steps, eps):
+    """torch's iteration with each product summed in fp32 from the bf16 values and rounded to
+    bf16 once (a bf16 GEMM's contract, summed in another order)."""
+    a, b, c = ns_coefficients
+    x = grad.bfloat16()
+    if grad.size(0) > grad.size(1):
+        x = x.T
+    x = x.div(x.norm().clamp(min=eps))
+
+    def bf16(t):
+        return t.bfloat16().float()
+
+    x = x.float()
+    for _ in range(ns_steps):
+        gram = bf16(x @ x.T)
+        x = bf16(torch.addmm(x, bf16(torch.addmm(gram, gram, gram, beta=b, alpha=c)), x, beta=a))
+    x = x.bfloat16()
+    return x.T if grad.size(0) > grad.size(1) else x
+
+
+def torch_run(init, grads, kw, ns=None, make=torch.optim.Muon):
+    params = [torch.nn.Parameter(x.float().clone()) for x in init]
+    opt = make(params, **kw)
+    original = torch_muon._zeropower_via_newtonschulz
+    torch_muon._zeropower_via_newtonschulz = ns or original
+    try:
+        for step_grads in grads:
+            for p, g in zip(params, step_grads):
+                p.grad = g.float().clone()
+            opt.step()
+    finally:
+        torch_muon._zeropower_via_newtonschulz = original
+    return params, opt
+
+
+def data(dtype, steps=8, seed=0, shapes=SHAPES):
+    gen = torch.Generator().manual_seed(seed)
+    init = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
+    grads = [[torch.randn(s, generator=gen).to(dtype) for s in shapes] for _ in range(steps)]
+    return init, grads
+
+
+def max_distance(a, b):
+    return max((x.detach().float() - y.detach().float()).abs().max().item() for x, y in zip(a, b))
+
+
+def torch_spread(init, grads, kw):
+    """How far torch's Muon moves when only the order of its Newton-Schulz sums changes: ours
+    reorders in both ways (tall matrices iterate on their own orientation; on the CPU the
+    products are fp32 sums of the bf16 values), so its distance may be the sum of both."""
+    reference, _ = torch_run(init, grads, kw)
+    spread = sum(max_distance(reference, torch_run(init, grads, kw, ns)[0])
+                 for ns in (_other_orientation, _fp32_sums))
+    return reference, spread
+
+
+def values(opt, params):
+    return [opt.state[p]["master_param"] if p.dtype != torch.float32 else p.detach() for p in params]
+
+
+# ---- the update ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("kw", OPTIONS, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_steps_as_torch_within_its_reordering_spread(dtype, kw):
+    """fp32 params: the params; half params: the fp32 masters, against torch's Muon on fp32
+    copies fed the same grads."""
+    init, grads = data(dtype)
+    reference, spread = torch_spread(init, grads, kw)
+    params = [torch.nn.Parameter(x.clone()) for x in init]
+    opt = Muon(params, **kw)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads):
+            p.grad = g.clone()
+        opt.step()
+    assert 0 < spread < 1e-2
+    assert max_distance(values(opt, params), reference) <= spread
+    for p in params:  # the momentum is torch's exactly: the same lerps in fp32
+        if dtype == torch.float32:
+            continue
+        assert opt.state[p]["master_param"].to(dtype).equal(p.detach())
+
+
+def test_momentum_is_torchs_bitwise():
+    init, grads = data(torch.float32)
+    reference, ref_opt = torch_run(init, grads, dict(lr=0.02))
+    params = [torch.nn.Parameter(x.clone()) for x in init]
+    opt = Muon(params, lr=0.02)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads):
+            p.grad = g.clone()
+        opt.step()
+    for p, q in zip(params, reference):
+        assert_bitwise_equal(opt.state[p]["momentum_buffer"], ref_opt.state[q]["momentum_buffer"])
+
+
+def test_batched_newton_schulz_is_torchs_per_matrix_within_its_reordering_spread():
+    gen = torch.Generator().manual_seed(3)
+    for shape in [(64, 256), (256, 64), (96, 96)]:
+        stack = torch.randn((4,) + shape, generator=gen).bfloat16()
+        ours = orthogonalize(stack, COEFFICIENTS, 5, 1e-7)
+        for i in range(4):
+            theirs = torch_muon._zeropower_via_newtonschulz(stack[i], COEFFICIENTS, 5, 1e-7)
+            spread = sum((theirs.float() - ns(stack[i], COEFFICIENTS, 5, 1e-7).float()).abs().max().item()
+                         for ns in (_other_orientation, _fp32_sums))
+            assert (ours[i].float() - theirs.float()).abs().max().item() <= spread, shape
+
+
+def test_a_zero_update_stays_zero():
+    """The norm's floor eps: a zero momentum gives a zero update (no NaN), as torch."""
+    p = torch.nn.Parameter(torch.ones(8, 16))
+    opt = Muon([p], lr=0.1, weight_decay=0.0)
+    p.grad = torch.zeros_like(p)
+    opt.step()
+    assert_bitwise_equal(p.detach(), torch.ones(8, 16))
+
+
+# ---- the scaler, an overflow, clipping -------------------------------------------------------
+
+def scaled_steps(opt, params, grads, scaler, scale, overflow_at=None):
+    for step, step_grads in enumerate(grads):
+        scaler.scale(torch.ones(()))
+        for p, g in zip(params, step_grads):
+            p.grad = (g.float() * scaler.get_scale()).to(p.dtype)
+        if step == overflow_at:
+            params[0].grad[0, 0] = float("inf")
+        scaler.step(opt)
+        scaler.update()
+
+
+@pytest.mark.parametrize("scaler_cls", [fused_amp.GradScaler, torch.amp.GradScaler])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_scaled_steps_with_an_overflow_are_torchs_unscaled_steps(scaler_cls, dtype):
+    """Scale 2^10 (exact: the unscaled grads are the given ones), an overflow at step 3 that
+    must change nothing (masters, momentum) and halve the scale, as torch's recipe does."""
+    init, grads = data(dtype, steps=6)
+    params = [torch.nn.Parameter(x.clone()) for x in init]
+    opt = Muon(params, lr=0.02)
+    scaler = scaler_cls("cpu", init_scale=1024.0)
+    scaled_steps(opt, params, grads, scaler, 1024.0, overflow_at=3)
+    assert scaler.get_scale() == 512.0
+    clean = grads[:3] + grads[4:]
+    reference, spread = torch_spread(init, clean, dict(lr=0.02))
+    assert max_distance(values(opt, params), reference) <= spread
+    for p, g in zip(params, grads[-1]):  # left unscaled, as torch's optimizers leave them
+        assert_bitwise_equal(p.grad, g)
+
+
+def test_an_overflow_step_changes_nothing_not_even_the_grads():
+    init, grads = data(torch.bfloat16, steps=2)
+    params = [torch.nn.Parameter(x.clone()) for x in init]
+    opt = Muon(params, lr=0.02)
+    scaler = fused_amp.GradScaler("cpu", init_scale=256.0)
+    scaled_steps(opt, params, grads[:1], scaler, 256.0)
+    before = [t.clone() for p in params for t in (p.detach(), opt.state[p]["master_param"],
+                                                   opt.state[p]["momentum_buffer"])]
+    scaler.scale(torch.ones(()))
+    for p, g in zip(params, grads[1]):
+        p.grad = (g.float() * scaler.get_scale()).to(p.dtype)
+    params[2].grad[1, 1] = float("nan")
+    sent = [p.grad.clone() for p in params]
+    scaler.step(opt)
+    after = [t for p in params for t in (p.detach(), opt.state[p]["master_param"],
+                                         opt.state[p]["momentum_buffer"])]
+    for a, b in zip(after, before):
+        assert_bitwise_equal(a, b)
+    for p, g in zip(params, sent):
+        assert_bitwise_equal(p.grad, g)
+
+
+@pytest.mark.parametrize("how", ["max_grad_norm", "clip_grad_norm_"])
+def test_clipping_is_torchs_clip_then_step(how):
+    init, grads = data(torch.float32, steps=5)
+    grads = [[g * 3 for g in step] for step in grads]  # always clipped at 1.0
+
+    class ClippedMuon(torch.optim.Muon):
+        def step(self, closure=None):
+            torch.nn.utils.clip_grad_norm_([p for g in self.param_groups for p in g["params"]], 1.0)
+            return super().step(closure)
+
+    reference, _ = torch_run(init, grads, dict(lr=0.02), make=ClippedMuon)
+    spread = sum(max_distance(reference, torch_run(init, grads, dict(lr=0.02), ns, ClippedMuon)[0])
+                 for ns in (_other_orientation, _fp32_sums))
+    params = [torch.nn.Parameter(x.clone()) for x in init]
+    opt = Muon(params, lr=0.02, max_grad_norm=1.0 if how == "max_grad_norm" else None)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads):
+            p.grad = g.clone()
+        if how == "clip_grad_norm_":
+            opt.clip_grad_norm_(1.0)
+        opt.step()
+    assert max_distance(params, reference) <= spread
+    assert opt.last_grad_norm.item() > 1.0
+
+
+# ---- memory modes ----------------------------------------------------------------------------
+
+def run_ours(init, grads, **kw):
+    params = [torch.nn.Parameter(x.clone()) for x in init]
+    opt = Muon(params, lr=0.02, **kw)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads):
+            p.grad = g.clone()
+        opt.step()
+    return params, opt
+
+
+def test_remainder_masters_are_the_fp32_masters_bitwise():
+    init, grads = data(torch.bfloat16)
+    a, opt_a = run_ours(init, grads)
+    b, opt_b = run_ours(init, grads, master_weights="remainder")
+    master_b = opt_b.state_dict()["state"]
+    for i, (p, q) in enumerate(zip(a, b)):
+        assert_bitwise_equal(p.detach(), q.detach())
+        assert_bitwise_equal(opt_a.state[p]["master_param"], master_b[i]["master_param"])
+
+
+@pytest.mark.parametrize("kw,per_param", [
+    (dict(), 8), (dict(master_weights="remainder", state_dtype=torch.bfloat16), 4),
+    (dict(master_weights="remainder8", state_dtype=torch.bfloat16), 3)])
+def test_state_bytes_and_steps_of_each_memory_mode(kw, per_param):
+    """Bytes held per bf16 param besides the param and grad; the smaller modes stay within the
+    spread of torch's Muon plus what their own rounding moves (bf16 momentum, 24-bit masters)."""
+    init, grads = data(torch.bfloat16)
+    params, opt = run_ours(init, grads, **kw)
+    for p in params:
+        held = sum(t.numel() * t.element_size() for k, t in opt.state[p].items() if k != "step")
+        assert held == per_param * p.numel()
+    reference, _ = torch_spread(init, grads, dict(lr=0.02))
+    masters = [s["master_param"] for s in opt.state_dict()["state"].values()]
+    assert max_distance(masters, reference) < 5e-3  # a bf16 ulp of the O(1) weights is 8e-3
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(state_dtype=torch.uint8), "8-bit momentum is not supported"),
+    (dict(state_dtype=torch.bfloat16, stochastic_rounding=True), "rounds 24-bit masters")])
+def test_what_muon_cannot_store_is_refused(kw, match):
+    with pytest.raises(ValueError, match=match):
+        Muon([torch.nn.Parameter(torch.randn(4, 4).bfloat16())], **kw)
+
+
+# ---- the constructor and the step's checks, as torch's ------------------------------------------
+
+def test_signature_is_torchs_plus_our_keywords():
+    ours = inspect.signature(Muon.__init__).parameters
+    theirs = inspect.signature(torch.optim.Muon.__init__).parameters
+    for name, param in theirs.items():
+        assert ours[name].kind == param.kind and ours[name].default == param.default, name
+    extra = set(ours) - set(theirs)
+    assert extra == {"master_weights", "unscale_grads", "max_grad_norm", "grad_norm_type",
+                     "state_dtype", "stochastic_rounding", "rounding_seed"}
+    assert all(ours[k].kind == inspect.Parameter.KEYWORD_ONLY for k in extra)
+
+
+@pytest.mark.parametrize("kw,shape", [
+    (dict(lr=-1.0), (4, 4)), (dict(lr=torch.tensor([1.0, 2.0])), (4, 4)), (dict(momentum=-0.1), (4, 4)),
+    (dict(weight_decay=-1.0), (4, 4)), (dict(adjust_lr_fn="rms"), (4, 4)), (dict(), (4,)),
+    (dict(), (2, 3, 4))])
+def test_constructor_refuses_what_torch_refuses_with_its_message(kw, shape):
+    outcomes = []
+    for cls in (torch.optim.Muon, Muon):
+        with pytest.raises(ValueError) as e:
+            cls([torch.nn.Parameter(torch.randn(shape))], **kw)
+        outcomes.append(str(e.value))
+    assert outcomes[0] == outcomes[1]
+
+
+@pytest.mark.parametrize("kw", [dict(ns_steps=100), dict(ns_coefficients=(1.0, 2.0))])
+def test_bad_newton_schulz_options_raise_torchs_error_before_any_change(kw):
+    """torch raises inside its step, after it changed the first momentum; ours before."""
+    messages = []
+    for cls in (torch.optim.Muon, Muon):
+        params = [torch.nn.Parameter(torch.ones(4, 8)) for _ in range(2)]
+        opt = cls(params, **kw)
+        for p in params:
+            p.grad = torch.ones_like(p)
+        with pytest.raises(ValueError) as e:
+            opt.step()
+        messages.append(str(e.value))
+    assert messages[0] == messages[1]
+    assert all(torch.equal(p.detach(), torch.ones(4, 8)) for p in params)
+    assert all(not opt.state[p] or not opt.state[p]["momentum_buffer"].any() for p in params)
+
+
+def test_a_sparse_grad_is_refused_before_any_change():
+    params = [torch.nn.Parameter(torch.ones(4, 8)) for _ in range(2)]
+    opt = Muon(params)
+    params[0].grad = torch.ones(4, 8)
+    params[1].grad = torch.ones(4, 8).to_sparse()  # torch's Muon refuses it too
+    with pytest.raises(ValueError, match=r"grads\[1\] is sparse"):
+        opt.step()
+    assert all(torch.equal(p.detach(), torch.ones(4, 8)) for p in params)
+    assert not opt.state[params[0]]["momentum_buffer"].any()
+
+
+# ---- checkpoints -------------------------------------------------------------------------------
+
+def test_checkpoints_load_both_ways_with_torchs_muon():
+    init, grads = data(torch.float32, steps=6)
+    ours, opt = run_ours(init, grads[:3])
+    theirs, torch_opt = torch_run(init, grads[:3], dict(lr=0.02))
+    # ours into torch's and torch's into ours, then three more steps each
+    crossed_torch = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    t = torch.optim.Muon(crossed_torch, lr=0.02)
+    t.load_state_dict(opt.state_dict())
+    crossed_ours = [torch.nn.Parameter(p.detach().clone()) for p in theirs]
+    o = Muon(crossed_ours, lr=0.02)
+    o.load_state_dict(torch_opt.state_dict())
+    for p, q in zip(crossed_ours, theirs):
+        assert_bitwise_equal(o.state[p]["momentum_buffer"], torch_opt.state[q]["momentum_buffer"])
+    for step_grads in grads[3:]:
+        for opt_, params in ((t, crossed_torch), (o, crossed_ours)):
+            for p, g in zip(params, step_grads):
+                p.grad = g.clone()
+            opt_.step()
+    reference, spread = torch_spread(init, grads, dict(lr=0.02))
+    assert max_distance(crossed_torch, reference) <= spread
+    assert max_distance(crossed_ours, reference) <= spread
+
+
+def test_a_checkpoint_holds_fp32_masters_and_the_momentum_in_its_state_dtype():
+    """As every optimizer of ours: remainders are saved as the fp32 master they make."""
+    init, grads = data(torch.bfloat16, steps=2)
+    params, opt = run_ours(init, grads, master_weights="remainder", state_dtype=torch.bfloat16)
+    for entry in opt.state_dict()["state"].values():
+        assert entry["master_param"].dtype == torch.float32
+        assert entry["momentum_buffer"].dtype == torch.bfloat16
+        assert "master_remainder" not in entry
+
+
+# ---- Muon + AdamW with one scaler; DDP ------------------------------------------------------
+
+def model_and_groups(dtype):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 32), torch.nn.Linear(32, 64), torch.nn.GELU(),
+                                torch.nn.Linear(64, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 50))
+    model.to(dtype)
+    hidden = [model[1].weight, model[3].weight]
+    rest = [p for p in model.parameters() if all(p is not h for h in hidden)]
+    return model, hidden, rest
+
+
+def recipe_run(which, steps=8, overflow_at=3, dtype=torch.bfloat16):
+    model, hidden, rest = model_and_groups(dtype if which == "ours" else torch.float32)
+    if which == "ours":
+        muon, adamw = Muon(hidden, lr=0.02), AdamW(rest, lr=1e-3)
+        scaler = fused_amp.GradScaler("cpu", init_scale=1024.0)
+    else:
+        muon, adamw = torch.optim.Muon(hidden, lr=0.02), torch.optim.AdamW(rest, lr=1e-3, foreach=False)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(steps):
+        tokens = torch.randint(0, 50, (4, 12), generator=gen)
+        muon.zero_grad()
+        adamw.zero_grad()
+        logits = model(tokens[:, :-1]).float()
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 50), tokens[:, 1:].reshape(-1))
+        if step == overflow_at:
+            loss = loss * float("inf")
+        scaler.scale(loss).backward()
+        scaler.step(muon)
+        scaler.step(adamw)
+        scaler.update()
+    return model, muon, adamw, scaler
+
+
+def test_muon_and_adamw_under_one_scaler_train_as_torchs_recipe():
+    """bf16 weights with masters against torch's recipe in fp32 (the same scaler calls): an
+    overflow skips both optimizers, and the weights stay within a bf16 rounding of torch's."""
+    model, muon, adamw, scaler = recipe_run("ours")
+    ref_model, _, _, ref_scaler = recipe_run("torch")
+    assert scaler.get_scale() == ref_scaler.get_scale() == 512.0
+    assert all(float(muon.state[p]["step"]) == 7.0 for p in muon.param_groups[0]["params"])
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        assert (p.float() - q).abs().max().item() < 0.02  # bf16 grads and weights vs fp32 ones
+
+
+def ddp_muon_run(rank, world):
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False), torch.nn.Tanh(),
+                            torch.nn.Linear(32, 4, bias=False)).bfloat16())
+    opt = Muon(model.parameters(), lr=0.02)
+    scaler = fused_amp.GradScaler("cpu", init_scale=256.0)
+    for step in range(4):
+        gen = torch.Generator().manual_seed(100 * step + rank)
+        x = torch.randn(8, 16, generator=gen).bfloat16()
+        if step == 2 and rank == 1:
+            x[0, 0] = float("inf")  # an overflow on one rank skips the step on all
+        opt.zero_grad()
+        scaler.scale(model(x).float().pow(2).mean()).backward()
+        scaler.step(opt)
+        scaler.update()
+    return [opt.state[p]["master_param"].clone() for p in model.parameters()], scaler.get_scale()
+
+
+def test_ddp_ranks_stay_bitwise_equal_through_an_overflow_on_one_rank():
+    results = run_ranks(ddp_muon_run, 2)
+    (masters_0, scale_0), (masters_1, scale_1) = results
+    assert scale_0 == scale_1 == 128.0
+    for a, b in zip(masters_0, masters_1):
+        assert torch.equal(a, b)
