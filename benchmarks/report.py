@@ -29,6 +29,8 @@ def aggregate(runs: List[Dict], ceiling_gbps: Optional[float]) -> List[Dict]:
         if rec["bytes_per_param"] and ceiling_gbps:
             rec["gbytes_per_s"] = rec["bytes_per_param"] * rec["n_params"] / t * 1e3 / 1e9
             rec["ceiling_frac"] = rec["gbytes_per_s"] / ceiling_gbps
+        if rec.get("outside_ns_frac") is not None:
+            rec["outside_ns_frac"] = statistics.median(r["outside_ns_frac"] for r in rs)
         if len(rs) > 1:  # else the range of the paired repetitions of the one run stays
             ratios = {o: [r["speedup_vs"][o] for r in rs] for o in rs[0]["speedup_vs"]}
             rec["speedup_vs"] = {o: statistics.median(v) for o, v in ratios.items()}
@@ -77,7 +79,7 @@ def markdown_table(records: List[Dict], suite: str) -> str:
     head = ["case", "impl", "time ms (range)", "Gparam/s", "GB/s", "of ceiling"]
     head += [f"× vs {o}" for o in others]
     extra = [k for k in ("loss", "loss_spread", "tokens_per_s", "host_syncs_per_step", "peak_mem_bytes",
-                         "state_bytes")
+                         "state_bytes", "outside_ns_frac")
              if any(r.get(k) is not None for r in rows)]
     head += extra
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -89,8 +91,12 @@ def markdown_table(records: List[Dict], suite: str) -> str:
                   if o in r["speedup_vs"] else "–" for o in others]
         for k in extra:
             v = r.get(k)
-            cells.append(_fmt(v / 2 ** 20, 0) + " MiB" if k.endswith("bytes") and v is not None
-                         else _fmt(v, 4 if k.startswith("loss") else 0))
+            if v is not None and k.endswith("bytes"):
+                cells.append(_fmt(v / 2 ** 20, 0) + " MiB")
+            elif v is not None and k.endswith("_frac"):
+                cells.append(f"{v:.0%}")
+            else:
+                cells.append(_fmt(v, 4 if k.startswith("loss") else 0))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -219,7 +225,7 @@ def write_markdown(path: str, machine: Dict, ceiling: Dict, records: List[Dict],
     if skipped:
         parts += ["Skipped: " + "; ".join(f"{s['suite']} {s['case']} ({s['reason']})" for s in skipped), ""]
     parts += [f"{suite}: {text}" for suite, text in (notes or {}).items()] + ([""] if notes else [])
-    for suite in ("unscale", "optimizer", "memory", "train", "scaling", "distributed"):
+    for suite in ("unscale", "optimizer", "memory", "muon", "train", "scaling", "distributed"):
         table = markdown_table(records, suite)
         if table:
             parts += [f"## {suite}", "", table, ""]

@@ -149,7 +149,7 @@ def test_quick_run_end_to_end_within_its_minute(tmp_path):
     assert data["machine"]["fused_amp_build"]["cpu_isa"]
     assert data["ceiling"]["ceiling_gbps"] > 0
     suites = {r["suite"] for r in data["records"]} | {s["suite"] for s in data["skipped"]}
-    assert suites == {"unscale", "optimizer", "memory", "train", "scaling", "distributed"}
+    assert suites == {"unscale", "optimizer", "memory", "muon", "train", "scaling", "distributed"}
     assert proc.stdout.lstrip().startswith("Adam step with GradScaler")
     for rec in data["records"]:
         harness.validate_record(rec)

@@ -384,7 +384,8 @@ def model_and_groups(dtype):
     return model, hidden, rest
 
 
-def recipe_run(which, steps=8, overflow_at=3, dtype=torch.bfloat16):
+def recipe_run(which, steps=8, overflow_at=3, overflow_in="loss", dtype=torch.bfloat16):
+    """``overflow_in``: "loss" (every grad), "hidden" or "rest" (one grad of that optimizer)."""
     model, hidden, rest = model_and_groups(dtype if which == "ours" else torch.float32)
     if which == "ours":
         muon, adamw = Muon(hidden, lr=0.02), AdamW(rest, lr=1e-3)
@@ -399,22 +400,30 @@ def recipe_run(which, steps=8, overflow_at=3, dtype=torch.bfloat16):
         adamw.zero_grad()
         logits = model(tokens[:, :-1]).float()
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 50), tokens[:, 1:].reshape(-1))
-        if step == overflow_at:
+        if step == overflow_at and overflow_in == "loss":
             loss = loss * float("inf")
         scaler.scale(loss).backward()
+        if step == overflow_at and overflow_in != "loss":
+            (hidden if overflow_in == "hidden" else rest)[0].grad[0, 0] = float("inf")
         scaler.step(muon)
         scaler.step(adamw)
         scaler.update()
     return model, muon, adamw, scaler
 
 
-def test_muon_and_adamw_under_one_scaler_train_as_torchs_recipe():
+@pytest.mark.parametrize("overflow_in", ["loss", "hidden", "rest"])
+def test_muon_and_adamw_under_one_scaler_train_as_torchs_recipe(overflow_in):
     """bf16 weights with masters against torch's recipe in fp32 (the same scaler calls): an
-    overflow skips both optimizers, and the weights stay within a bf16 rounding of torch's."""
-    model, muon, adamw, scaler = recipe_run("ours")
-    ref_model, _, _, ref_scaler = recipe_run("torch")
+    overflow skips the optimizer whose grads hold it (both, for an inf loss) and halves the
+    scale, as torch's scaler does, and the weights stay within a bf16 rounding of torch's."""
+    model, muon, adamw, scaler = recipe_run("ours", overflow_in=overflow_in)
+    ref_model, _, ref_adamw, ref_scaler = recipe_run("torch", overflow_in=overflow_in)
     assert scaler.get_scale() == ref_scaler.get_scale() == 512.0
-    assert all(float(muon.state[p]["step"]) == 7.0 for p in muon.param_groups[0]["params"])
+    muon_steps = 8.0 if overflow_in == "rest" else 7.0
+    assert all(float(muon.state[p]["step"]) == muon_steps for p in muon.param_groups[0]["params"])
+    adamw_steps = [float(ref_adamw.state[p]["step"]) for p in ref_adamw.param_groups[0]["params"]]
+    assert adamw_steps == [float(adamw.state[p]["step"]) for p in adamw.param_groups[0]["params"]]
+    assert adamw_steps[0] == (8.0 if overflow_in == "hidden" else 7.0)
     for p, q in zip(model.parameters(), ref_model.parameters()):
         assert (p.float() - q).abs().max().item() < 0.02  # bf16 grads and weights vs fp32 ones
 
@@ -444,3 +453,73 @@ def test_ddp_ranks_stay_bitwise_equal_through_an_overflow_on_one_rank():
     assert scale_0 == scale_1 == 128.0
     for a, b in zip(masters_0, masters_1):
         assert torch.equal(a, b)
+
+
+def muon_model():
+    torch.manual_seed(0)
+    # (33, 16) shards unevenly over 2 ranks (17 + 16 rows), as FSDP2 chunks it
+    return torch.nn.Sequential(torch.nn.Linear(16, 33, bias=False), torch.nn.Tanh(),
+                               torch.nn.Linear(33, 16, bias=False), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 33, bias=False)).bfloat16()
+
+
+def muon_train(model, opt, rank, steps=4, overflow_at=None, max_norm=None):
+    scaler = fused_amp.GradScaler("cpu", init_scale=256.0)
+    for step in range(steps):
+        gen = torch.Generator().manual_seed(100 * step)  # the same batch on every rank
+        x = torch.randn(8, 16, generator=gen).bfloat16()
+        if step == overflow_at and rank == 1:
+            x[0, 0] = float("inf")
+        opt.zero_grad()
+        scaler.scale(model(x).float().pow(2).mean()).backward()
+        if max_norm is not None:
+            opt.clip_grad_norm_(max_norm)
+        scaler.step(opt)
+        scaler.update()
+    return scaler
+
+
+def fsdp_muon_run(rank, world, overflow_at, max_norm):
+    from torch.distributed.fsdp import fully_shard
+
+    model = muon_model()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = Muon(model.parameters(), lr=0.02)
+    scaler = muon_train(model, opt, rank, overflow_at=overflow_at, max_norm=max_norm)
+    params = list(model.parameters())
+    return dict(full=[p.full_tensor() for p in params],
+                masters=[opt.state[p]["master_param"].full_tensor() for p in params],
+                local_rows=[p.to_local().shape[0] for p in params],
+                steps=[float(opt.state[p]["step"]) for p in params], scale=scaler.get_scale())
+
+
+@pytest.mark.parametrize("overflow_at,max_norm", [(None, None), (2, None), (None, 0.05)])
+def test_fsdp2_shards_step_as_the_single_process_run(overflow_at, max_norm):
+    """Every rank trains on the same batch, so the averaged grads are exact: the whole matrices
+    gathered from the shards go through the same Newton-Schulz, and the weights and masters must
+    be the single-process run's bit for bit (an overflow on one rank: skipped by both, as by the
+    single process that skips that step)."""
+    results = run_ranks(fsdp_muon_run, 2, overflow_at, max_norm)
+    assert results[0]["local_rows"] == [17, 8, 17] and results[1]["local_rows"] == [16, 8, 16]
+    model = muon_model()
+    opt = Muon(model.parameters(), lr=0.02)
+    steps = 4 if overflow_at is None else 2  # the steps before the overflow ...
+    muon_train(model, opt, 0, steps=steps, max_norm=max_norm)
+    if overflow_at is not None:  # ... and after it, on the batches the ranks saw
+        scaler = fused_amp.GradScaler("cpu", init_scale=128.0)
+        for step in (3,):
+            gen = torch.Generator().manual_seed(100 * step)
+            x = torch.randn(8, 16, generator=gen).bfloat16()
+            opt.zero_grad()
+            scaler.scale(model(x).float().pow(2).mean()).backward()
+            scaler.step(opt)
+            scaler.update()
+    for r in results:
+        assert r["steps"] == [float(4 if overflow_at is None else 3)] * 3
+        for a, p in zip(r["full"], model.parameters()):
+            assert torch.equal(a, p.detach())
+        for a, p in zip(r["masters"], model.parameters()):
+            assert torch.equal(a, opt.state[p]["master_param"])

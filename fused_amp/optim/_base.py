@@ -254,12 +254,15 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 if not any(m is not None for m in lists[key]):
                     lists[key] = []
         # DTensor params (FSDP2): the kernels run on the local shards of param, grad, master and
-        # state, which share the param's placement; the state itself stays DTensor
+        # state, which share the param's placement; the state itself stays DTensor. The params
+        # themselves stay in "sharded_params" (their mesh and placements, for what needs whole
+        # matrices: Muon)
         sharded = DTensor is not None and any(isinstance(p, DTensor) for p in params)
         if sharded:
             for lists, _ in by_device.values():
+                lists["sharded_params"] = lists["params"]
                 for key in lists:
-                    if key != "steps":
+                    if key not in ("steps", "sharded_params"):
                         lists[key] = [local_shard(t) for t in lists[key]]
         # drop what is kept for this group (step() drops that of groups no longer in the
         # optimizer; the cache is changed in place, never reassigned: torch.compile follows that)

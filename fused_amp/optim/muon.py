@@ -8,7 +8,7 @@ import torch
 from fused_amp import ops
 from fused_amp.optim import _quantize
 from fused_amp.optim._base import MasterWeightOptimizer
-from fused_amp.optim._grad_norm import DTensor
+from fused_amp.optim import _whole_matrices
 from fused_amp.optim._newton_schulz import check_ns_options, orthogonalize
 
 # torch.optim.Muon's defaults (Keller Jordan's coefficients)
@@ -110,13 +110,10 @@ class Muon(MasterWeightOptimizer):
 
     def _check_group(self, index, group):
         super()._check_group(index, group)
-        for i, p in enumerate(group["params"]):
+        for p in group["params"]:
             if p.ndim != 2:
                 raise ValueError("Muon only supports 2D parameters whereas we found a parameter "
                                  f"with size: {p.size()}")
-            if DTensor is not None and isinstance(p, DTensor):
-                raise ValueError(f"Muon: DTensor (FSDP2) params are not supported yet (Newton-Schulz "
-                                 f"needs the whole matrix); param {i} of group {index} is a DTensor")
         if group["state_dtype"] == torch.uint8:
             raise ValueError("Muon: state_dtype must be torch.float32 or torch.bfloat16 (8-bit "
                              "momentum is not supported by Muon yet)")
@@ -146,9 +143,11 @@ class Muon(MasterWeightOptimizer):
                       **apply)
         if check_only or not params:
             return
+        sharded = lists.get("sharded_params")  # DTensor (FSDP2) params, whose lists hold shards
         updates = self._momentum_pass(group, grads, lists["momentum_buffer"], scalars)
-        orthogonal = self._orthogonalize(group, updates)
-        self._apply_pass(group, params, masters, steps, orthogonal, scalars, apply)
+        orthogonal = self._orthogonalize(group, updates, sharded)
+        shapes = [p.shape for p in (sharded or params)]
+        self._apply_pass(group, params, shapes, masters, steps, orthogonal, scalars, apply)
 
     @staticmethod
     def _grad_multiplier(scalars) -> Optional[torch.Tensor]:
@@ -185,24 +184,33 @@ class Muon(MasterWeightOptimizer):
             return torch._foreach_lerp(grads, bufs, momentum)
         return bufs
 
-    def _orthogonalize(self, group, updates):
-        """Newton-Schulz of every update, batched per (device, shape); returns bf16 matrices."""
+    def _orthogonalize(self, group, updates, sharded):
+        """Newton-Schulz of every update, batched per (device, shape); returns bf16 matrices.
+        The shards of DTensor params are gathered into whole matrices, one all-gather per stack
+        (each rank orthogonalizes every matrix: for 2 ranks as few bytes as sending each to one
+        owner and its result back, and no second collective), and cut back to the shards."""
         by_shape = defaultdict(list)
         for i, u in enumerate(updates):
-            by_shape[(u.device, tuple(u.shape))].append(i)
+            key = tuple(u.shape) if sharded is None else _whole_matrices.stack_key(sharded[i])
+            by_shape[(u.device, key)].append(i)
         out = [None] * len(updates)
         for indices in by_shape.values():
             stack = torch.stack([updates[i] for i in indices]).to(torch.bfloat16)
+            if sharded is not None:
+                stack = _whole_matrices.gather(stack, sharded[indices[0]])
             result = orthogonalize(stack, group["ns_coefficients"], group["ns_steps"], group["eps"])
+            if sharded is not None:
+                result = _whole_matrices.local_part(result, sharded[indices[0]])
             for j, i in enumerate(indices):
                 out[i] = result[j]
         return out
 
-    def _apply_pass(self, group, params, masters, steps, orthogonal, scalars, apply):
-        """theta(1 - lr wd) - lr r O on the masters, one fused pass per lr ratio r."""
+    def _apply_pass(self, group, params, shapes, masters, steps, orthogonal, scalars, apply):
+        """theta(1 - lr wd) - lr r O on the masters, one fused pass per lr ratio r (of the
+        params' whole shapes)."""
         by_ratio = defaultdict(list)
-        for i, p in enumerate(params):
-            by_ratio[adjusted_lr_ratio(group["adjust_lr_fn"], p.shape)].append(i)
+        for i, shape in enumerate(shapes):
+            by_ratio[adjusted_lr_ratio(group["adjust_lr_fn"], shape)].append(i)
         lr, lr_tensor = scalars["lr"], scalars["lr_tensor"]
         for ratio, indices in by_ratio.items():
             take = lambda xs: [xs[i] for i in indices] if xs else []  # noqa: E731
