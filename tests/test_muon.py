@@ -523,3 +523,44 @@ def test_fsdp2_shards_step_as_the_single_process_run(overflow_at, max_norm):
             assert torch.equal(a, p.detach())
         for a, p in zip(r["masters"], model.parameters()):
             assert torch.equal(a, opt.state[p]["master_param"])
+
+
+# ---- torch.compile -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("max_grad_norm", [None, 100.0])
+def test_the_step_compiles_as_one_graph_and_steps_as_torch(max_grad_norm):
+    """optimizer.step() under torch.compile(fullgraph=True) with a scaler's grad_scale and
+    found_inf (an overflow at step 2) and clipping (at 100: the norm pass and the coefficient
+    trace, nothing is clipped). Not eager's bits: inductor writes lerp as its own formula (an
+    fp32 ulp in the momentum, which Newton-Schulz's bf16 roundings amplify, as any reordering);
+    within the spread of torch's reordered Muon plus how far torch's own Muon moves when
+    compiled."""
+    torch._dynamo.reset()
+    init, grads = data(torch.bfloat16, steps=5)
+    params = [torch.nn.Parameter(x.clone()) for x in init]
+    opt = Muon(params, lr=0.02, max_grad_norm=max_grad_norm)
+    step = torch.compile(opt.step, fullgraph=True)
+    for i, step_grads in enumerate(grads):
+        for p, g in zip(params, step_grads):
+            p.grad = g * 64
+        if i == 2:
+            params[0].grad[0, 0] = float("inf")
+        opt.grad_scale, opt.found_inf = torch.tensor(64.0), torch.tensor(float(i == 2))
+        step()
+        del opt.grad_scale, opt.found_inf
+    clean = grads[:2] + grads[3:]
+    reference, spread = torch_spread(init, clean, dict(lr=0.02))
+    torch._dynamo.reset()
+    compiled_torch, _ = torch_run(init, clean, dict(lr=0.02), make=CompiledTorchMuon)
+    spread += max_distance(compiled_torch, reference)
+    assert max_distance(values(opt, params), reference) <= spread
+    assert all(float(opt.state[p]["step"]) == 4.0 for p in params)
+
+
+class CompiledTorchMuon(torch.optim.Muon):
+    def __init__(self, params, **kw):
+        super().__init__(params, **kw)
+        self._compiled_step = torch.compile(super().step)
+
+    def step(self, closure=None):
+        return self._compiled_step(closure)

@@ -10,7 +10,9 @@ Every value between the products is bf16, as in torch's. On a GPU the products a
 ``baddbmm`` (Tensor Cores); on the CPU, whose bf16 GEMMs run an order of magnitude slower than
 its fp32 ones where it has no bf16 instructions, each product is an fp32 ``baddbmm`` of the bf16
 values (exact in fp32), rounded to bf16: what a bf16 GEMM computes (fp32 accumulation, one
-rounding of the result), up to the order of the sums.
+rounding of the result), up to the order of the sums. It is an op of its own
+(``torch.ops.fused_amp.newton_schulz``), which torch.compile calls as it is: inductor would
+otherwise keep the fp32 products where they are rounded to bf16, another iteration than torch's.
 """
 from typing import Tuple
 
@@ -35,6 +37,11 @@ def orthogonalize(stack: torch.Tensor, ns_coefficients: Tuple[float, float, floa
     """The Newton-Schulz orthogonalization of every matrix of ``stack`` ((k, m, n), bf16), as
     torch.optim.Muon computes it for each; returns a new bf16 stack."""
     a, b, c = (float(x) for x in ns_coefficients)
+    return torch.ops.fused_amp.newton_schulz(stack, a, b, c, int(ns_steps), float(eps))
+
+
+@torch.library.custom_op("fused_amp::newton_schulz", mutates_args=())
+def _newton_schulz(stack: torch.Tensor, a: float, b: float, c: float, ns_steps: int, eps: float) -> torch.Tensor:
     tall = stack.size(1) > stack.size(2)
     norms = torch.linalg.vector_norm(stack, dim=(1, 2), keepdim=True).clamp_(min=eps)
     x = stack / norms
@@ -49,3 +56,8 @@ def orthogonalize(stack: torch.Tensor, ns_coefficients: Tuple[float, float, floa
         poly = rounded(torch.baddbmm(gram, gram, gram, beta=b, alpha=c))
         x = rounded(torch.baddbmm(x, x, poly, beta=a) if tall else torch.baddbmm(x, poly, x, beta=a))
     return x.to(torch.bfloat16)
+
+
+@_newton_schulz.register_fake
+def _(stack, a, b, c, ns_steps, eps):
+    return torch.empty_like(stack)
