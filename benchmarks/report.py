@@ -6,6 +6,7 @@ import statistics
 from collections import defaultdict
 from typing import Dict, List, Optional
 
+from benchmarks import workloads
 from benchmarks.impls import FUSED_AMP_SETTINGS
 from benchmarks.roofline import BYTES_PER_PARAM, RECIPE_BYTES_ADAM
 
@@ -167,7 +168,33 @@ def user_lines(records: List[Dict], machine: Dict, repeat: int,
         if predicted:
             out.append(f"  predicted for {model_params / 1e6:.0f}M params (scaling fit of this run): "
                        + "; ".join(predicted))
+    if model_params:
+        out += fsdp_prediction(records, model_params)
     return out
+
+
+def fsdp_prediction(records: List[Dict], model_params: int, ranks: int = 8,
+                    ceiling_gbps: Optional[float] = None) -> List[str]:
+    """The optimizer step of a Llama-shaped model of ``model_params`` params under FSDP2 on
+    ``ranks`` ranks, from the fsdp2-host case (host time per param tensor, each rank steps the
+    shards of every tensor) and the ceiling (the kernels' time at the roofline's 28 B/param of
+    Adam for the rank's shard). On a GPU the launches run ahead of the kernels, so the step takes
+    the longer of the two; the host time is this machine's Python."""
+    host = {r["impl"]: r["host_us_per_param"] for r in records
+            if r["suite"] == "distributed" and r["case"].startswith("fsdp2-host") and "host_us_per_param" in r}
+    if "fused_amp" not in host or "torch_fused" not in host:
+        return []
+    ceiling_gbps = ceiling_gbps or next((r["gbytes_per_s"] / r["ceiling_frac"] for r in records
+                                         if r.get("ceiling_frac")), None)
+    tensors = workloads.llama_like_tensor_count(model_params)
+    line = (f"  FSDP2, {model_params / 1e9:.1f}B params (a Llama-like {tensors} tensors) on {ranks} ranks: "
+            f"host time per rank per step fused_amp {tensors * host['fused_amp'] / 1e3:.1f} ms, torch's fused "
+            f"AdamW {tensors * host['torch_fused'] / 1e3:.1f} ms (fsdp2-host: {host['fused_amp']:.1f} and "
+            f"{host['torch_fused']:.1f} us per tensor)")
+    if ceiling_gbps:
+        kernels_ms = 28 * model_params / ranks / (ceiling_gbps * 1e9) * 1e3
+        line += f"; kernels at this run's ceiling ({ceiling_gbps:.0f} GB/s): {kernels_ms:.1f} ms"
+    return [line]
 
 
 def _relative_fit(points):

@@ -59,6 +59,15 @@ def model_like_shapes(n_params: int) -> List[tuple]:
     return shapes
 
 
+def llama_like_tensor_count(n_params: float) -> int:
+    """The param tensors of a Llama-shaped model of about ``n_params`` params: per layer 9 (q, k,
+    v, o, gate, up, down, two norms), about 12 d^2 params, with d / 128 layers (Llama-2 7B and
+    13B: 32 layers at 4096, 40 at 5120); plus the embedding, the head and the final norm.
+    Llama-2 7B (6.7B params): 291."""
+    d = (n_params * 128 / 12) ** (1 / 3)
+    return 9 * max(1, round(d / 128)) + 3
+
+
 def n_params(shapes) -> int:
     return sum(torch.Size(s).numel() for s in shapes)
 

@@ -197,3 +197,16 @@ def test_distributed_suite_reports_time_per_rank_and_bytes_held(tmp_path):
     for label in ("FSDP2 fp32 shards", "FSDP2 bf16 shards + fp32 masters", "ZeRO-1", "DDP", "6 + 12/d"):
         assert label in note
     assert "DDP bf16 + masters 16.0" in note  # replicated: 2 + 2 + 4 + 4 + 4 bytes per param
+
+
+def test_fsdp_prediction_scales_the_host_time_per_tensor_to_a_llama_layout():
+    assert workloads.llama_like_tensor_count(6.74e9) == 291  # Llama-2 7B: 32 layers x 9 + 3
+    assert workloads.llama_like_tensor_count(13e9) == 363    # 13B: 40 layers
+    recs = harness.make_records("distributed", "fsdp2-host/800-params", "cpu", "bfloat16", 10, 800,
+                                {"fused_amp": [0.008], "torch_fused": [0.032]}, None, None)
+    for r, us in zip(recs, (10.0, 40.0)):
+        r["host_us_per_param"] = us
+    line, = report.fsdp_prediction(recs, int(6.74e9), ranks=8, ceiling_gbps=1000.0)
+    assert "291 tensors" in line and "fused_amp 2.9 ms" in line and "AdamW 11.6 ms" in line
+    assert "23.6 ms" in line  # 28 B x 6.74e9 / 8 at 1 TB/s
+    assert report.fsdp_prediction(recs[:1], int(6.74e9)) == []
