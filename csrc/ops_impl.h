@@ -9,6 +9,7 @@
 //   static void adam(const core::AdamArgs&);
 //   static void sgd(const core::SgdArgs&);
 //   static void lion(const core::LionArgs&);
+//   static void muon(const core::MuonArgs&);
 // register.cpp registers Entry<cpu::Device> for CPU, cuda/cuda_ops.cpp Entry<cuda::Device> for
 // CUDA. Argument meanings: the schemas in register.cpp.
 #include <ATen/core/List.h>
@@ -189,6 +190,27 @@ struct Entry {
     staging.copy_back();
     bump_step_versions(a.tensors, params, grads, master_params, {exp_avgs}, state_absmaxes, steps);
   }
+
+  static void muon_momentum_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                             at::TensorList updates, const c10::List<std::optional<at::Tensor>>& state_absmaxes,
+                             double momentum, bool nesterov, const std::optional<at::Tensor>& inv_scale,
+                             const std::optional<at::Tensor>& found_inf,
+                             const std::optional<at::Tensor>& grad_norm, std::optional<double> max_grad_norm,
+                             bool unscale_grads, bool check_only) {
+    BelowAutograd below;
+    core::Staging staging;
+    const core::MuonArgs a{core::validate_muon("muon_momentum_", params, grads, momentum_buffers, updates,
+                                               state_absmaxes, inv_scale, found_inf, grad_norm, max_grad_norm,
+                                               unscale_grads, check_only ? nullptr : &staging),
+                           {momentum, nesterov}};
+    if (check_only || params.empty()) return;
+    Device::muon(a);
+    staging.copy_back();
+    if (a.tensors.write_grads) bump_versions(grads);
+    bump_versions(momentum_buffers);
+    bump_versions(updates);
+    bump_versions(state_absmaxes);
+  }
 };
 
 // Registers the Entry of `Device` for the dispatch key of `m` (a TORCH_LIBRARY_IMPL block).
@@ -201,6 +223,7 @@ void register_entries(torch::Library& m) {
   m.impl("adam_step_", &Entry<Device>::adam_step_);
   m.impl("sgd_step_", &Entry<Device>::sgd_step_);
   m.impl("lion_step_", &Entry<Device>::lion_step_);
+  m.impl("muon_momentum_", &Entry<Device>::muon_momentum_);
 }
 
 namespace cpu {
@@ -212,6 +235,7 @@ struct Device {
   static void adam(const core::AdamArgs& a);
   static void sgd(const core::SgdArgs& a);
   static void lion(const core::LionArgs& a);
+  static void muon(const core::MuonArgs& a);
 };
 }  // namespace cpu
 
@@ -226,6 +250,7 @@ struct Device {
   static void adam(const core::AdamArgs&) {}
   static void sgd(const core::SgdArgs&) {}
   static void lion(const core::LionArgs&) {}
+  static void muon(const core::MuonArgs&) {}
 };
 }  // namespace meta
 
@@ -238,6 +263,7 @@ struct Device {
   static void adam(const core::AdamArgs& a);
   static void sgd(const core::SgdArgs& a);
   static void lion(const core::LionArgs& a);
+  static void muon(const core::MuonArgs& a);
 };
 }  // namespace cuda
 

@@ -42,7 +42,11 @@ constexpr const char* kSchemas[] = {
     "Tensor? lr_tensor=None, float beta1, float beta2, float weight_decay, bool maximize, "
     "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
     "float? max_grad_norm=None, int? rounding_seed=None, bool unscale_grads=True, "
-    "bool check_only=False) -> ()"};
+    "bool check_only=False) -> ()",
+    "muon_momentum_(Tensor[] params, Tensor(g!)[] grads, Tensor(c!)[] momentum_buffers, "
+    "Tensor(u!)[] updates, *, Tensor(h!)?[] state_absmaxes, float momentum, bool nesterov, "
+    "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
+    "float? max_grad_norm=None, bool unscale_grads=True, bool check_only=False) -> ()"};
 
 void define_ops(torch::Library& m) {
   for (const char* schema : kSchemas) m.def(schema);
@@ -84,7 +88,7 @@ void reject_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 void register_sparse_rejection(torch::Library& m) {
   for (const char* op : {"unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "adam_step_",
-                         "sgd_step_", "lion_step_"}) {
+                         "sgd_step_", "lion_step_", "muon_momentum_"}) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&reject_sparse>());
   }
 }

@@ -6,7 +6,7 @@ import torch
 from fused_amp import _fake
 
 __all__ = ["unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "adam_step_", "sgd_step_",
-           "lion_step_"]
+           "lion_step_", "muon_momentum_"]
 
 _ops = torch.ops.fused_amp
 
@@ -235,6 +235,46 @@ def lion_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
                     beta2=beta2, weight_decay=weight_decay, maximize=maximize, inv_scale=inv_scale,
                     found_inf=found_inf, grad_norm=grad_norm, max_grad_norm=max_grad_norm,
                     rounding_seed=rounding_seed, unscale_grads=unscale_grads, check_only=check_only)
+
+
+def muon_momentum_(params: List[torch.Tensor], grads: List[torch.Tensor],
+                   momentum_buffers: List[torch.Tensor], updates: List[torch.Tensor], *,
+                   momentum: float, nesterov: bool,
+                   state_absmaxes: Optional[List[Optional[torch.Tensor]]] = None,
+                   inv_scale: Optional[torch.Tensor] = None, found_inf: Optional[torch.Tensor] = None,
+                   grad_norm: Optional[torch.Tensor] = None, max_grad_norm: Optional[float] = None,
+                   unscale_grads: bool = True, check_only: bool = False) -> None:
+    r"""Muon's momentum pass over all params, in one fused pass; see ``fused_amp.optim.Muon``.
+
+    For each element, with :math:`g` the grad times ``inv_scale`` (and the clip coefficient):
+    :math:`B \leftarrow \mathrm{lerp}(B, g, 1 - \mu)`, and ``updates`` (bf16, rounded to
+    nearest even) receives :math:`\mathrm{lerp}(g, B, \mu)` with ``nesterov``, else
+    :math:`B`: torch.optim.Muon's steps before Newton-Schulz, each lerp formed as torch's
+    (one fused multiply-add). The params are not written: they give the shapes and layouts.
+    A nonzero ``found_inf`` writes nothing.
+
+    Args:
+        params: the params (read for their shapes and layouts only).
+        grads: their grads (left unscaled and clipped with ``unscale_grads``, as the steps leave them).
+        momentum_buffers: fp32, bf16 or uint8 codes (signed map, one absmax row in
+            ``state_absmaxes``), shaped like the params.
+        updates: bf16 tensors shaped like the params, written.
+        momentum, nesterov: Muon's hyperparameters (:class:`fused_amp.optim.Muon`).
+        state_absmaxes, inv_scale, found_inf, grad_norm, max_grad_norm: as for :func:`adam_step_`.
+        unscale_grads, check_only: as for :func:`adam_step_`.
+
+    Raises:
+        ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
+    """
+    op = "muon_momentum_"
+    lists = [_tensors(op, "params", params), _tensors(op, "grads", grads),
+             _tensors(op, "momentum_buffers", momentum_buffers), _tensors(op, "updates", updates)]
+    absmaxes = _tensors(op, "state_absmaxes", state_absmaxes or [])
+    if _no_tensors(*lists, absmaxes, inv_scale, found_inf, grad_norm):
+        return
+    _ops.muon_momentum_(*lists, state_absmaxes=absmaxes, momentum=momentum, nesterov=nesterov,
+                        inv_scale=inv_scale, found_inf=found_inf, grad_norm=grad_norm,
+                        max_grad_norm=max_grad_norm, unscale_grads=unscale_grads, check_only=check_only)
 
 
 _fake.register(__all__)

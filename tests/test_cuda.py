@@ -246,9 +246,7 @@ def train_step(model, opt, scaler, x):
     scaler.update()
 
 
-@pytest.mark.parametrize("name,dtype,make_opt", FACTORIES, ids=[f[0] for f in FACTORIES])
-def test_training_step_has_no_host_sync(name, dtype, make_opt):
-    model, opt, scaler, x = setup(dtype, make_opt)
+def assert_no_host_sync(model, opt, scaler, x):
     train_step(model, opt, scaler, x)  # state is created on the first step
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -259,11 +257,11 @@ def test_training_step_has_no_host_sync(name, dtype, make_opt):
         torch.cuda.set_sync_debug_mode("default")
 
 
-@pytest.mark.parametrize("name,dtype,make_opt", FACTORIES[:3 * len(OPTIMIZERS)],
-                         ids=[f[0] for f in FACTORIES[:3 * len(OPTIMIZERS)]])
-def test_training_step_captured_in_a_cuda_graph_equals_eager(name, dtype, make_opt):
-    model, opt, scaler, x = setup(dtype, make_opt)
-    ref_model, ref_opt, ref_scaler, _ = setup(dtype, make_opt)
+def assert_replays_equal_eager(make):
+    """A training step captured in a CUDA graph and replayed, against the same steps run eagerly
+    on a twin (``make()``: model, optimizer, scaler, input), through an overflow."""
+    model, opt, scaler, x = make()
+    ref_model, ref_opt, ref_scaler, _ = make()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -288,6 +286,17 @@ def test_training_step_captured_in_a_cuda_graph_equals_eager(name, dtype, make_o
         for key, v in opt.state[p].items():
             assert_bitwise_equal(v, ref_opt.state[q][key], key)
     assert scaler._scale.item() == ref_scaler._scale.item()
+
+
+@pytest.mark.parametrize("name,dtype,make_opt", FACTORIES, ids=[f[0] for f in FACTORIES])
+def test_training_step_has_no_host_sync(name, dtype, make_opt):
+    assert_no_host_sync(*setup(dtype, make_opt))
+
+
+@pytest.mark.parametrize("name,dtype,make_opt", FACTORIES[:3 * len(OPTIMIZERS)],
+                         ids=[f[0] for f in FACTORIES[:3 * len(OPTIMIZERS)]])
+def test_training_step_captured_in_a_cuda_graph_equals_eager(name, dtype, make_opt):
+    assert_replays_equal_eager(lambda: setup(dtype, make_opt))
 
 
 # ---- several devices ------------------------------------------------------------------------
@@ -315,3 +324,74 @@ def test_grads_on_a_second_device():
     for p, t in zip(params, twins):
         assert_bitwise_equal(p.detach().cpu(), t.detach())
         assert_bitwise_equal(opt.state[p]["master_param"].cpu(), twin_opt.state[t]["master_param"])
+
+
+# ---- Muon: the momentum kernel, its Newton-Schulz on the GPU, a captured step ----------------
+
+def test_muon_momentum_cuda_bitwise_equal_to_cpu():
+    gen = torch.Generator().manual_seed(0)
+    for dtype, state_dtype in ((torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                               (torch.float16, torch.bfloat16)):
+        shapes = [(1000, 33), (65537, 1), (7, 3)]
+        lists = [[torch.randn(s, generator=gen).to(dtype) for s in shapes],
+                 [(torch.randn(s, generator=gen) * 256).to(dtype) for s in shapes],
+                 [torch.randn(s, generator=gen).to(state_dtype) for s in shapes],
+                 [torch.zeros(s, dtype=torch.bfloat16) for s in shapes]]
+        on_gpu = [[t.cuda() for t in ts] for ts in lists]
+        for nesterov in (True, False):
+            for args, device in ((lists, "cpu"), (on_gpu, "cuda")):
+                ops.muon_momentum_(*args, momentum=0.95, nesterov=nesterov,
+                                   inv_scale=torch.full((), 1 / 256, device=device),
+                                   grad_norm=torch.full((), 50.0, device=device), max_grad_norm=10.0)
+        for cpu, gpu in zip(sum(lists[1:], []), sum(on_gpu[1:], [])):
+            assert_bitwise_equal(gpu.cpu(), cpu)
+
+
+def test_muon_cuda_steps_as_torchs_muon_within_its_reordering_spread():
+    """Newton-Schulz as bf16 Tensor Core products: ours (bf16 params, fp32 masters) against
+    torch's Muon on fp32 copies on the GPU, within the spread of torch's Muon with its sums
+    reordered (tests/test_muon.py's variants, run on the GPU)."""
+    import torch.optim._muon as torch_muon
+    from test_muon import _fp32_sums, _other_orientation
+
+    gen = torch.Generator().manual_seed(1)
+    shapes = [(256, 1024), (1024, 256), (256, 1024), (512, 512)]
+    init = [torch.randn(s, generator=gen).bfloat16().cuda() for s in shapes]
+    grads = [[torch.randn(s, generator=gen).bfloat16().cuda() for s in shapes] for _ in range(6)]
+
+    def run(make, dtype, ns=None):
+        params = [torch.nn.Parameter(x.to(dtype).clone()) for x in init]
+        opt = make(params, lr=0.02)
+        original = torch_muon._zeropower_via_newtonschulz
+        torch_muon._zeropower_via_newtonschulz = ns or original
+        try:
+            for step_grads in grads:
+                for p, g in zip(params, step_grads):
+                    p.grad = g.to(dtype).clone()
+                opt.step()
+        finally:
+            torch_muon._zeropower_via_newtonschulz = original
+        return [opt.state[p]["master_param"] if dtype != torch.float32 else p.detach() for p in params]
+
+    def distance(a, b):
+        return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
+
+    reference = run(torch.optim.Muon, torch.float32)
+    spread = sum(distance(reference, run(torch.optim.Muon, torch.float32, ns))
+                 for ns in (_other_orientation, _fp32_sums))
+    assert distance(run(fused_amp.optim.Muon, torch.bfloat16), reference) <= spread
+
+
+def muon_setup():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128, bias=False), torch.nn.GELU(),
+                                torch.nn.Linear(128, 64, bias=False)).cuda().bfloat16()
+    opt = fused_amp.optim.Muon(model.parameters(), lr=0.02, max_grad_norm=1.0)
+    scaler = fused_amp.GradScaler("cuda", init_scale=2.0 ** 12)
+    x = torch.randn(32, 64, device="cuda", dtype=torch.bfloat16)
+    return model, opt, scaler, x
+
+
+def test_muon_training_step_has_no_host_sync_and_replays_in_a_cuda_graph():
+    assert_no_host_sync(*muon_setup())
+    assert_replays_equal_eager(muon_setup)

@@ -239,6 +239,34 @@ def test_lion_matches_cpu_op(sim, large, dtype, master, state_dtype, stochastic,
         assert steps[i].item() == ref_steps[i].item() == 3.0
 
 
+@pytest.mark.parametrize("large", [0, 1])
+@pytest.mark.parametrize("dtype,state_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                               (torch.float16, torch.bfloat16), (torch.bfloat16, torch.bfloat16)])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_muon_momentum_matches_cpu_op(sim, large, dtype, state_dtype, aligned):
+    """Muon's momentum pass against the CPU op, bit for bit: momentum, bf16 updates, unscaled
+    grads; nesterov on and off, with a clip; then an overflow that writes nothing."""
+    gen = torch.Generator().manual_seed(6)
+    params, grads, _ = optimizer_lists(dtype, False, gen, aligned)
+    bufs = [torch.randn(p.shape, generator=gen).to(state_dtype) for p in params]
+    updates = [torch.zeros(p.shape, dtype=torch.bfloat16) for p in params]
+    ref_grads, ref_bufs, ref_updates = ([t.clone() for t in ts] for ts in (grads, bufs, updates))
+    inv, norm = torch.tensor([0.5]), torch.tensor([30.0])
+    hyper = (ctypes.c_double * 1)(0.95)
+    for nesterov, found in ((1, 0.0), (0, 0.0), (1, 1.0)):
+        flags = (ctypes.c_int * 1)(nesterov)
+        found_inf = torch.tensor([found])
+        rows = [[p, g, b, u] for p, g, b, u in zip(params, grads, bufs, updates)]
+        sim.fa_sim_muon(kind(dtype, False, state_dtype), len(params), ptr_array(rows), numel_array(params),
+                        hyper, flags, fptr(inv), fptr(found_inf), 1, fptr(norm), ctypes.c_float(10.0), large)
+        ops.muon_momentum_(params, ref_grads, ref_bufs, ref_updates, momentum=0.95, nesterov=bool(nesterov),
+                           inv_scale=inv, found_inf=found_inf, grad_norm=norm, max_grad_norm=10.0)
+        for i in range(len(params)):
+            assert_bitwise_equal(grads[i], ref_grads[i], f"grad {i}")
+            assert_bitwise_equal(bufs[i], ref_bufs[i], f"momentum {i}")
+            assert_bitwise_equal(updates[i], ref_updates[i], f"update {i}")
+
+
 def test_overflow_step_changes_nothing(sim):
     gen = torch.Generator().manual_seed(3)
     params, grads, masters = optimizer_lists(torch.float16, True, gen, aligned=True)

@@ -12,6 +12,7 @@ import torch
 import torch.optim._muon as torch_muon
 
 import fused_amp
+from fused_amp import ops
 from fused_amp.optim import AdamW, Muon
 from fused_amp.optim._newton_schulz import orthogonalize
 from helpers import assert_bitwise_equal
@@ -159,6 +160,56 @@ def test_a_zero_update_stays_zero():
     assert_bitwise_equal(p.detach(), torch.ones(8, 16))
 
 
+# ---- the fused momentum pass (ops.muon_momentum_) ----------------------------------------------
+
+@pytest.mark.parametrize("dtype,state_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                               (torch.float16, torch.float32), (torch.bfloat16, torch.bfloat16)])
+@pytest.mark.parametrize("momentum", [0.95, 0.3])  # 1 - momentum on either side of lerp's 0.5
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_momentum_pass_is_torchs_lerps_bitwise(dtype, state_dtype, momentum, nesterov):
+    """torch.optim.Muon's lerp_ and lerp written with torch's ops, on vector bodies and tails:
+    the fused pass gives their bits (momentum, bf16 update, unscaled grad); bf16 momentum is
+    stepped in fp32 and stored rounded, as every state_dtype=torch.bfloat16 of ours."""
+    gen = torch.Generator().manual_seed(2)
+    shapes = [(3, 37), (64, 256), (1, 5)]
+    grads = [(torch.randn(s, generator=gen) * 8).to(dtype) for s in shapes]
+    bufs = [torch.randn(s, generator=gen).to(state_dtype) for s in shapes]
+    params = [torch.zeros(s, dtype=dtype) for s in shapes]
+    updates = [torch.empty(s, dtype=torch.bfloat16) for s in shapes]
+    inv = torch.tensor(0.125)
+    expected = []
+    for g, b in zip(grads, bufs):
+        unscaled = (g.float() * inv).to(dtype)
+        g32 = g.float() * inv  # the pass steps with the fp32 value, as torch's fused steps do
+        # the math in fp32, the momentum stored in its dtype (bf16: rounded to nearest even)
+        ref_b = b.float().lerp(g32, 1 - momentum)
+        ref_u = (g32.lerp(ref_b, momentum) if nesterov else ref_b).bfloat16()
+        expected.append((unscaled, ref_b.to(state_dtype), ref_u))
+    ops.muon_momentum_(params, grads, bufs, updates, momentum=momentum, nesterov=nesterov, inv_scale=inv)
+    for g, b, u, (eg, eb, eu) in zip(grads, bufs, updates, expected):
+        assert_bitwise_equal(g, eg)
+        assert_bitwise_equal(b, eb)
+        assert_bitwise_equal(u, eu)
+    assert all(not p.any() for p in params)  # read for their shapes only
+
+
+def test_momentum_pass_writes_nothing_on_overflow_and_refuses_bad_updates_first():
+    p, g, b = torch.zeros(4, 8), torch.randn(4, 8), torch.randn(4, 8)
+    u = torch.zeros(4, 8, dtype=torch.bfloat16)
+    before = [t.clone() for t in (g, b, u)]
+    ops.muon_momentum_([p], [g], [b], [u], momentum=0.9, nesterov=True, inv_scale=torch.tensor(0.5),
+                       found_inf=torch.tensor(1.0))
+    for t, e in zip((g, b, u), before):
+        assert_bitwise_equal(t, e)
+    with pytest.raises(TypeError, match=r"updates\[0\] has dtype Float, expected BFloat16"):
+        ops.muon_momentum_([p], [g], [b], [torch.zeros(4, 8)], momentum=0.9, nesterov=True,
+                           inv_scale=torch.tensor(0.5))
+    with pytest.raises(ValueError, match="updates"):
+        ops.muon_momentum_([p, p.clone()], [g, g.clone()], [b, b.clone()], [u], momentum=0.9, nesterov=True)
+    for t, e in zip((g, b, u), before):
+        assert_bitwise_equal(t, e)
+
+
 # ---- the scaler, an overflow, clipping -------------------------------------------------------
 
 def scaled_steps(opt, params, grads, scaler, scale, overflow_at=None):
@@ -261,11 +312,14 @@ def test_remainder_masters_are_the_fp32_masters_bitwise():
 
 @pytest.mark.parametrize("kw,per_param", [
     (dict(), 8), (dict(master_weights="remainder", state_dtype=torch.bfloat16), 4),
-    (dict(master_weights="remainder8", state_dtype=torch.bfloat16), 3)])
+    (dict(master_weights="remainder8", state_dtype=torch.bfloat16), 3),
+    (dict(master_weights="remainder", state_dtype=torch.uint8), 3 + 4 / 256),
+    (dict(master_weights="remainder8", state_dtype=torch.uint8), 2 + 4 / 256)])
 def test_state_bytes_and_steps_of_each_memory_mode(kw, per_param):
-    """Bytes held per bf16 param besides the param and grad; the smaller modes stay within the
-    spread of torch's Muon plus what their own rounding moves (bf16 momentum, 24-bit masters)."""
-    init, grads = data(torch.bfloat16)
+    """Bytes held per bf16 param besides the param and grad (with them, 4 more: 12, 8, 7, 7.02,
+    6.02); the smaller modes stay near torch's Muon (bf16 or 8-bit momentum, 24-bit masters
+    round)."""
+    init, grads = data(torch.bfloat16, shapes=[s for s in SHAPES if s != (32, 48)])  # all 8-bit
     params, opt = run_ours(init, grads, **kw)
     for p in params:
         held = sum(t.numel() * t.element_size() for k, t in opt.state[p].items() if k != "step")
@@ -275,12 +329,27 @@ def test_state_bytes_and_steps_of_each_memory_mode(kw, per_param):
     assert max_distance(masters, reference) < 5e-3  # a bf16 ulp of the O(1) weights is 8e-3
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(state_dtype=torch.uint8), "8-bit momentum is not supported"),
-    (dict(state_dtype=torch.bfloat16, stochastic_rounding=True), "rounds 24-bit masters")])
-def test_what_muon_cannot_store_is_refused(kw, match):
-    with pytest.raises(ValueError, match=match):
-        Muon([torch.nn.Parameter(torch.randn(4, 4).bfloat16())], **kw)
+def test_stochastic_rounding_of_the_momentum_is_refused():
+    with pytest.raises(ValueError, match="rounds 24-bit masters"):
+        Muon([torch.nn.Parameter(torch.randn(4, 4).bfloat16())], state_dtype=torch.bfloat16,
+             stochastic_rounding=True)
+
+
+def test_8bit_momentum_steps_as_fp32_momentum_from_the_same_state():
+    """The first step starts from zero momentum, which 8-bit codes hold exactly: the pass
+    computes the Newton-Schulz input from the same fp32 values, so the masters are bitwise the
+    fp32-state run's; later steps start from the requantized momentum, and stay near."""
+    init, grads = data(torch.bfloat16, steps=6, shapes=[(64, 256), (256, 64), (96, 96)])
+    a, opt_a = run_ours(init, grads[:1])
+    b, opt_b = run_ours(init, grads[:1], master_weights="remainder", state_dtype=torch.uint8)
+    masters_b = [s["master_param"] for s in opt_b.state_dict()["state"].values()]
+    for p, m in zip(a, masters_b):
+        assert_bitwise_equal(opt_a.state[p]["master_param"], m)
+    assert all(opt_b.state[p]["momentum_buffer"].dtype == torch.uint8 for p in b)
+    a, opt_a = run_ours(init, grads)
+    b, opt_b = run_ours(init, grads, master_weights="remainder", state_dtype=torch.uint8)
+    masters_b = [s["master_param"] for s in opt_b.state_dict()["state"].values()]
+    assert max_distance(values(opt_a, a), masters_b) < 5e-3
 
 
 # ---- the constructor and the step's checks, as torch's ------------------------------------------
@@ -292,7 +361,7 @@ def test_signature_is_torchs_plus_our_keywords():
         assert ours[name].kind == param.kind and ours[name].default == param.default, name
     extra = set(ours) - set(theirs)
     assert extra == {"master_weights", "unscale_grads", "max_grad_norm", "grad_norm_type",
-                     "state_dtype", "stochastic_rounding", "rounding_seed"}
+                     "state_dtype", "stochastic_rounding", "rounding_seed", "min_8bit_size"}
     assert all(ours[k].kind == inspect.Parameter.KEYWORD_ONLY for k in extra)
 
 

@@ -160,8 +160,11 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
   } else {
     TORCH_CHECK_VALUE(steps.empty(), op, ": steps must be empty here, got ", steps.size());
   }
-  if (!staging) return s;
-  // Every check has passed: stage what the kernels cannot walk as it is.
+  if (staging) stage_step(op, s, staging);
+  return s;
+}
+
+void stage_step(const char* op, StepTensors& s, Staging* staging) {
   for (size_t i = 0; i < s.params.size(); ++i) {
     s.params[i] = staging->dense(s.params[i], true);
     const at::Tensor& param = s.params[i];
@@ -176,6 +179,29 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
       (*list)[i] = staging->like((*list)[i], param, true);
     }
   }
+}
+
+StepTensors validate_muon(const char* op, at::TensorList params, at::TensorList grads,
+                          at::TensorList momentum_buffers, at::TensorList updates,
+                          const c10::List<std::optional<at::Tensor>>& state_absmaxes,
+                          const std::optional<at::Tensor>& inv_scale,
+                          const std::optional<at::Tensor>& found_inf,
+                          const std::optional<at::Tensor>& grad_norm,
+                          std::optional<double> max_grad_norm, bool unscale_grads, Staging* staging) {
+  const c10::List<std::optional<at::Tensor>> no_masters;
+  StepTensors s = validate_step(op, params, grads, no_masters, momentum_buffers, "momentum_buffers", {}, nullptr, {},
+                                nullptr, false, state_absmaxes, {}, false, 0.0, std::nullopt, inv_scale,
+                                found_inf, grad_norm, max_grad_norm, std::nullopt, unscale_grads, nullptr);
+  check_length(op, "updates", updates.size(), params.size(), false);
+  for (size_t i = 0; i < updates.size(); ++i) {
+    check_partner(op, "updates", i, updates[i], params[i], at::kBFloat16, true);
+  }
+  if (!updates.empty()) check_distinct(op, "updates", updates);
+  s.updates = updates.vec();
+  if (!staging) return s;
+  // every check has passed: stage what the kernels cannot walk as it is
+  stage_step(op, s, staging);
+  for (size_t i = 0; i < s.updates.size(); ++i) s.updates[i] = staging->like(s.updates[i], s.params[i], true);
   return s;
 }
 

@@ -9,6 +9,7 @@
 #include "core/validate.h"
 #include "ops/adam.h"
 #include "ops/lion.h"
+#include "ops/muon.h"
 #include "ops/sgd.h"
 #include "ops/update_scale.h"
 
@@ -20,6 +21,8 @@ struct StepTensors {
   // fp32 absmax of every block of param i's states: one row per state, in the order exp_avg,
   // exp_avg_sq, max_exp_avg_sq (Adam) or momentum_buffer (SGD); undefined for other state.
   std::vector<at::Tensor> absmaxes;
+  // muon_momentum_ only: the bf16 tensors it writes its Newton-Schulz inputs to, shaped like params
+  std::vector<at::Tensor> updates;
   // masters[i] is undefined where params[i] is updated in place, fp32 for a master, int16 for the
   // remainder of a bf16 param, uint8 for the byte of a 24-bit master (ops/rounding.h); states_*
   // and aux follow the op: Adam: exp_avgs, exp_avg_sqs, max_exp_avg_sqs (amsgrad); SGD:
@@ -72,6 +75,10 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
                           std::optional<int64_t> rounding_seed, bool unscale_grads,
                           Staging* staging);
 
+// What validate_step does once every check has passed: stages the tensors the kernels cannot
+// walk as they are (core::Staging).
+void stage_step(const char* op, StepTensors& s, Staging* staging);
+
 // The validated arguments of adam_step_ and sgd_step_, as the devices take them (ops_impl.h).
 struct AdamArgs {
   StepTensors tensors;
@@ -86,5 +93,21 @@ struct LionArgs {
   StepTensors tensors;
   ops::LionHyper hyper;
 };
+// muon_momentum_: params are read for their shapes and layouts only; momentum buffers in
+// states_a; the bf16 outputs in `updates`.
+struct MuonArgs {
+  StepTensors tensors;
+  ops::MuonHyper hyper;
+};
+
+// validate_step for muon_momentum_ (no masters, lr or steps: it updates no param), and its
+// `updates`: bf16, shaped like the params, written (staged where not laid out as the param).
+StepTensors validate_muon(const char* op, at::TensorList params, at::TensorList grads,
+                          at::TensorList momentum_buffers, at::TensorList updates,
+                          const c10::List<std::optional<at::Tensor>>& state_absmaxes,
+                          const std::optional<at::Tensor>& inv_scale,
+                          const std::optional<at::Tensor>& found_inf,
+                          const std::optional<at::Tensor>& grad_norm,
+                          std::optional<double> max_grad_norm, bool unscale_grads, Staging* staging);
 
 }  // namespace fused_amp::core

@@ -111,7 +111,7 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
   const bool remainder = s.is_remainder(t), remainder8 = s.is_remainder8(t);
   void* master = at_b(s.masters, remainder ? 2 : (remainder8 ? 1 : 4));
   const bool quantized = s.is_quantized(t);
-  return UpdateRange<T>{static_cast<T*>(s.params[t].data_ptr()) + b,
+  UpdateRange<T> r{static_cast<T*>(s.params[t].data_ptr()) + b,
                         static_cast<T*>(s.grads[t].data_ptr()) + b,
                         remainder || remainder8 ? nullptr : static_cast<float*>(master),
                         remainder ? static_cast<c10::BFloat16*>(master) : nullptr,
@@ -121,6 +121,8 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
                         quantized ? static_cast<float*>(s.absmaxes[t].data_ptr()) : nullptr,
                         quantized ? s.absmaxes[t].stride(0) : 0, e - b, b, round_key,
                         s.rounding_seed.has_value(), write_grads};
+  if (!s.updates.empty()) r.update = static_cast<c10::BFloat16*>(s.updates[t].data_ptr()) + b;
+  return r;
 }
 
 // Runs the loop of each param's dtype and state dtype over every param, with that param's
@@ -258,6 +260,15 @@ void Device::lion(const core::LionArgs& a) {
   const Loops& k = loops();
   update_all(s, mult, coeffs, round_keys_of(s), k.lion_float, k.lion_half, k.lion_bfloat16);
   increment_steps(s);
+}
+
+void Device::muon(const core::MuonArgs& a) {
+  const core::StepTensors& s = a.tensors;
+  if (skip_step(s)) return;
+  const float mult = step_grad_mult(s);
+  const std::vector<ops::MuonCoeffs> coeffs(s.params.size(), ops::muon_coeffs(a.hyper, mult));
+  const Loops& k = loops();
+  update_all(s, mult, coeffs, round_keys_of(s), k.muon_float, k.muon_half, k.muon_bfloat16);
 }
 
 }  // namespace fused_amp::cpu

@@ -10,6 +10,7 @@
 #include "ops/adam.h"
 #include "ops/grad_norm.h"
 #include "ops/lion.h"
+#include "ops/muon.h"
 #include "ops/sgd.h"
 
 namespace fused_amp::cpu {
@@ -45,6 +46,8 @@ struct UpdateRange {
   // streaming stores of the param (see update_range); off for the short ranges of 8-bit state,
   // where the fence after each would stall every block
   bool may_stream = true;
+  // Muon's momentum pass: the bf16 Newton-Schulz input it writes (the param is not touched)
+  c10::BFloat16* update = nullptr;
 };
 
 // The state dtypes a step loop exists for, as indices into the Loops arrays.
@@ -74,6 +77,10 @@ struct Loops {
   void (*lion_float[kStateTypes])(const UpdateRange<float>&, const ops::LionCoeffs&);
   void (*lion_half[kStateTypes])(const UpdateRange<c10::Half>&, const ops::LionCoeffs&);
   void (*lion_bfloat16[kStateTypes])(const UpdateRange<c10::BFloat16>&, const ops::LionCoeffs&);
+  // Muon's momentum pass (the momentum buffer in exp_avg)
+  void (*muon_float[kStateTypes])(const UpdateRange<float>&, const ops::MuonCoeffs&);
+  void (*muon_half[kStateTypes])(const UpdateRange<c10::Half>&, const ops::MuonCoeffs&);
+  void (*muon_bfloat16[kStateTypes])(const UpdateRange<c10::BFloat16>&, const ops::MuonCoeffs&);
 };
 
 namespace DEFAULT { const Loops& loops(); }

@@ -18,6 +18,7 @@
 #include "cpu/loops.h"
 #include "ops/grad_norm.h"
 #include "ops/lion.h"
+#include "ops/muon.h"
 #include "ops/quantize.h"
 #include "ops/rounding.h"
 #include "ops/unscale.h"
@@ -58,6 +59,9 @@ const Loops& loops() {
       {lion_range<float, float>, lion_range<float, BF16>, lion_range_q8<float>},
       {lion_range<c10::Half, float>, lion_range<c10::Half, BF16>, lion_range_q8<c10::Half>},
       {lion_range<BF16, float>, lion_range<BF16, BF16>, lion_range_q8<BF16>},
+      {muon_range<float, float>, muon_range<float, BF16>, muon_range_q8<float>},
+      {muon_range<c10::Half, float>, muon_range<c10::Half, BF16>, muon_range_q8<c10::Half>},
+      {muon_range<BF16, float>, muon_range<BF16, BF16>, muon_range_q8<BF16>},
   };
   return table;
 }

@@ -183,6 +183,7 @@ void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, int
     if (sub.master) sub.master += b;
     if (sub.remainder) sub.remainder += b;
     if (sub.remainder8) sub.remainder8 += b;
+    if (sub.update) sub.update += b;
     sub.n = n;
     sub.first = r.first + b;
     sub.may_stream = false;
@@ -225,4 +226,11 @@ template <typename T>
 void lion_range_q8(const UpdateRange<T>& r, const ops::LionCoeffs& c) {
   const QuantizedState states[1] = {quantized_state(r, 0, 0, true)};
   quantized_blocks(r, states, 1, [&](const UpdateRange<T>& sub) { lion_range<T, float>(sub, c); });
+}
+
+// Muon's momentum (in exp_avg) signed, row 0.
+template <typename T>
+void muon_range_q8(const UpdateRange<T>& r, const ops::MuonCoeffs& c) {
+  const QuantizedState states[1] = {quantized_state(r, 0, 0, true)};
+  quantized_blocks(r, states, 1, [&](const UpdateRange<T>& sub) { muon_range<T, float>(sub, c); });
 }

@@ -1,4 +1,4 @@
-// The optimizer step loops (Adam, SGD, Lion) over one range, for fp32 and bf16 state: the fp32 value
+// The optimizer step loops (Adam, SGD, Lion, Muon's momentum pass) over one range, for fp32 and bf16 state: the fp32 value
 // of the param and its storage (load_value/store_value), the state's storage (store_state2),
 // the vector and scalar paths of one range. Part of cpu/loops_impl.h.
 // ---- the step loops ----------------------------------------------------------------------
@@ -328,5 +328,37 @@ void lion_range(const UpdateRange<T>& r, const ops::LionCoeffs& c) {
         set_value_at(r, i, p);
         const uint32_t bits = r.stochastic ? ops::rounding_bits(r.round_key, r.first + i) : 0u;
         set_state_at(m, i, mi, r.stochastic, bits & 0xffffu);
+      });
+}
+
+// Muon's momentum pass: the grad (unscaled, clipped) into the momentum, and the Newton-Schulz
+// input written as bf16 (rounded to nearest even, as torch's .bfloat16()); no param is read.
+template <typename T, typename S>
+FA_VECTOR_LOOP void muon_vectors(const UpdateRange<T> r, const ops::MuonCoeffs c, int64_t begin, int64_t end,
+                                 bool) {
+  S* const buf = static_cast<S*>(r.exp_avg);
+  const ExponentShift shift = exponent_shift_of<T>(c.inv_scale, r.write_grad);
+  for (int64_t i = begin; i < end; i += kStep<T>) {
+    VecF g0, g1, b0, b1;
+    load2(r.grad + i, g0, g1);
+    load2(buf + i, b0, b1);
+    store_unscaled_grad(r, i, g0, g1, c.inv_scale, shift);
+    const VecF u0 = ops::muon_momentum(g0, b0, c);
+    const VecF u1 = ops::muon_momentum(g1, b1, c);
+    store2(r.update + i, u0, u1);
+    store_state2(buf + i, b0, b1, nullptr);
+  }
+}
+
+template <typename T, typename S>
+void muon_range(const UpdateRange<T>& r, const ops::MuonCoeffs& c) {
+  S* const buf = static_cast<S*>(r.exp_avg);
+  update_range(
+      r, [&](int64_t begin, int64_t end, bool stream) { muon_vectors<T, S>(r, c, begin, end, stream); },
+      [&](int64_t i) {
+        float b = state_at(buf, i);
+        const float u = ops::muon_momentum(grad_at(r, i, c.inv_scale), b, c);
+        r.update[i] = static_cast<c10::BFloat16>(u);
+        set_state_at(buf, i, b, false, 0u);
       });
 }

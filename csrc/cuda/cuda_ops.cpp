@@ -183,8 +183,6 @@ void Device::sgd(const core::SgdArgs& a) {
           cudaStream_t stream) { cuda::sgd(kind, list, a.hyper, s, stream); });
 }
 
-
-
 void Device::lion(const core::LionArgs& a) {
   const core::StepTensors& st = a.tensors;
   optimizer_step(
@@ -196,6 +194,19 @@ void Device::lion(const core::LionArgs& a) {
       },
       [&](const StepKind& kind, const std::vector<TensorPtrs>& list, const StepScalars& s,
           cudaStream_t stream) { cuda::lion(kind, list, a.hyper, s, stream); });
+}
+
+void Device::muon(const core::MuonArgs& a) {
+  const core::StepTensors& st = a.tensors;
+  optimizer_step(
+      st,
+      [&](size_t i) {
+        return ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), st.states_a[i].data_ptr(),
+                        st.updates[i].data_ptr()},
+                       st.params[i].numel());
+      },
+      [&](const StepKind& kind, const std::vector<TensorPtrs>& list, const StepScalars& s,
+          cudaStream_t stream) { cuda::muon(kind, list, a.hyper, s, stream); });
 }
 
 }  // namespace fused_amp::cuda

@@ -13,6 +13,7 @@
 #include "ops/adam.h"
 #include "ops/grad_norm.h"
 #include "ops/lion.h"
+#include "ops/muon.h"
 #include "ops/sgd.h"
 #include "ops/update_scale.h"
 
@@ -80,12 +81,17 @@ enum AdamList { kParam = 0, kGrad, kMasterList, kExpAvg, kExpAvgSq, kMaxExpAvgSq
 enum SgdList { kMomentumBuffer = 3, kSgdStep };
 // Lion: param, grad, master, exp_avg, step.
 enum LionList { kLionExpAvg = 3, kLionStep };
+// Muon's momentum pass: param (not read), grad, momentum buffer, bf16 update.
+enum MuonList { kMuonGrad = 1, kMuonBuffer, kMuonUpdate };
 
 void adam(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::AdamHyper& h,
           const StepScalars& s, cudaStream_t stream);
 void sgd(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::SgdHyper& h,
          const StepScalars& s, cudaStream_t stream);
 void lion(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::LionHyper& h,
+          const StepScalars& s, cudaStream_t stream);
+// kind.master is always None: the pass updates no param
+void muon(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::MuonHyper& h,
           const StepScalars& s, cudaStream_t stream);
 
 // steps[i] += 1 unless found_inf is nonzero; runs after the update that read the old steps.

@@ -39,7 +39,8 @@ class Muon(MasterWeightOptimizer):
         \theta \leftarrow \theta (1 - \gamma\lambda) - \gamma\,r(A, B)\,O
 
     with the momentum and the step on the fp32 master (``state[p]["momentum_buffer"]`` fp32, or
-    bf16 with ``state_dtype=torch.bfloat16``), the Newton-Schulz iterations in bf16 as torch's
+    bf16 or 8-bit with ``state_dtype``; one fused pass updates it and writes the Newton-Schulz
+    input in bf16), the Newton-Schulz iterations in bf16 as torch's
     (:math:`X \leftarrow aX + (bA + cA^2)X`, :math:`A = XX^T` for wide X) and :math:`r` the
     ``adjust_lr_fn`` ratio of the (A, B) shape ("original": :math:`\sqrt{\max(1, A/B)}`,
     "match_rms_adamw": :math:`0.2\sqrt{\max(A, B)}`, "spectral_unclamped": :math:`\sqrt{A/B}`).
@@ -67,8 +68,10 @@ class Muon(MasterWeightOptimizer):
             "spectral_unclamped", as torch's.
         master_weights: as for :class:`fused_amp.optim.Adam` (True, False, "remainder",
             "remainder8").
-        state_dtype: the momentum buffer's dtype: torch.float32 (default) or torch.bfloat16
-            (rounded to nearest even); 8-bit state is not supported by Muon yet.
+        state_dtype, min_8bit_size: the momentum buffer's dtype: torch.float32 (default),
+            torch.bfloat16 (rounded to nearest even) or torch.uint8 (8-bit codes, the signed map;
+            CPU params of at least ``min_8bit_size`` elements), as for
+            :class:`fused_amp.optim.Adam`.
         stochastic_rounding, rounding_seed: the rounding of 24-bit masters
             (``master_weights="remainder8"``), as for :class:`fused_amp.optim.Adam`.
         unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
@@ -81,13 +84,13 @@ class Muon(MasterWeightOptimizer):
                  master_weights: Union[bool, str] = True, unscale_grads: bool = True,
                  max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
                  state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
-                 rounding_seed: Optional[int] = None):
+                 rounding_seed: Optional[int] = None, min_8bit_size: int = _quantize.MIN_8BIT_SIZE):
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
                         adjust_lr_fn=adjust_lr_fn, master_weights=master_weights,
                         unscale_grads=unscale_grads, state_dtype=state_dtype,
                         stochastic_rounding=stochastic_rounding, rounding_seed=rounding_seed,
-                        min_8bit_size=_quantize.MIN_8BIT_SIZE)
+                        min_8bit_size=min_8bit_size)
         self._check_hyperparameters(defaults)
         super().__init__(params, defaults, max_grad_norm, grad_norm_type)
 
@@ -114,9 +117,6 @@ class Muon(MasterWeightOptimizer):
             if p.ndim != 2:
                 raise ValueError("Muon only supports 2D parameters whereas we found a parameter "
                                  f"with size: {p.size()}")
-        if group["state_dtype"] == torch.uint8:
-            raise ValueError("Muon: state_dtype must be torch.float32 or torch.bfloat16 (8-bit "
-                             "momentum is not supported by Muon yet)")
         if group["stochastic_rounding"] and group["master_weights"] != "remainder8":
             raise ValueError("Muon: stochastic_rounding=True rounds 24-bit masters "
                              "(master_weights='remainder8'); Muon's bf16 momentum rounds to nearest")
@@ -134,68 +134,52 @@ class Muon(MasterWeightOptimizer):
         check_ns_options(group["ns_coefficients"], group["ns_steps"])
         params, grads, masters = lists["params"], lists["grads"], lists["master_params"]
         steps = lists["steps"]  # the clean steps, counted on the device (the op skips with them)
+        sharded = lists.get("sharded_params")  # DTensor (FSDP2) params, whose lists hold shards
+        # Newton-Schulz's inputs: one bf16 stack per shape (of the whole matrices under FSDP2),
+        # which the momentum pass writes into
+        stacks = self._stacks(params, sharded)
+        updates = [None] * len(params)
+        for indices, stack in stacks:
+            for j, i in enumerate(indices):
+                updates[i] = stack[j]
+        momentum = dict(momentum=group["momentum"], nesterov=group["nesterov"],
+                        state_absmaxes=lists["state_absmaxes"], inv_scale=scalars["inv_scale"],
+                        found_inf=scalars["found_inf"], grad_norm=scalars.get("grad_norm"),
+                        max_grad_norm=scalars.get("max_grad_norm"), unscale_grads=group["unscale_grads"])
         apply = dict(momentum=0.0, dampening=0.0, nesterov=False, maximize=False,
                      found_inf=scalars["found_inf"], rounding_seed=scalars["rounding_seed"],
                      unscale_grads=False)
-        # the update's pass validates params, masters and grads (shapes, dtypes, devices)
-        # before the momentum changes
+        # both passes are checked before the first writes
+        ops.muon_momentum_(params, grads, lists["momentum_buffer"], updates, check_only=True, **momentum)
         ops.sgd_step_(params, grads, masters, [], steps, lr=0.0, weight_decay=0.0, check_only=True,
                       **apply)
         if check_only or not params:
             return
-        sharded = lists.get("sharded_params")  # DTensor (FSDP2) params, whose lists hold shards
-        updates = self._momentum_pass(group, grads, lists["momentum_buffer"], scalars)
-        orthogonal = self._orthogonalize(group, updates, sharded)
+        ops.muon_momentum_(params, grads, lists["momentum_buffer"], updates, **momentum)
+        orthogonal = self._orthogonalize(group, stacks, sharded, len(params))
         shapes = [p.shape for p in (sharded or params)]
         self._apply_pass(group, params, shapes, masters, steps, orthogonal, scalars, apply)
 
     @staticmethod
-    def _grad_multiplier(scalars) -> Optional[torch.Tensor]:
-        """What the grads are multiplied by: 1/scale times the clip coefficient, 1 on an overflow
-        step (nothing changes then, the grads included), or None when there is nothing to do."""
-        mult = scalars["inv_scale"]
-        norm = scalars.get("grad_norm")
-        if norm is not None:  # min(1, max_norm / (norm + 1e-6)), as the fused ops form it
-            coef = ((norm.float() + 1e-6).reciprocal() * scalars["max_grad_norm"]).clamp(max=1.0)
-            mult = coef if mult is None else mult * coef
-        found_inf = scalars["found_inf"]
-        if mult is not None and found_inf is not None:
-            mult = torch.where(found_inf != 0, torch.ones_like(mult), mult)
-        return mult
-
-    def _momentum_pass(self, group, grads, bufs, scalars):
-        """B = lerp(B, g, 1 - mu) and the Newton-Schulz input, unscaled and clipped grads in,
-        the momentum unchanged on an overflow step."""
-        mult = self._grad_multiplier(scalars)
-        if mult is not None:
-            if group["unscale_grads"]:  # left unscaled (and clipped) in p.grad, as torch leaves them
-                torch._foreach_mul_(grads, mult)
-            else:
-                grads = torch._foreach_mul(grads, mult)
-        found_inf = scalars["found_inf"]
-        if found_inf is not None:  # an overflow step lerps B towards itself: B exactly
-            skip = found_inf != 0
-            grads = [torch.where(skip, b, g).to(b.dtype) for b, g in zip(bufs, grads)]
-        else:
-            grads = [g.to(b.dtype) for b, g in zip(bufs, grads)]
-        momentum = group["momentum"]
-        torch._foreach_lerp_(bufs, grads, 1 - momentum)
-        if group["nesterov"]:
-            return torch._foreach_lerp(grads, bufs, momentum)
-        return bufs
-
-    def _orthogonalize(self, group, updates, sharded):
-        """Newton-Schulz of every update, batched per (device, shape); returns bf16 matrices.
-        The shards of DTensor params are gathered into whole matrices, one all-gather per stack
-        (each rank orthogonalizes every matrix: for 2 ranks as few bytes as sending each to one
-        owner and its result back, and no second collective), and cut back to the shards."""
+    def _stacks(params, sharded):
+        """(indices, empty bf16 stack of their local shapes) per (device, shape): the matrices
+        that go through Newton-Schulz together. Under FSDP2, per whole shape, mesh and placements."""
         by_shape = defaultdict(list)
-        for i, u in enumerate(updates):
-            key = tuple(u.shape) if sharded is None else _whole_matrices.stack_key(sharded[i])
-            by_shape[(u.device, key)].append(i)
-        out = [None] * len(updates)
-        for indices in by_shape.values():
-            stack = torch.stack([updates[i] for i in indices]).to(torch.bfloat16)
+        for i, p in enumerate(params):
+            key = tuple(p.shape) if sharded is None else _whole_matrices.stack_key(sharded[i])
+            by_shape[(p.device, key)].append(i)
+        return [(indices, torch.empty((len(indices),) + tuple(params[indices[0]].shape), dtype=torch.bfloat16,
+                                      device=params[indices[0]].device))
+                for indices in by_shape.values()]
+
+    def _orthogonalize(self, group, stacks, sharded, count):
+        """Newton-Schulz of every stack; returns each param's bf16 result. The shards of DTensor
+        params are gathered into whole matrices, one all-gather per stack (each rank
+        orthogonalizes every matrix: for 2 ranks as few bytes as sending each to one owner and
+        its result back, and no second collective), and cut back to the shards. (On an overflow
+        step the stacks hold what the momentum pass did not write, and nothing is applied.)"""
+        out = [None] * count
+        for indices, stack in stacks:
             if sharded is not None:
                 stack = _whole_matrices.gather(stack, sharded[indices[0]])
             result = orthogonalize(stack, group["ns_coefficients"], group["ns_steps"], group["eps"])

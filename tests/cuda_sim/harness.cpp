@@ -7,6 +7,7 @@
 #include "cuda/adam.cu"
 #include "cuda/sgd.cu"
 #include "cuda/lion.cu"
+#include "cuda/muon.cu"
 
 using namespace fused_amp::cuda;
 
@@ -106,6 +107,17 @@ void fa_sim_lion(const int* kind, int n, void** ptrs, const int64_t* numels, con
   std::vector<TensorPtrs> steps(n);
   for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kLionStep]}, 1};
   increment_steps(steps, found_inf, nullptr);
+}
+
+// Muon's momentum pass: lists (param, grad, momentum buffer, bf16 update); kind as above
+// (master 0); hyper = (momentum), flags = (nesterov).
+void fa_sim_muon(const int* kind, int n, void** ptrs, const int64_t* numels, const double* hyper,
+                 const int* flags, const float* inv_scale, const float* found_inf, int write_grads,
+                 const float* grad_norm, float max_grad_norm, int large) {
+  fused_amp_sim_large_args = large;
+  const fused_amp::ops::MuonHyper h{hyper[0], flags[0] != 0};
+  muon(step_kind(kind), tensors_of(n, 4, ptrs, numels), h,
+       {0.0, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm, false, 0}, nullptr);
 }
 
 }  // extern "C"
