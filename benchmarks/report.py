@@ -95,7 +95,7 @@ def markdown_table(records: List[Dict], suite: str) -> str:
             if v is not None and k.endswith("bytes"):
                 cells.append(_fmt(v / 2 ** 20, 0) + " MiB")
             elif v is not None and k.endswith("_frac"):
-                cells.append(f"{v:.0%}")
+                cells.append(f"{v:.1%}")
             else:
                 cells.append(_fmt(v, 4 if k.startswith("loss") else 0))
         lines.append("| " + " | ".join(cells) + " |")

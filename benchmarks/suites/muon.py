@@ -7,16 +7,17 @@ L layers of (d, 4d), (4d, d) and four (d, d).
 * torch_bf16: bf16 params without masters (torch's Muon applies its updates in bf16).
 
 Muon's step is mostly Newton-Schulz, compute and not bytes: no roofline fraction. Each record
-also says which share of its step is spent outside Newton-Schulz (the step's time less that
-of the implementation's own Newton-Schulz over the same matrices, timed in the same turns)."""
+also says which share of its step is spent outside Newton-Schulz: the time of the same step
+with the implementation's Newton-Schulz replaced by the identity (timed in the same turns, on
+the same grads), over the step's."""
+import contextlib
 import statistics
 
 import torch
 
 import fused_amp
+import fused_amp.optim.muon as fused_amp_muon
 from benchmarks import harness, impls
-from fused_amp.optim._newton_schulz import orthogonalize
-from fused_amp.optim.muon import DEFAULT_NS_COEFFICIENTS
 
 KW = dict(lr=0.02, weight_decay=0.1)
 
@@ -65,24 +66,23 @@ def _refresh(step, grads):
     return prepare
 
 
-def torch_ns(matrices):
-    ns = torch.optim._muon._zeropower_via_newtonschulz
+@contextlib.contextmanager
+def _identity_ns(name):
+    """The step of `name` with its Newton-Schulz replaced by the identity (the input, in bf16)."""
+    module, attr = ((fused_amp_muon, "orthogonalize") if name == "fused_amp"
+                    else (torch.optim._muon, "_zeropower_via_newtonschulz"))
+    original = getattr(module, attr)
+    setattr(module, attr, lambda x, *args: x.bfloat16())
+    try:
+        yield
+    finally:
+        setattr(module, attr, original)
 
+
+def _without_ns(name, step):
     def run():
-        for m in matrices:
-            ns(m, DEFAULT_NS_COEFFICIENTS, 5, 1e-7)
-    return run
-
-
-def ours_ns(matrices):
-    stacks = {}
-    for m in matrices:
-        stacks.setdefault(tuple(m.shape), []).append(m)
-    stacks = [torch.stack(ms).bfloat16() for ms in stacks.values()]
-
-    def run():
-        for s in stacks:
-            orthogonalize(s, DEFAULT_NS_COEFFICIENTS, 5, 1e-7)
+        with _identity_ns(name):
+            step()
     return run
 
 
@@ -90,21 +90,22 @@ def run(ctx, layers, d):
     device = ctx.device
     shapes = shapes_of(layers, d)
     built = {name: build(name, shapes, device) for name in IMPLS}
-    timed = [harness.Impl(name, s.step, _refresh(s, _grads(s.params))) for name, s in built.items()]
-    matrices = [g.float() for g in _grads(built["torch_amp"].params)]
-    ns_runs = {"fused_amp": ours_ns(matrices), "torch_amp": torch_ns(matrices), "torch_bf16": torch_ns(matrices)}
-    timed += [harness.Impl(f"{name}/ns", fn) for name, fn in ns_runs.items()]
+    grads = {name: _grads(s.params) for name, s in built.items()}
+    timed = [harness.Impl(name, s.step, _refresh(s, grads[name])) for name, s in built.items()]
+    # the same steps without Newton-Schulz, on twins (their state must not drift from the timed ones')
+    twins = {name: build(name, shapes, device) for name in IMPLS}
+    timed += [harness.Impl(f"{name}/no-ns", _without_ns(name, s.step), _refresh(s, grads[name]))
+              for name, s in twins.items()]
     times = harness.time_alternating(timed, device, max(3, ctx.reps // 3))
-    ns_times = {name[:-3]: times.pop(name) for name in list(times) if name.endswith("/ns")}
+    outside = {name[:-6]: times.pop(name) for name in list(times) if name.endswith("/no-ns")}
     extra = {}
     for t in timed:
-        if t.name.endswith("/ns"):
+        if t.name.endswith("/no-ns"):
             continue
         t.prepare()
-        step_s, ns_s = statistics.median(times[t.name]), statistics.median(ns_times[t.name])
         extra[t.name] = {"host_syncs_per_step": harness.count_host_syncs(t.run, device),
                          "state_bytes": harness.tensor_bytes(built[t.name].tensors()),
-                         "outside_ns_frac": max(0.0, 1.0 - ns_s / step_s)}
+                         "outside_ns_frac": statistics.median(outside[t.name]) / statistics.median(times[t.name])}
     n = sum(a * b for a, b in shapes)
     return harness.make_records("muon", f"muon/bfloat16/{layers}x{d}", device, "bfloat16", n, len(shapes),
                                 times, ctx.ceiling_gbps, None, extra)
