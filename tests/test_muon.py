@@ -568,7 +568,8 @@ def fsdp_muon_run(rank, world, overflow_at, max_norm):
 @pytest.mark.parametrize("overflow_at,max_norm", [(None, None), (2, None), (None, 0.05)])
 def test_fsdp2_shards_step_as_the_single_process_run(overflow_at, max_norm):
     """Every rank trains on the same batch, so the averaged grads are exact: the whole matrices
-    gathered from the shards go through the same Newton-Schulz, and the weights and masters must
+    sent from the shards to their owner ranks go through the same Newton-Schulz (a rank that owns
+    none of a shape included), and the weights and masters must
     be the single-process run's bit for bit (an overflow on one rank: skipped by both, as by the
     single process that skips that step)."""
     results = run_ranks(fsdp_muon_run, 2, overflow_at, max_norm)

@@ -1,17 +1,17 @@
 """Whole matrices from the shards of DTensor (FSDP2) params, for Newton-Schulz, and the shards
-back: one all-gather per stack of same-shaped, same-placed matrices (torch.distributed's, through
-DTensor), the way back a local chunk (no communication)."""
+back, through DTensor's redistribution (torch.distributed's collectives). A stack of k
+same-shaped, same-placed matrices, each sharded by rows over the ranks, becomes whole matrices
+split over the ranks by owner (rank r owns the r-th torch.chunk of the k): each rank
+orthogonalizes only its own, and the results go back to the row shards. Two all-to-alls
+(on gloo, which has none, DTensor all-gathers and keeps its chunk), against one all-gather with
+every rank orthogonalizing every matrix: the same bytes for 2 ranks, fewer for more, and the
+compute split over the ranks."""
 import torch
 
 try:
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor import DTensor, Shard
 except ImportError:  # torch without distributed
     DTensor = None
-
-
-def _stack_placements(like):
-    """The placements of a stack (a new dim 0) of tensors placed as ``like``."""
-    return [Shard(p.dim + 1) if p.is_shard() else p for p in like.placements]
 
 
 def stack_key(like):
@@ -19,17 +19,30 @@ def stack_key(like):
     return tuple(like.shape), like.device_mesh, tuple(like.placements)
 
 
-def gather(local_stack: torch.Tensor, like) -> torch.Tensor:
-    """The whole (k, A, B) stack of which ``local_stack`` holds this rank's shards of k matrices
-    placed as the DTensor ``like``."""
-    shape = torch.Size((local_stack.size(0),) + tuple(like.shape))
-    whole = DTensor.from_local(local_stack, like.device_mesh, _stack_placements(like), run_check=False,
-                               shape=shape, stride=torch.empty(shape, device="meta").stride())
-    return whole.full_tensor()
+def _as_dtensor(local, like, placements, k):
+    shape = torch.Size((k,) + tuple(like.shape))
+    return DTensor.from_local(local, like.device_mesh, placements, run_check=False, shape=shape,
+                              stride=torch.empty(shape, device="meta").stride())
 
 
-def local_part(whole_stack: torch.Tensor, like) -> torch.Tensor:
-    """This rank's shards of a whole (k, A, B) stack placed as ``like``: a chunk, as the params'."""
-    mesh = like.device_mesh
-    replicated = DTensor.from_local(whole_stack, mesh, [Replicate()] * mesh.ndim, run_check=False)
-    return replicated.redistribute(mesh, _stack_placements(like)).to_local()
+def _row_placements(like):
+    """The placements of a stack (a new dim 0) of matrices placed as ``like``."""
+    return [Shard(p.dim + 1) if p.is_shard() else p for p in like.placements]
+
+
+def _owner_placements(like):
+    """The same stack split by whole matrices over the mesh dims that shard ``like``."""
+    return [Shard(0) if p.is_shard() else p for p in like.placements]
+
+
+def to_owners(local_stack: torch.Tensor, like) -> torch.Tensor:
+    """The whole matrices this rank owns, of the stack whose row shards ``local_stack`` holds."""
+    k = local_stack.size(0)
+    return _as_dtensor(local_stack, like, _row_placements(like), k).redistribute(
+        like.device_mesh, _owner_placements(like)).to_local()
+
+
+def from_owners(owned: torch.Tensor, like, k: int) -> torch.Tensor:
+    """This rank's row shards of the k matrices of a stack, from the whole ones each rank owns."""
+    return _as_dtensor(owned, like, _owner_placements(like), k).redistribute(
+        like.device_mesh, _row_placements(like)).to_local()

@@ -173,18 +173,17 @@ class Muon(MasterWeightOptimizer):
                 for indices in by_shape.values()]
 
     def _orthogonalize(self, group, stacks, sharded, count):
-        """Newton-Schulz of every stack; returns each param's bf16 result. The shards of DTensor
-        params are gathered into whole matrices, one all-gather per stack (each rank
-        orthogonalizes every matrix: for 2 ranks as few bytes as sending each to one owner and
-        its result back, and no second collective), and cut back to the shards. (On an overflow
-        step the stacks hold what the momentum pass did not write, and nothing is applied.)"""
+        """Newton-Schulz of every stack; returns each param's bf16 result. The row shards of
+        DTensor params go to the ranks that own their whole matrices, each rank orthogonalizes
+        its own, and the results come back as row shards (_whole_matrices). (On an overflow step
+        the stacks hold what the momentum pass did not write, and nothing is applied.)"""
         out = [None] * count
         for indices, stack in stacks:
             if sharded is not None:
-                stack = _whole_matrices.gather(stack, sharded[indices[0]])
+                stack = _whole_matrices.to_owners(stack, sharded[indices[0]])
             result = orthogonalize(stack, group["ns_coefficients"], group["ns_steps"], group["eps"])
             if sharded is not None:
-                result = _whole_matrices.local_part(result, sharded[indices[0]])
+                result = _whole_matrices.from_owners(result, sharded[indices[0]], len(indices))
             for j, i in enumerate(indices):
                 out[i] = result[j]
         return out
