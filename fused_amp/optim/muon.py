@@ -149,13 +149,13 @@ class Muon(MasterWeightOptimizer):
         apply = dict(momentum=0.0, dampening=0.0, nesterov=False, maximize=False,
                      found_inf=scalars["found_inf"], rounding_seed=scalars["rounding_seed"],
                      unscale_grads=False)
-        # both passes are checked before the first writes
-        ops.muon_momentum_(params, grads, lists["momentum_buffer"], updates, check_only=True, **momentum)
+        # the update pass's arguments are checked before the momentum pass, which checks its own
+        # before it writes
         ops.sgd_step_(params, grads, masters, [], steps, lr=0.0, weight_decay=0.0, check_only=True,
                       **apply)
+        ops.muon_momentum_(params, grads, lists["momentum_buffer"], updates, check_only=check_only, **momentum)
         if check_only or not params:
             return
-        ops.muon_momentum_(params, grads, lists["momentum_buffer"], updates, **momentum)
         orthogonal = self._orthogonalize(group, stacks, sharded, len(params))
         shapes = [p.shape for p in (sharded or params)]
         self._apply_pass(group, params, shapes, masters, steps, orthogonal, scalars, apply)
