@@ -351,35 +351,15 @@ def test_muon_cuda_steps_as_torchs_muon_within_its_reordering_spread():
     """Newton-Schulz as bf16 Tensor Core products: ours (bf16 params, fp32 masters) against
     torch's Muon on fp32 copies on the GPU, within the spread of torch's Muon with its sums
     reordered (tests/test_muon.py's variants, run on the GPU)."""
-    import torch.optim._muon as torch_muon
-    from test_muon import _fp32_sums, _other_orientation
+    from test_muon import max_distance, run_ours, torch_spread, values
 
     gen = torch.Generator().manual_seed(1)
     shapes = [(256, 1024), (1024, 256), (256, 1024), (512, 512)]
     init = [torch.randn(s, generator=gen).bfloat16().cuda() for s in shapes]
     grads = [[torch.randn(s, generator=gen).bfloat16().cuda() for s in shapes] for _ in range(6)]
-
-    def run(make, dtype, ns=None):
-        params = [torch.nn.Parameter(x.to(dtype).clone()) for x in init]
-        opt = make(params, lr=0.02)
-        original = torch_muon._zeropower_via_newtonschulz
-        torch_muon._zeropower_via_newtonschulz = ns or original
-        try:
-            for step_grads in grads:
-                for p, g in zip(params, step_grads):
-                    p.grad = g.to(dtype).clone()
-                opt.step()
-        finally:
-            torch_muon._zeropower_via_newtonschulz = original
-        return [opt.state[p]["master_param"] if dtype != torch.float32 else p.detach() for p in params]
-
-    def distance(a, b):
-        return max((x.float() - y.float()).abs().max().item() for x, y in zip(a, b))
-
-    reference = run(torch.optim.Muon, torch.float32)
-    spread = sum(distance(reference, run(torch.optim.Muon, torch.float32, ns))
-                 for ns in (_other_orientation, _fp32_sums))
-    assert distance(run(fused_amp.optim.Muon, torch.bfloat16), reference) <= spread
+    reference, spread = torch_spread(init, grads, dict(lr=0.02))
+    params, opt = run_ours(init, grads)
+    assert max_distance(values(opt, params), reference) <= spread
 
 
 def muon_setup():

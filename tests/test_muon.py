@@ -78,6 +78,19 @@ def torch_run(init, grads, kw, ns=None, make=torch.optim.Muon):
     return params, opt
 
 
+def run_ours(init, grads, lr=0.02, before_step=None, **kw):
+    """Our Muon on copies of ``init`` fed ``grads``; ``before_step(opt)`` runs before each step."""
+    params = [torch.nn.Parameter(x.clone()) for x in init]
+    opt = Muon(params, lr=lr, **kw)
+    for step_grads in grads:
+        for p, g in zip(params, step_grads):
+            p.grad = g.clone()
+        if before_step is not None:
+            before_step(opt)
+        opt.step()
+    return params, opt
+
+
 def data(dtype, steps=8, seed=0, shapes=SHAPES):
     gen = torch.Generator().manual_seed(seed)
     init = [torch.randn(s, generator=gen).to(dtype) for s in shapes]
@@ -89,12 +102,12 @@ def max_distance(a, b):
     return max((x.detach().float() - y.detach().float()).abs().max().item() for x, y in zip(a, b))
 
 
-def torch_spread(init, grads, kw):
-    """How far torch's Muon moves when only the order of its Newton-Schulz sums changes: ours
-    reorders in both ways (tall matrices iterate on their own orientation; on the CPU the
-    products are fp32 sums of the bf16 values), so its distance may be the sum of both."""
-    reference, _ = torch_run(init, grads, kw)
-    spread = sum(max_distance(reference, torch_run(init, grads, kw, ns)[0])
+def torch_spread(init, grads, kw, make=torch.optim.Muon):
+    """How far torch's Muon (``make``) moves when only the order of its Newton-Schulz sums
+    changes: ours reorders in both ways (tall matrices iterate on their own orientation; on the
+    CPU the products are fp32 sums of the bf16 values), so its distance may be the sum of both."""
+    reference, _ = torch_run(init, grads, kw, make=make)
+    spread = sum(max_distance(reference, torch_run(init, grads, kw, ns, make)[0])
                  for ns in (_other_orientation, _fp32_sums))
     return reference, spread
 
@@ -112,12 +125,7 @@ def test_steps_as_torch_within_its_reordering_spread(dtype, kw):
     copies fed the same grads."""
     init, grads = data(dtype)
     reference, spread = torch_spread(init, grads, kw)
-    params = [torch.nn.Parameter(x.clone()) for x in init]
-    opt = Muon(params, **kw)
-    for step_grads in grads:
-        for p, g in zip(params, step_grads):
-            p.grad = g.clone()
-        opt.step()
+    params, opt = run_ours(init, grads, **kw)
     assert 0 < spread < 1e-2
     assert max_distance(values(opt, params), reference) <= spread
     for p in params:  # the momentum is torch's exactly: the same lerps in fp32
@@ -129,12 +137,7 @@ def test_steps_as_torch_within_its_reordering_spread(dtype, kw):
 def test_momentum_is_torchs_bitwise():
     init, grads = data(torch.float32)
     reference, ref_opt = torch_run(init, grads, dict(lr=0.02))
-    params = [torch.nn.Parameter(x.clone()) for x in init]
-    opt = Muon(params, lr=0.02)
-    for step_grads in grads:
-        for p, g in zip(params, step_grads):
-            p.grad = g.clone()
-        opt.step()
+    params, opt = run_ours(init, grads)
     for p, q in zip(params, reference):
         assert_bitwise_equal(opt.state[p]["momentum_buffer"], ref_opt.state[q]["momentum_buffer"])
 
@@ -273,31 +276,16 @@ def test_clipping_is_torchs_clip_then_step(how):
             torch.nn.utils.clip_grad_norm_([p for g in self.param_groups for p in g["params"]], 1.0)
             return super().step(closure)
 
-    reference, _ = torch_run(init, grads, dict(lr=0.02), make=ClippedMuon)
-    spread = sum(max_distance(reference, torch_run(init, grads, dict(lr=0.02), ns, ClippedMuon)[0])
-                 for ns in (_other_orientation, _fp32_sums))
-    params = [torch.nn.Parameter(x.clone()) for x in init]
-    opt = Muon(params, lr=0.02, max_grad_norm=1.0 if how == "max_grad_norm" else None)
-    for step_grads in grads:
-        for p, g in zip(params, step_grads):
-            p.grad = g.clone()
-        if how == "clip_grad_norm_":
-            opt.clip_grad_norm_(1.0)
-        opt.step()
+    reference, spread = torch_spread(init, grads, dict(lr=0.02), make=ClippedMuon)
+    if how == "max_grad_norm":
+        params, opt = run_ours(init, grads, max_grad_norm=1.0)
+    else:
+        params, opt = run_ours(init, grads, before_step=lambda opt: opt.clip_grad_norm_(1.0))
     assert max_distance(params, reference) <= spread
     assert opt.last_grad_norm.item() > 1.0
 
 
 # ---- memory modes ----------------------------------------------------------------------------
-
-def run_ours(init, grads, **kw):
-    params = [torch.nn.Parameter(x.clone()) for x in init]
-    opt = Muon(params, lr=0.02, **kw)
-    for step_grads in grads:
-        for p, g in zip(params, step_grads):
-            p.grad = g.clone()
-        opt.step()
-    return params, opt
 
 
 def test_remainder_masters_are_the_fp32_masters_bitwise():
