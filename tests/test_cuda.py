@@ -2,6 +2,8 @@
 CPU kernels, unscale_ against torch's CUDA kernel across both launch plans and at the edges of
 the plan, a whole training step without host syncs, captured in a CUDA graph, and grads on a
 second device. All skip without a GPU."""
+import math
+
 import pytest
 import torch
 
@@ -76,7 +78,13 @@ MEMORY_MODES = {"remainder": dict(master_weights="remainder"),
                                                 stochastic_rounding=True, rounding_seed=11),
                 "24-bit": dict(master_weights="remainder8", stochastic_rounding=False),
                 "24-bit-sr-bf16-state": dict(master_weights="remainder8", state_dtype=torch.bfloat16,
-                                             rounding_seed=11)}
+                                             rounding_seed=11),
+                # 8-bit codes on every param but the 7-element one (min_8bit_size): the tiles of
+                # whole quant blocks (cuda/step_states.cuh) over chunk and tile boundaries
+                "8-bit-state": dict(master_weights=True, state_dtype=torch.uint8, min_8bit_size=8),
+                "remainder-8-bit-state": dict(master_weights="remainder", state_dtype=torch.uint8, min_8bit_size=8),
+                "24-bit-sr-8-bit-state": dict(master_weights="remainder8", state_dtype=torch.uint8,
+                                              rounding_seed=11, min_8bit_size=8)}
 
 
 @pytest.mark.parametrize("mode", list(MEMORY_MODES))
@@ -208,8 +216,8 @@ def test_clipped_adam_step_cuda_bitwise_equal_to_cpu(dtype, max_norm):
 def optimizer_factories():
     """Our optimizers on fp16 params (plain, then clipping every step), on bf16 params with both
     memory modes and stochastic rounding (whose random bits follow the step count on the device,
-    so a replay rounds as the eager step does), 24-bit masters, and torch's fused ones on fp32
-    params (where torch has the optimizer), each with our scaler."""
+    so a replay rounds as the eager step does), 24-bit masters, 24-bit masters with 8-bit state,
+    and torch's fused ones on fp32 params (where torch has the optimizer), each with our scaler."""
     out = [(e.ours.__name__, torch.float16, lambda ps, e=e: e.ours(ps, **e.options[-1])) for e in OPTIMIZERS]
     out += [(f"{e.ours.__name__}-max_grad_norm", torch.float16,
              lambda ps, e=e: e.ours(ps, max_grad_norm=0.05, **e.options[-1])) for e in OPTIMIZERS]
@@ -219,6 +227,10 @@ def optimizer_factories():
             for e in OPTIMIZERS]
     out += [(f"{e.ours.__name__}-24-bit", torch.bfloat16,
              lambda ps, e=e: e.ours(ps, master_weights="remainder8", rounding_seed=5, **e.options[-1]))
+            for e in OPTIMIZERS]
+    out += [(f"{e.ours.__name__}-24-bit-8-bit-state", torch.bfloat16,
+             lambda ps, e=e: e.ours(ps, master_weights="remainder8", state_dtype=torch.uint8, min_8bit_size=0,
+                                    rounding_seed=5, **e.options[-1]))
             for e in OPTIMIZERS]
     out += [(f"torch-{e.theirs.__name__}-fused", torch.float32,
              lambda ps, e=e: e.theirs(ps, fused=True, **e.options[-1]))
@@ -293,8 +305,10 @@ def test_training_step_has_no_host_sync(name, dtype, make_opt):
     assert_no_host_sync(*setup(dtype, make_opt))
 
 
-@pytest.mark.parametrize("name,dtype,make_opt", FACTORIES[:3 * len(OPTIMIZERS)],
-                         ids=[f[0] for f in FACTORIES[:3 * len(OPTIMIZERS)]])
+CAPTURED = FACTORIES[:3 * len(OPTIMIZERS)] + [f for f in FACTORIES if f[0].endswith("-8-bit-state")]
+
+
+@pytest.mark.parametrize("name,dtype,make_opt", CAPTURED, ids=[f[0] for f in CAPTURED])
 def test_training_step_captured_in_a_cuda_graph_equals_eager(name, dtype, make_opt):
     assert_replays_equal_eager(lambda: setup(dtype, make_opt))
 
@@ -331,19 +345,24 @@ def test_grads_on_a_second_device():
 def test_muon_momentum_cuda_bitwise_equal_to_cpu():
     gen = torch.Generator().manual_seed(0)
     for dtype, state_dtype in ((torch.float32, torch.float32), (torch.bfloat16, torch.float32),
-                               (torch.float16, torch.bfloat16)):
+                               (torch.float16, torch.bfloat16), (torch.bfloat16, torch.uint8)):
         shapes = [(1000, 33), (65537, 1), (7, 3)]
+        states = ([torch.zeros(s, dtype=torch.uint8) for s in shapes] if state_dtype == torch.uint8
+                  else [torch.randn(s, generator=gen).to(state_dtype) for s in shapes])
         lists = [[torch.randn(s, generator=gen).to(dtype) for s in shapes],
-                 [(torch.randn(s, generator=gen) * 256).to(dtype) for s in shapes],
-                 [torch.randn(s, generator=gen).to(state_dtype) for s in shapes],
+                 [(torch.randn(s, generator=gen) * 256).to(dtype) for s in shapes], states,
                  [torch.zeros(s, dtype=torch.bfloat16) for s in shapes]]
+        # 8-bit codes: one absmax row per param (from zero codes: the first step quantizes the grads)
+        absmaxes = ([torch.zeros(1, (math.prod(s) + 255) // 256) for s in shapes]
+                    if state_dtype == torch.uint8 else None)
         on_gpu = [[t.cuda() for t in ts] for ts in lists]
+        gpu_absmaxes = [a.cuda() for a in absmaxes] if absmaxes else None
         for nesterov in (True, False):
-            for args, device in ((lists, "cpu"), (on_gpu, "cuda")):
-                ops.muon_momentum_(*args, momentum=0.95, nesterov=nesterov,
+            for args, a, device in ((lists, absmaxes, "cpu"), (on_gpu, gpu_absmaxes, "cuda")):
+                ops.muon_momentum_(*args, state_absmaxes=a, momentum=0.95, nesterov=nesterov,
                                    inv_scale=torch.full((), 1 / 256, device=device),
                                    grad_norm=torch.full((), 50.0, device=device), max_grad_norm=10.0)
-        for cpu, gpu in zip(sum(lists[1:], []), sum(on_gpu[1:], [])):
+        for cpu, gpu in zip(sum(lists[1:], []) + (absmaxes or []), sum(on_gpu[1:], []) + (gpu_absmaxes or [])):
             assert_bitwise_equal(gpu.cpu(), cpu)
 
 

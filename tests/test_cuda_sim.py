@@ -350,3 +350,176 @@ def test_clipped_adam_matches_cpu_op(sim, large, max_norm):
     for i in range(len(params)):
         assert_bitwise_equal(grads[i], ref[1][i])  # unscaled and clipped, as the CPU op leaves them
         torch.testing.assert_close(masters[i], ref[2][i], rtol=2e-6, atol=1e-7)
+
+
+# ---- 8-bit state: tiles of whole quant blocks (csrc/cuda/step_states.cuh) ----------------------
+# The simulated tile kernels run 128 threads per block (2 quant blocks of 256 per tile) over
+# chunks of 768 elements (3 quant blocks), so sizes around 256, 512 and 768 reach a quant
+# block's tail, a tile that ends inside a chunk, a chunk that ends inside a tile and a tensor
+# continued in the next launch. Everything is compared bit for bit: the CPU loops of these
+# machines use fused multiply-adds as the kernels do (as in the tests above).
+Q8_SIZES = [0, 1, 255, 256, 257, 600, 767, 768, 769, 0, 1600, 2050, 4, 0, 300]
+Q8 = 4  # the state dtype code of 8-bit codes
+
+
+def q8_kind(dtype, master=False):
+    return (ctypes.c_int * 3)(DTYPE_CODE[dtype], MASTER_KIND[master], Q8)
+
+
+def q8_lists(dtype, master, gen, aligned):
+    params = ([torch.randn(n, generator=gen).to(dtype) for n in Q8_SIZES] if aligned
+              else unaligned_views(Q8_SIZES, dtype, gen))
+    grads = [torch.randn(p.shape, generator=gen).to(dtype) for p in params]
+    if master == "remainder":
+        masters = [torch.randint(-2**15, 2**15, p.shape, generator=gen, dtype=torch.int16) for p in params]
+    elif master == "remainder8":
+        masters = [torch.randint(0, 256, p.shape, generator=gen, dtype=torch.uint8) for p in params]
+    else:
+        masters = [p.float() for p in params] if master else [None] * len(params)
+    return params, grads, masters
+
+
+def codes_and_absmax(params, rows):
+    codes = [[torch.zeros(p.shape, dtype=torch.uint8) for p in params] for _ in range(rows)]
+    absmax = [torch.zeros(rows, (p.numel() + 255) // 256) for p in params]
+    return codes, absmax
+
+
+def assert_codes_match(codes, ref_codes, absmax, ref_absmax, msg):
+    assert_bitwise_equal(codes, ref_codes, f"{msg} codes")
+    assert_bitwise_equal(absmax, ref_absmax, f"{msg} absmax")
+
+
+@pytest.mark.parametrize("large", [0, 1])
+@pytest.mark.parametrize("dtype,master,stochastic", [
+    (torch.float32, False, False), (torch.bfloat16, True, False), (torch.float16, True, False),
+    (torch.bfloat16, "remainder", False), (torch.bfloat16, "remainder8", True)])
+@pytest.mark.parametrize("aligned", [True, False])
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_adam_with_8bit_state_matches_cpu_op(sim, large, dtype, master, stochastic, aligned, amsgrad):
+    """The tiles' codes and absmax are the CPU loops' (cpu/quantized_state.h) bit for bit: the
+    same quant blocks, the same fp32 math, the same map; then an overflow step writes nothing."""
+    gen = torch.Generator().manual_seed(11)
+    params, grads, masters = q8_lists(dtype, master, gen, aligned)
+    rows = 3 if amsgrad else 2
+    codes, absmax = codes_and_absmax(params, rows)
+    if not amsgrad:
+        codes.append([None] * len(params))
+    steps = [torch.zeros(1) for _ in params]
+    ref = [[t.clone() if t is not None else None for t in ts]
+           for ts in (params, grads, masters, *codes, absmax, steps)]
+    seed = 4321 if stochastic else None
+    inv = torch.tensor([0.5])
+    hyper = (ctypes.c_double * 4)(0.9, 0.99, 1e-8, 0.01)
+    flags = (ctypes.c_int * 3)(1, int(amsgrad), 0)
+    for found in (0.0, 0.0, 0.0, 1.0):
+        found_inf = torch.tensor([found])
+        rows_ = [list(r) for r in zip(params, grads, masters, *codes, steps, absmax)]
+        sim.fa_sim_adam(q8_kind(dtype, master), len(params), ptr_array(rows_), numel_array(params), hyper,
+                        flags, ctypes.c_double(1e-2), None, fptr(inv), fptr(found_inf), 1, None,
+                        ctypes.c_float(0), int(stochastic), ctypes.c_int64(seed or 0), large)
+        ops.adam_step_(ref[0], ref[1], ref[2] if master else [], ref[3], ref[4], ref[5] if amsgrad else [],
+                       ref[7], state_absmaxes=ref[6], lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8,
+                       weight_decay=0.01, amsgrad=amsgrad, maximize=False, decoupled_weight_decay=True,
+                       inv_scale=inv, found_inf=found_inf, rounding_seed=seed)
+    for i in range(len(params)):
+        for k in range(rows):
+            assert_codes_match(codes[k][i], ref[3 + k][i], absmax[i][k], ref[6][i][k], f"tensor {i} state {k}")
+        assert_bitwise_equal(grads[i], ref[1][i], f"grad {i}")
+        assert_bitwise_equal(params[i], ref[0][i], f"param {i}")
+        if master:
+            assert_bitwise_equal(masters[i], ref[2][i], f"master {i}")
+        assert steps[i].item() == ref[7][i].item() == 3.0
+
+
+@pytest.mark.parametrize("large", [0, 1])
+@pytest.mark.parametrize("momentum,nesterov", [(0.9, False), (0.9, True)])
+@pytest.mark.parametrize("master", [True, "remainder8"])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_sgd_with_8bit_momentum_matches_cpu_op(sim, large, momentum, nesterov, master, aligned):
+    """The first step starts the buffer from the grad (the codes are not read), later ones read it."""
+    gen = torch.Generator().manual_seed(12)
+    params, grads, masters = q8_lists(torch.bfloat16, master, gen, aligned)
+    codes, absmax = codes_and_absmax(params, 1)
+    steps = [torch.zeros(1) for _ in params]
+    ref = [[t.clone() for t in ts] for ts in (params, masters, codes[0], absmax, steps)]
+    hyper = (ctypes.c_double * 3)(momentum, 0.1, 1e-3)
+    flags = (ctypes.c_int * 2)(int(nesterov), 0)
+    for _ in range(3):
+        rows = [list(r) for r in zip(params, grads, masters, codes[0], steps, absmax)]
+        sim.fa_sim_sgd(q8_kind(torch.bfloat16, master), len(params), ptr_array(rows), numel_array(params),
+                       hyper, flags, ctypes.c_double(0.1), None, None, 0, None, ctypes.c_float(0), 0,
+                       ctypes.c_int64(0), large)
+        ops.sgd_step_(ref[0], grads, ref[1], ref[2], ref[4], state_absmaxes=ref[3], lr=0.1, momentum=momentum,
+                      dampening=0.1, weight_decay=1e-3, nesterov=nesterov, maximize=False)
+    for i in range(len(params)):
+        assert_codes_match(codes[0][i], ref[2][i], absmax[i][0], ref[3][i][0], f"tensor {i}")
+        assert steps[i].item() == ref[4][i].item() == 3.0
+        assert_bitwise_equal(masters[i], ref[1][i], f"master {i}")
+        assert_bitwise_equal(params[i], ref[0][i], f"param {i}")
+
+
+@pytest.mark.parametrize("large", [0, 1])
+@pytest.mark.parametrize("dtype,master", [(torch.float32, False), (torch.bfloat16, "remainder8")])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_lion_with_8bit_state_matches_cpu_op(sim, large, dtype, master, aligned):
+    gen = torch.Generator().manual_seed(13)
+    params, grads, masters = q8_lists(dtype, master, gen, aligned)
+    codes, absmax = codes_and_absmax(params, 1)
+    steps = [torch.zeros(1) for _ in params]
+    ref = [[t.clone() if t is not None else None for t in ts] for ts in (params, masters, codes[0], absmax, steps)]
+    hyper = (ctypes.c_double * 3)(0.9, 0.99, 0.1)
+    flags = (ctypes.c_int * 1)(0)
+    for _ in range(3):
+        rows = [list(r) for r in zip(params, grads, masters, codes[0], steps, absmax)]
+        sim.fa_sim_lion(q8_kind(dtype, master), len(params), ptr_array(rows), numel_array(params), hyper, flags,
+                        ctypes.c_double(1e-2), None, None, 0, None, ctypes.c_float(0), 0, ctypes.c_int64(0), large)
+        ops.lion_step_(ref[0], grads, ref[1] if master else [], ref[2], ref[4], state_absmaxes=ref[3], lr=1e-2,
+                       beta1=0.9, beta2=0.99, weight_decay=0.1, maximize=False)
+    for i in range(len(params)):
+        assert_codes_match(codes[0][i], ref[2][i], absmax[i][0], ref[3][i][0], f"tensor {i}")
+        assert_bitwise_equal(params[i], ref[0][i], f"param {i}")
+
+
+@pytest.mark.parametrize("large", [0, 1])
+@pytest.mark.parametrize("aligned", [True, False])
+def test_muon_momentum_with_8bit_state_matches_cpu_op(sim, large, aligned):
+    gen = torch.Generator().manual_seed(14)
+    params, grads, _ = q8_lists(torch.bfloat16, False, gen, aligned)
+    codes, absmax = codes_and_absmax(params, 1)
+    updates = [torch.zeros(p.shape, dtype=torch.bfloat16) for p in params]
+    ref = [[t.clone() for t in ts] for ts in (codes[0], absmax, updates)]
+    hyper = (ctypes.c_double * 1)(0.95)
+    for nesterov in (1, 0, 1):
+        flags = (ctypes.c_int * 1)(nesterov)
+        rows = [list(r) for r in zip(params, grads, codes[0], updates, absmax)]
+        sim.fa_sim_muon(q8_kind(torch.bfloat16), len(params), ptr_array(rows), numel_array(params), hyper, flags,
+                        None, None, 0, None, ctypes.c_float(0), large)
+        ops.muon_momentum_(params, grads, ref[0], ref[2], state_absmaxes=ref[1], momentum=0.95,
+                           nesterov=bool(nesterov))
+    for i in range(len(params)):
+        assert_codes_match(codes[0][i], ref[0][i], absmax[i][0], ref[1][i][0], f"tensor {i}")
+        assert_bitwise_equal(updates[i], ref[2][i], f"update {i}")
+
+
+def test_8bit_state_keeps_a_nan_as_a_nan_block(sim):
+    """A NaN in a quant block's new state makes its absmax NaN and its codes 0, as on the CPU (the
+    next step reads the whole block as NaN); a block of zeros stores absmax 0."""
+    params = [torch.randn(1000), torch.zeros(600)]
+    grads = [torch.randn(1000), torch.zeros(600)]
+    grads[0][300] = float("nan")
+    codes, absmax = codes_and_absmax(params, 2)
+    steps = [torch.zeros(1) for _ in params]
+    ref = [[t.clone() for t in ts] for ts in (params, grads, *codes, absmax, steps)]
+    hyper = (ctypes.c_double * 4)(0.9, 0.999, 1e-8, 0.0)
+    flags = (ctypes.c_int * 3)(0, 0, 0)
+    rows = [list(r) for r in zip(params, grads, [None, None], *codes, [None, None], steps, absmax)]
+    sim.fa_sim_adam(q8_kind(torch.float32), 2, ptr_array(rows), numel_array(params), hyper, flags,
+                    ctypes.c_double(1e-3), None, None, None, 0, None, ctypes.c_float(0), 0, ctypes.c_int64(0), 0)
+    ops.adam_step_(ref[0], ref[1], [], ref[2], ref[3], [], ref[5], state_absmaxes=ref[4], lr=1e-3, beta1=0.9,
+                   beta2=0.999, eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False,
+                   decoupled_weight_decay=False)
+    assert absmax[0][:, 1].isnan().all() and (codes[0][0][256:512] == 0).all()
+    assert (absmax[1] == 0).all()
+    for k in range(2):
+        assert_codes_match(codes[k][0], ref[2 + k][0], absmax[0][k], ref[4][0][k], f"state {k}")

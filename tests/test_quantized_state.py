@@ -265,7 +265,7 @@ def test_bad_input_is_refused_naming_the_argument():
         Adam([p], state_dtype=torch.uint8, min_8bit_size=-1)
     with pytest.raises(ValueError, match="stochastic_rounding"):
         Adam([p], state_dtype=torch.uint8, stochastic_rounding=True)
-    with pytest.raises(ValueError, match="CPU kernels only"):
+    with pytest.raises(ValueError, match="CPU and CUDA kernels only"):
         Adam([torch.nn.Parameter(torch.zeros(5000, device="meta"))], state_dtype=torch.uint8)
     with pytest.raises(ValueError, match="float32, float16 and bfloat16"):
         Adam([torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))], state_dtype=torch.uint8)

@@ -12,7 +12,7 @@ Steps, in order, each with its log under the output folder (``FUSED_AMP_GPU_OUT`
 5. bench      ``benchmarks/run.py --device cuda --quick``
 6. sanitizer  the CUDA tests of the ops under ``compute-sanitizer --tool memcheck``
 7. racecheck  those of the kernels with shared memory and block reductions (the clipping
-8. synccheck  norm) under the racecheck and synccheck tools (6-8 optional: only where
+8. synccheck  norm, 8-bit state) under the racecheck and synccheck tools (6-8 optional: only where
               compute-sanitizer exists and time is left)
 
 It never reads input and always ends with a summary (summary.txt and summary.json), whatever
@@ -31,10 +31,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = ("info", "build", "cuda-tests", "tests", "bench", "sanitizer", "racecheck", "synccheck")
 # (step, compute-sanitizer tool, the tests it runs, seconds): memcheck over the ops' CUDA tests;
-# racecheck and synccheck over the kernels with shared memory and block reductions (the norm)
+# racecheck and synccheck over the kernels with shared memory and block reductions (the norm,
+# the tiles of 8-bit state)
 SANITIZER_RUNS = (("sanitizer", "memcheck", ["tests/test_unscale.py", "tests/test_update_scale.py"], 120),
-                  ("racecheck", "racecheck", ["tests/test_cuda.py", "-k", "grad_norm"], 60),
-                  ("synccheck", "synccheck", ["tests/test_cuda.py", "-k", "grad_norm"], 60))
+                  ("racecheck", "racecheck", ["tests/test_cuda.py", "-k", "grad_norm or 8-bit or muon_momentum"], 60),
+                  ("synccheck", "synccheck", ["tests/test_cuda.py", "-k", "grad_norm or 8-bit or muon_momentum"], 60))
 INFO = r"""
 import os, sys, torch
 print("python", sys.version.split()[0], sys.executable)

@@ -1,8 +1,11 @@
 #pragma once
 // What the kernels need from CUDA. With FUSED_AMP_HOST_SIM the same kernel and launcher source
-// compiles with a host compiler and a launch runs as loops over blocks and threads: the kernels
-// here use no shared memory, no __syncthreads and no warp shuffles, so that is exact. The tests
-// use it to check the launcher's chunking on machines without a GPU (tests/test_cuda_sim.py).
+// compiles with a host compiler and a launch runs as loops over blocks and threads: exact for
+// kernels whose threads never meet (no shared memory, no __syncthreads, no warp shuffles). The
+// two kinds whose threads do meet have a simulated form of that step: the block reductions
+// (multi_tensor_apply.cuh) and the tiles of 8-bit state (step_states.cuh), launched with
+// FA_LAUNCH_WHOLE_BLOCKS, which runs the kernel once per block and leaves the threads to it. The
+// tests use it to check the launcher's chunking on machines without a GPU (tests/test_cuda_sim.py).
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -28,6 +31,15 @@ inline int fused_amp_sim_launches = 0;         // launches so far, for the tests
       for (threadIdx.x = 0; threadIdx.x < blockDim.x; ++threadIdx.x)       \
         kernel(__VA_ARGS__);                                               \
   } while (0)
+#define FA_LAUNCH_WHOLE_BLOCKS(kernel, grid, block, stream, ...)             \
+  do {                                                                     \
+    ++fused_amp_sim_launches;                                              \
+    gridDim.x = (grid);                                                    \
+    blockDim.x = (block);                                                  \
+    threadIdx.x = 0;                                                       \
+    for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x)             \
+      kernel(__VA_ARGS__);                                                 \
+  } while (0)
 #else
 #include <cuda_runtime_api.h>
 #define FA_GLOBAL __global__
@@ -42,6 +54,7 @@ inline int fused_amp_sim_launches = 0;         // launches so far, for the tests
                                cudaGetErrorString(fa_err));                              \
     }                                                                                    \
   } while (0)
+#define FA_LAUNCH_WHOLE_BLOCKS FA_LAUNCH
 #endif
 
 namespace fused_amp::cuda {

@@ -24,6 +24,7 @@ Dtype dtype_of(at::ScalarType t) {
     case at::kHalf: return Dtype::Half;
     case at::kBFloat16: return Dtype::BFloat16;
     case at::kDouble: return Dtype::Double;
+    case at::kByte: return Dtype::Byte;  // 8-bit state codes
     default: TORCH_INTERNAL_ASSERT(false, "dtype passed validation but has no kernel");
   }
 }
@@ -85,15 +86,12 @@ MasterKind master_kind(const core::StepTensors& st, size_t i) {
 }
 
 // One optimizer step on the current stream: params grouped by kind (param dtype, master kind,
-// state dtype), one launch sequence per group (`ptrs(i)`: the pointers of param i;
+// state dtype), one launch sequence per group (`ptrs(i)`: the pointers of param i, its absmaxes
+// last (launch.h);
 // `kernel(...)`: a group's launch), then the step counts (those that exist) incremented unless
 // found_inf says overflow.
 template <class Ptrs, class Kernel>
 void optimizer_step(const core::StepTensors& st, Ptrs&& ptrs, Kernel&& kernel) {
-  for (size_t i = 0; i < st.params.size(); ++i) {
-    TORCH_CHECK_NOT_IMPLEMENTED(!st.is_quantized(i), "8-bit optimizer state (uint8 codes) has no CUDA "
-                                "kernel yet: params[", i, "] is on ", st.params[i].device());
-  }
   const c10::cuda::CUDAGuard guard(st.params[0].device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const Scalars sc = scalars_of(st);
@@ -163,7 +161,7 @@ void Device::adam(const core::AdamArgs& a) {
       [&](size_t i) {
         return ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), ptr_or_null(st.masters, i),
                         st.states_a[i].data_ptr(), st.states_b[i].data_ptr(), ptr_or_null(st.aux, i),
-                        st.steps[i].data_ptr()},
+                        st.steps[i].data_ptr(), ptr_or_null(st.absmaxes, i)},
                        st.params[i].numel());
       },
       [&](const StepKind& kind, const std::vector<TensorPtrs>& list, const StepScalars& s,
@@ -176,7 +174,7 @@ void Device::sgd(const core::SgdArgs& a) {
       st,
       [&](size_t i) {
         return ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), ptr_or_null(st.masters, i),
-                        ptr_or_null(st.aux, i), ptr_or_null(st.steps, i)},
+                        ptr_or_null(st.aux, i), ptr_or_null(st.steps, i), ptr_or_null(st.absmaxes, i)},
                        st.params[i].numel());
       },
       [&](const StepKind& kind, const std::vector<TensorPtrs>& list, const StepScalars& s,
@@ -189,7 +187,7 @@ void Device::lion(const core::LionArgs& a) {
       st,
       [&](size_t i) {
         return ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), ptr_or_null(st.masters, i),
-                        st.states_a[i].data_ptr(), st.steps[i].data_ptr()},
+                        st.states_a[i].data_ptr(), st.steps[i].data_ptr(), ptr_or_null(st.absmaxes, i)},
                        st.params[i].numel());
       },
       [&](const StepKind& kind, const std::vector<TensorPtrs>& list, const StepScalars& s,
@@ -202,7 +200,7 @@ void Device::muon(const core::MuonArgs& a) {
       st,
       [&](size_t i) {
         return ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), st.states_a[i].data_ptr(),
-                        st.updates[i].data_ptr()},
+                        st.updates[i].data_ptr(), ptr_or_null(st.absmaxes, i)},
                        st.params[i].numel());
       },
       [&](const StepKind& kind, const std::vector<TensorPtrs>& list, const StepScalars& s,

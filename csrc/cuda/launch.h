@@ -27,7 +27,8 @@ struct TensorPtrs {
   int64_t numel;
 };
 
-enum class Dtype : int { Float, Half, BFloat16, Double };
+// Byte: 8-bit state codes (a state dtype only)
+enum class Dtype : int { Float, Half, BFloat16, Double, Byte };
 
 // Which kernel-argument plan the launches use: 0 decides from the CUDA versions (32 KB where
 // runtime and driver allow it), 4096 or 32768 forces one (for the tests of both plans).
@@ -70,19 +71,20 @@ enum class MasterKind : int { None = 0, Fp32 = 1, Remainder = 2, Remainder8 = 3 
 struct StepKind {
   Dtype param;
   MasterKind master;
-  Dtype state;  // Float or BFloat16
+  Dtype state;  // Float, BFloat16 or Byte (8-bit codes, ops/quantize.h)
 };
 
 // Lists per tensor, in this order: Adam: param, grad, master, exp_avg, exp_avg_sq,
 // max_exp_avg_sq, step; SGD: param, grad, master, momentum_buffer, step; Lion: param, grad,
 // master, exp_avg, step. All params share the kind's dtypes; master (and the optional lists) are
-// null where absent.
-enum AdamList { kParam = 0, kGrad, kMasterList, kExpAvg, kExpAvgSq, kMaxExpAvgSq, kAdamStep };
-enum SgdList { kMomentumBuffer = 3, kSgdStep };
+// null where absent. With 8-bit state one list more follows: the tensor's absmaxes, one row of
+// ops::quant_blocks(numel) per state present, in list order.
+enum AdamList { kParam = 0, kGrad, kMasterList, kExpAvg, kExpAvgSq, kMaxExpAvgSq, kAdamStep, kAdamAbsmax };
+enum SgdList { kMomentumBuffer = 3, kSgdStep, kSgdAbsmax };
 // Lion: param, grad, master, exp_avg, step.
-enum LionList { kLionExpAvg = 3, kLionStep };
+enum LionList { kLionExpAvg = 3, kLionStep, kLionAbsmax };
 // Muon's momentum pass: param (not read), grad, momentum buffer, bf16 update.
-enum MuonList { kMuonGrad = 1, kMuonBuffer, kMuonUpdate };
+enum MuonList { kMuonGrad = 1, kMuonBuffer, kMuonUpdate, kMuonAbsmax };
 
 void adam(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::AdamHyper& h,
           const StepScalars& s, cudaStream_t stream);

@@ -17,19 +17,14 @@ struct LionFunctor {
     const ops::LionCoeffs c = ops::lion_coeffs(h, lr_of(s), grad_mult_of(s));
     const auto pa = param_access<param_t, kMasterKind>(meta, t, start, s.write_grads && c.inv_scale != 1.f);
     const StepRounding rounding = rounding_of(s, step, start);
-    state_t* m = list_at<state_t>(meta.ptr[kLionExpAvg][t], start);
-    const bool aligned = pa.aligned() && is_aligned(m);
-    for_each_ilp(n, aligned, [&](const IlpIndex& ix) {
-      float p[kILP], g[kILP], mr[kILP];
+    const auto states = step_states<state_t, 1>(meta, t, start, {{kLionExpAvg}, {true}, {false}, true}, kLionAbsmax);
+    for_each_step_ilp(n, pa.aligned(), states, rounding, [&](const IlpIndex& ix, float (&st)[1][kILP]) {
+      float p[kILP], g[kILP];
       pa.load(p, g, ix);
-      load_ilp(mr, m, ix);
       pa.store_unscaled_grad(g, c.inv_scale, ix);
 #pragma unroll
-      for (int j = 0; j < kILP; ++j) ops::lion_update(p[j], g[j], mr[j], c);
+      for (int j = 0; j < kILP; ++j) ops::lion_update(p[j], g[j], st[0][j], c);
       pa.store(p, ix, rounding);
-      uint32_t random[kILP];
-      rounding.bits(random, ix);
-      store_state(m, mr, random, rounding.stochastic, false, ix);
     });
   }
 };

@@ -18,6 +18,26 @@ constexpr int64_t kChunkSize = FUSED_AMP_SIM_CHUNK_SIZE;
 constexpr int kBlockSize = FUSED_AMP_SIM_BLOCK_SIZE;
 #endif
 constexpr int kILP = 4;
+
+// How a launch cuts its tensors: elements per chunk (one block of threads each) and threads per
+// block. Elementwise kernels use any; the kernels of 8-bit state (cuda/step_states.cuh) need
+// chunks and tiles of whole quant blocks, and their threads work together, so the host
+// simulation runs such a kernel once per block and its threads inside (kWholeBlock).
+struct ElementwiseShape {
+  static constexpr int64_t kChunk = kChunkSize;
+  static constexpr int kThreads = kBlockSize;
+  static constexpr bool kWholeBlock = false;
+};
+struct TileShape {
+#ifndef FUSED_AMP_SIM_CHUNK_SIZE
+  static constexpr int64_t kChunk = 65536;
+  static constexpr int kThreads = 512;
+#else  // 3 quant blocks per chunk, 2 per tile: chunks end inside a tile
+  static constexpr int64_t kChunk = 768;
+  static constexpr int kThreads = 128;
+#endif
+  static constexpr bool kWholeBlock = true;
+};
 constexpr int kFunctorBytes = 256;  // room left in the argument for the functor
 
 // Kernel arguments are limited to 4 KB, or 32 KB with CUDA >= 12.1 on the runtime and driver.
@@ -38,12 +58,12 @@ struct TensorListMeta {
   uint16_t block_to_tensor[kMaxBlocks];
 };
 
-template <class Meta, class Functor>
+template <class Shape, class Meta, class Functor>
 FA_GLOBAL void multi_tensor_kernel(const FA_GRID_CONSTANT Meta meta, const Functor f) {
   const int t = meta.block_to_tensor[blockIdx.x];
-  const int64_t start = static_cast<int64_t>(meta.block_to_chunk[blockIdx.x]) * kChunkSize;
+  const int64_t start = static_cast<int64_t>(meta.block_to_chunk[blockIdx.x]) * Shape::kChunk;
   const int64_t left = meta.numel[t] - start;
-  f(meta, t, start, left < kChunkSize ? left : kChunkSize);
+  f(meta, t, start, left < Shape::kChunk ? left : Shape::kChunk);
 }
 
 // ---- reductions: each thread of a block computes a partial value (F::partial), the block
@@ -107,16 +127,18 @@ struct ChunkReduce {
 // True when the 32 KB argument limit can be used (decided once per process).
 bool large_kernel_args();
 
-template <bool kReduce, class Meta, class Functor>
+template <bool kReduce, class Shape, class Meta, class Functor>
 void launch_meta(const Meta& meta, int blocks, const Functor& f, cudaStream_t stream) {
   if constexpr (kReduce) {
     launch_block_reduce(blocks, ChunkReduce<Meta, Functor>{meta, f}, stream);
+  } else if constexpr (Shape::kWholeBlock) {
+    FA_LAUNCH_WHOLE_BLOCKS((multi_tensor_kernel<Shape, Meta, Functor>), blocks, Shape::kThreads, stream, meta, f);
   } else {
-    FA_LAUNCH((multi_tensor_kernel<Meta, Functor>), blocks, kBlockSize, stream, meta, f);
+    FA_LAUNCH((multi_tensor_kernel<Shape, Meta, Functor>), blocks, Shape::kThreads, stream, meta, f);
   }
 }
 
-template <int kLists, int kArgBytes, bool kReduce, class Functor>
+template <int kLists, int kArgBytes, bool kReduce, class Shape, class Functor>
 void launch_lists(const std::vector<TensorPtrs>& tensors, const Functor& f, cudaStream_t stream) {
   using Meta = TensorListMeta<kLists, kArgBytes>;
   static_assert(sizeof(Meta) + sizeof(Functor) <= kArgBytes, "kernel argument too large");
@@ -127,14 +149,14 @@ void launch_lists(const std::vector<TensorPtrs>& tensors, const Functor& f, cuda
     if (t.numel == 0) continue;  // no block may index an empty tensor
     for (int k = 0; k < kLists; ++k) meta.ptr[k][slot] = t.p[k];
     meta.numel[slot] = t.numel;
-    const int64_t chunks = (t.numel + kChunkSize - 1) / kChunkSize;
+    const int64_t chunks = (t.numel + Shape::kChunk - 1) / Shape::kChunk;
     for (int64_t c = 0; c < chunks; ++c) {
       meta.block_to_tensor[blocks] = static_cast<uint16_t>(slot);
       meta.block_to_chunk[blocks] = static_cast<int32_t>(c);
       ++blocks;
       const bool last_chunk = c == chunks - 1;
       if (blocks == Meta::kMaxBlocks || (last_chunk && slot + 1 == Meta::kMaxTensors)) {
-        launch_meta<kReduce>(meta, blocks, f, stream);
+        launch_meta<kReduce, Shape>(meta, blocks, f, stream);
         blocks = 0;
         if (last_chunk) {
           slot = -1;  // the next tensor starts the next launch at slot 0
@@ -147,16 +169,16 @@ void launch_lists(const std::vector<TensorPtrs>& tensors, const Functor& f, cuda
     }
     ++slot;
   }
-  if (blocks > 0) launch_meta<kReduce>(meta, blocks, f, stream);
+  if (blocks > 0) launch_meta<kReduce, Shape>(meta, blocks, f, stream);
 }
 
 // Runs f on every chunk of every tensor; with kReduce, f is a multi-tensor reduction (above).
-template <int kLists, bool kReduce = false, class Functor>
+template <int kLists, bool kReduce = false, class Shape = ElementwiseShape, class Functor>
 void multi_tensor_apply(const std::vector<TensorPtrs>& tensors, const Functor& f, cudaStream_t stream) {
   if (large_kernel_args()) {
-    launch_lists<kLists, 32768, kReduce>(tensors, f, stream);
+    launch_lists<kLists, 32768, kReduce, Shape>(tensors, f, stream);
   } else {
-    launch_lists<kLists, 4096, kReduce>(tensors, f, stream);
+    launch_lists<kLists, 4096, kReduce, Shape>(tensors, f, stream);
   }
 }
 

@@ -16,14 +16,14 @@ struct MuonFunctor {
     if (skip(s)) return;
     const ops::MuonCoeffs c = ops::muon_coeffs(h, grad_mult_of(s));
     grad_t* grad = list_at<grad_t>(meta.ptr[kMuonGrad][t], start);
-    state_t* buf = list_at<state_t>(meta.ptr[kMuonBuffer][t], start);
     __nv_bfloat16* update = list_at<__nv_bfloat16>(meta.ptr[kMuonUpdate][t], start);
     const bool write_grad = s.write_grads && c.inv_scale != 1.f;
-    const bool aligned = is_aligned(grad) && is_aligned(buf) && is_aligned(update);
-    for_each_ilp(n, aligned, [&](const IlpIndex& ix) {
-      float g[kILP], b[kILP], u[kILP];
+    // the momentum rounds to nearest (stochastic rounding of it is refused)
+    const auto states = step_states<state_t, 1>(meta, t, start, {{kMuonBuffer}, {true}, {false}, true}, kMuonAbsmax);
+    const bool aligned = is_aligned(grad) && is_aligned(update);
+    for_each_step_ilp(n, aligned, states, StepRounding{false, 0u, start}, [&](const IlpIndex& ix, float (&st)[1][kILP]) {
+      float g[kILP], u[kILP];
       load_ilp(g, grad, ix);
-      load_ilp(b, buf, ix);
       if (write_grad) {
         float unscaled[kILP];
 #pragma unroll
@@ -31,34 +31,38 @@ struct MuonFunctor {
         store_ilp(grad, unscaled, ix);
       }
 #pragma unroll
-      for (int j = 0; j < kILP; ++j) u[j] = ops::muon_momentum(g[j], b[j], c);
+      for (int j = 0; j < kILP; ++j) u[j] = ops::muon_momentum(g[j], st[0][j], c);
       store_ilp(update, u, ix);
-      store_ilp(buf, b, ix);
     });
   }
 };
 
-template <typename state_t>
-void launch_for_grad(Dtype grad, const std::vector<TensorPtrs>& tensors, const ops::MuonHyper& h,
-                     const StepScalars& s, cudaStream_t stream) {
-  switch (grad) {
-    case Dtype::Float: return multi_tensor_apply<4>(tensors, MuonFunctor<float, state_t>{h, s}, stream);
-    case Dtype::Half: return multi_tensor_apply<4>(tensors, MuonFunctor<__half, state_t>{h, s}, stream);
-    case Dtype::BFloat16:
-      return multi_tensor_apply<4>(tensors, MuonFunctor<__nv_bfloat16, state_t>{h, s}, stream);
-    case Dtype::Double: throw std::invalid_argument("fused_amp: float64 params are not supported");
+// The launches of one state dtype, for the runtime grad dtype.
+struct GradDispatch {
+  Dtype grad;
+  const std::vector<TensorPtrs>& tensors;
+  const ops::MuonHyper& h;
+  const StepScalars& s;
+  cudaStream_t stream;
+
+  template <typename state_t>
+  void run() const {
+    switch (grad) {
+      case Dtype::Float: return apply_step<4, state_t>(tensors, MuonFunctor<float, state_t>{h, s}, stream);
+      case Dtype::Half: return apply_step<4, state_t>(tensors, MuonFunctor<__half, state_t>{h, s}, stream);
+      case Dtype::BFloat16:
+        return apply_step<4, state_t>(tensors, MuonFunctor<__nv_bfloat16, state_t>{h, s}, stream);
+      case Dtype::Double:
+      case Dtype::Byte: throw std::invalid_argument("fused_amp: float64 and uint8 params are not supported");
+    }
   }
-}
+};
 
 }  // namespace
 
 void muon(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::MuonHyper& h,
           const StepScalars& s, cudaStream_t stream) {
-  if (kind.state == Dtype::BFloat16) {
-    launch_for_grad<__nv_bfloat16>(kind.param, tensors, h, s, stream);
-  } else {
-    launch_for_grad<float>(kind.param, tensors, h, s, stream);
-  }
+  dispatch_state(kind.state, GradDispatch{kind.param, tensors, h, s, stream});
 }
 
 }  // namespace fused_amp::cuda

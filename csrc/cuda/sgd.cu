@@ -21,20 +21,15 @@ struct SgdFunctor {
     const ops::SgdCoeffs c = ops::sgd_coeffs(h, lr_of(s), has_buf && step == 0.f, grad_mult_of(s));
     const auto pa = param_access<param_t, kMasterKind>(meta, t, start, s.write_grads && c.inv_scale != 1.f);
     const StepRounding rounding = rounding_of(s, step + 1.f, start);
-    state_t* buf = has_buf ? list_at<state_t>(meta.ptr[kMomentumBuffer][t], start) : nullptr;
-    const bool aligned = pa.aligned() && (!buf || is_aligned(buf));
-    for_each_ilp(n, aligned, [&](const IlpIndex& ix) {
-      float p[kILP], g[kILP], b[kILP] = {};
+    const auto states = step_states<state_t, 1>(
+        meta, t, start, {{has_buf ? kMomentumBuffer : -1}, {true}, {false}, !c.first_step}, kSgdAbsmax);
+    for_each_step_ilp(n, pa.aligned(), states, rounding, [&](const IlpIndex& ix, float (&st)[1][kILP]) {
+      float p[kILP], g[kILP];
       pa.load(p, g, ix);
-      if (buf && !c.first_step) load_ilp(b, buf, ix);
       pa.store_unscaled_grad(g, c.inv_scale, ix);
 #pragma unroll
-      for (int j = 0; j < kILP; ++j) ops::sgd_update(p[j], g[j], b[j], c);
+      for (int j = 0; j < kILP; ++j) ops::sgd_update(p[j], g[j], st[0][j], c);
       pa.store(p, ix, rounding);
-      if (!buf) return;
-      uint32_t random[kILP];
-      rounding.bits(random, ix);
-      store_state(buf, b, random, rounding.stochastic, false, ix);
     });
   }
 };

@@ -2,34 +2,9 @@
 // What the optimizer kernels (adam.cu, sgd.cu) share: one pass per step that reads each grad,
 // updates the fp32 value of the param (master, param with remainder, or the param itself) and
 // the state, and writes the param back rounded to its dtype.
-#include "cuda/multi_tensor_apply.cuh"
-#include "ops/rounding.h"
+#include "cuda/step_states.cuh"
 
 namespace fused_amp::cuda {
-
-template <typename T>
-FA_DEVICE T* list_at(const void* const p, int64_t start) {
-  return p ? static_cast<T*>(const_cast<void*>(p)) + start : nullptr;
-}
-
-// How a step rounds what it stores in fewer than 32 bits (bf16 state, 24-bit masters): to
-// nearest even, or stochastically with the random bits of (key, element index) (ops/rounding.h).
-// `start` is the chunk's first element in its tensor.
-struct StepRounding {
-  bool stochastic;
-  uint32_t key;
-  int64_t start;
-
-  // The random bits of the kILP elements at ix: [j] for element j, of `key` (the state's) or of
-  // ops::master_rounding_key(key) (the 24-bit masters').
-  FA_DEVICE void bits(uint32_t (&r)[kILP], const IlpIndex& ix, bool master = false) const {
-    const uint32_t k = master ? ops::master_rounding_key(key) : key;
-#pragma unroll
-    for (int j = 0; j < kILP; ++j) {
-      r[j] = stochastic ? ops::rounding_bits(k, start + ix.base + (ix.packed ? j : j * ix.stride)) : 0u;
-    }
-  }
-};
 
 // Everything both optimizers do around their math: pick the fp32 value of the param, write it
 // back, leave the grad unscaled.
@@ -123,24 +98,6 @@ FA_DEVICE ParamAccess<param_t, kMasterKind> param_access(const Meta& meta, int t
           master, write_grad};
 }
 
-// Stores state values: fp32 as they are; bf16 rounded to nearest even, or stochastically with
-// the low (`high` false) or high 16 random bits of each element.
-template <typename state_t>
-FA_DEVICE void store_state(state_t* p, const float (&v)[kILP], const uint32_t (&random)[kILP],
-                           bool stochastic, bool high, const IlpIndex& ix) {
-  if constexpr (std::is_same_v<state_t, __nv_bfloat16>) {
-    if (stochastic) {
-      float r[kILP];
-#pragma unroll
-      for (int j = 0; j < kILP; ++j) {
-        r[j] = ops::stochastic_round_bf16(v[j], high ? random[j] >> 16 : random[j] & 0xffffu);
-      }
-      return store_ilp(p, r, ix);  // exact: the values are bf16 values already
-    }
-  }
-  store_ilp(p, v, ix);
-}
-
 FA_DEVICE bool skip(const StepScalars& s) { return s.found_inf && *s.found_inf != 0.f; }
 FA_DEVICE double lr_of(const StepScalars& s) { return s.lr_ptr ? *s.lr_ptr : s.lr; }
 // What the grads are multiplied by: the scaler's 1/scale, times the clip coefficient.
@@ -173,7 +130,19 @@ void dispatch_param(Dtype dtype, MasterKind master, const Launch& launch) {
           break;
       }
       break;
-    case Dtype::Double: throw std::invalid_argument("fused_amp: float64 params are not supported");
+    case Dtype::Double:
+    case Dtype::Byte: throw std::invalid_argument("fused_amp: float64 and uint8 params are not supported");
+  }
+}
+
+// Runs f over tensors with kLists pointers each for state_t's storage kind: 8-bit state in tiles
+// of whole quant blocks, with its absmaxes in one list more (list kLists).
+template <int kLists, typename state_t, class Functor>
+void apply_step(const std::vector<TensorPtrs>& tensors, const Functor& f, cudaStream_t stream) {
+  if constexpr (std::is_same_v<state_t, uint8_t>) {
+    multi_tensor_apply<kLists + 1, false, TileShape>(tensors, f, stream);
+  } else {
+    multi_tensor_apply<kLists>(tensors, f, stream);
   }
 }
 
@@ -187,19 +156,35 @@ struct StepLaunch {
   cudaStream_t stream;
   template <typename param_t, MasterKind kMasterKind, typename state_t>
   void run() const {
-    multi_tensor_apply<kLists>(tensors, Functor<param_t, kMasterKind, state_t>{h, s}, stream);
+    apply_step<kLists, state_t>(tensors, Functor<param_t, kMasterKind, state_t>{h, s}, stream);
   }
+};
+
+// Calls f.template run<state_t>() for the runtime state dtype.
+template <class F>
+void dispatch_state(Dtype state, const F& f) {
+  switch (state) {
+    case Dtype::BFloat16: return f.template run<__nv_bfloat16>();
+    case Dtype::Byte: return f.template run<uint8_t>();
+    default: return f.template run<float>();
+  }
+}
+
+// The launches of one state dtype, for the runtime param dtype and master kind.
+template <class Launch>
+struct ParamDispatch {
+  const StepKind& kind;
+  const Launch& launch;
+  template <typename state_t>
+  void run() const { dispatch_param<state_t>(kind.param, kind.master, launch); }
 };
 
 template <int kLists, template <typename, MasterKind, typename> class Functor, class Hyper>
 void launch_step(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const Hyper& h,
                  const StepScalars& s, cudaStream_t stream) {
-  const StepLaunch<kLists, Functor, Hyper> launch{tensors, h, s, stream};
-  if (kind.state == Dtype::BFloat16) {
-    dispatch_param<__nv_bfloat16>(kind.param, kind.master, launch);
-  } else {
-    dispatch_param<float>(kind.param, kind.master, launch);
-  }
+  using Launch = StepLaunch<kLists, Functor, Hyper>;
+  const Launch launch{tensors, h, s, stream};
+  dispatch_state(kind.state, ParamDispatch<Launch>{kind, launch});
 }
 
 }  // namespace fused_amp::cuda

@@ -65,15 +65,15 @@ def check_memory_options(name: str, master_weights, state_dtype, stochastic_roun
 
 def check_group_params(name: str, group, index: int):
     """master_weights="remainder" keeps the master in a bf16 param's low half: bf16 params only.
-    8-bit state has CPU kernels only, for plain (not DTensor) params."""
+    8-bit state has CPU and CUDA kernels, for plain (not DTensor) params."""
     if group["state_dtype"] == torch.uint8:
         for i, p in enumerate(group["params"]):
             where = f"param {i} of group {index}"
             if DTensor is not None and isinstance(p, DTensor):
                 raise ValueError(f"{name}: state_dtype=torch.uint8 does not support DTensor (FSDP2) "
                                  f"params yet; {where} is a DTensor")
-            if p.device.type != "cpu" and quantized(p, group):
-                raise ValueError(f"{name}: state_dtype=torch.uint8 has CPU kernels only so far; {where} "
+            if p.device.type not in ("cpu", "cuda") and quantized(p, group):
+                raise ValueError(f"{name}: state_dtype=torch.uint8 has CPU and CUDA kernels only; {where} "
                                  f"is on {p.device}")
     kind = master_kind(group)
     if kind not in ("remainder", "remainder8"):

@@ -55,7 +55,7 @@ class Adam(MasterWeightOptimizer):
             torch.float32 (default), torch.bfloat16 (math in fp32, stored rounded) or
             torch.uint8: 8-bit codes in blocks of 256 elements with one fp32 absmax per block
             (``state["state_absmax"]``), :math:`m = a\,\mathrm{sign}(c)(c/127)^2`,
-            :math:`v = a\,(c/255)^2`, rounded to the nearest code after each step (CPU only).
+            :math:`v = a\,(c/255)^2`, rounded to the nearest code after each step.
         min_8bit_size (int): with ``state_dtype=torch.uint8``, params with fewer elements keep
             fp32 state (default: 4096).
         stochastic_rounding (bool, optional): round what is stored in fewer than 32 bits (bf16

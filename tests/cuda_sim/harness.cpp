@@ -26,6 +26,9 @@ StepKind step_kind(const int* kind) {
   return {static_cast<Dtype>(kind[0]), static_cast<MasterKind>(kind[1]), static_cast<Dtype>(kind[2])};
 }
 
+// An optimizer's lists per tensor: with 8-bit state its absmaxes follow (launch.h).
+int lists_of(int lists, const int* kind) { return lists + (static_cast<Dtype>(kind[2]) == Dtype::Byte); }
+
 }  // namespace
 
 extern "C" {
@@ -55,7 +58,8 @@ void fa_sim_grad_norm(int dtype, int n, void** ptrs, const int64_t* numels, doub
 
 int64_t fa_sim_norm_chunks(int64_t numel) { return norm_chunks(numel); }
 
-// `kind`: param dtype, master kind (0 none, 1 fp32, 2 remainder, 3 24-bit), state dtype; `seed`
+// `kind`: param dtype, master kind (0 none, 1 fp32, 2 remainder, 3 24-bit), state dtype (4: 8-bit
+// codes, with the absmaxes as an eighth list); `seed`
 // with `stochastic` rounds bf16 state and 24-bit masters stochastically.
 void fa_sim_adam(const int* kind, int n, void** ptrs, const int64_t* numels,
                  const double* hyper, const int* flags, double lr, const float* lr_ptr,
@@ -64,7 +68,7 @@ void fa_sim_adam(const int* kind, int n, void** ptrs, const int64_t* numels,
   fused_amp_sim_large_args = large;
   const fused_amp::ops::AdamHyper h{hyper[0], hyper[1], hyper[2], hyper[3],
                                     flags[0] != 0, flags[1] != 0, flags[2] != 0};
-  const auto list = tensors_of(n, 7, ptrs, numels);
+  const auto list = tensors_of(n, lists_of(7, kind), ptrs, numels);
   adam(step_kind(kind), list, h,
        {lr, lr_ptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
         stochastic != 0, seed},
@@ -80,7 +84,7 @@ void fa_sim_sgd(const int* kind, int n, void** ptrs, const int64_t* numels,
                 float max_grad_norm, int stochastic, int64_t seed, int large) {
   fused_amp_sim_large_args = large;
   const fused_amp::ops::SgdHyper h{hyper[0], hyper[1], hyper[2], flags[0] != 0, flags[1] != 0};
-  const auto list = tensors_of(n, 5, ptrs, numels);
+  const auto list = tensors_of(n, lists_of(5, kind), ptrs, numels);
   sgd(step_kind(kind), list, h,
       {lr, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
        stochastic != 0, seed},
@@ -99,7 +103,7 @@ void fa_sim_lion(const int* kind, int n, void** ptrs, const int64_t* numels, con
                  int64_t seed, int large) {
   fused_amp_sim_large_args = large;
   const fused_amp::ops::LionHyper h{hyper[0], hyper[1], hyper[2], flags[0] != 0};
-  const auto list = tensors_of(n, 5, ptrs, numels);
+  const auto list = tensors_of(n, lists_of(5, kind), ptrs, numels);
   lion(step_kind(kind), list, h,
        {lr, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
         stochastic != 0, seed},
@@ -116,7 +120,7 @@ void fa_sim_muon(const int* kind, int n, void** ptrs, const int64_t* numels, con
                  const float* grad_norm, float max_grad_norm, int large) {
   fused_amp_sim_large_args = large;
   const fused_amp::ops::MuonHyper h{hyper[0], flags[0] != 0};
-  muon(step_kind(kind), tensors_of(n, 4, ptrs, numels), h,
+  muon(step_kind(kind), tensors_of(n, lists_of(4, kind), ptrs, numels), h,
        {0.0, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm, false, 0}, nullptr);
 }
 

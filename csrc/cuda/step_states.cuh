@@ -1,0 +1,278 @@
+#pragma once
+// The optimizer state of a chunk, as the step kernels see it: up to kStates fp32 values per
+// element, loaded before the math and stored after it. Two storage kinds behind one loop,
+// `for_each_step_ilp(n, aligned, states, rounding, body)`, where body(ix, st) does the math of
+// the kILP elements at ix on st[state][j]:
+// - fp32 or bf16 tensors (StepStates<float or __nv_bfloat16, kStates>): elementwise, bf16
+//   rounded to nearest even or stochastically;
+// - 8-bit blockwise codes (StepStates<uint8_t, kStates>, ops/quantize.h): the threads of a block
+//   step tiles of kTileThreads * kILP elements, whole quant blocks each; a quant block's new
+//   absmax is a reduction over the threads that hold its elements, then each thread codes its
+//   own. A thread's elements are contiguous (never strided across quant blocks), and chunks are
+//   whole quant blocks, so no quant block spans two blocks of a launch: no atomics, and the bits
+//   are those of the CPU loops (cpu/quantized_state.h) for any launch plan.
+#include <type_traits>
+
+#include "cuda/multi_tensor_apply.cuh"
+#include "ops/quantize.h"
+#include "ops/rounding.h"
+
+namespace fused_amp::cuda {
+
+template <typename T>
+FA_DEVICE T* list_at(const void* const p, int64_t start) {
+  return p ? static_cast<T*>(const_cast<void*>(p)) + start : nullptr;
+}
+
+// How a step rounds what it stores in fewer than 32 bits (bf16 state, 24-bit masters): to
+// nearest even, or stochastically with the random bits of (key, element index) (ops/rounding.h).
+// `start` is the chunk's first element in its tensor.
+struct StepRounding {
+  bool stochastic;
+  uint32_t key;
+  int64_t start;
+
+  // The random bits of the kILP elements at ix: [j] for element j, of `key` (the state's) or of
+  // ops::master_rounding_key(key) (the 24-bit masters').
+  FA_DEVICE void bits(uint32_t (&r)[kILP], const IlpIndex& ix, bool master = false) const {
+    const uint32_t k = master ? ops::master_rounding_key(key) : key;
+#pragma unroll
+    for (int j = 0; j < kILP; ++j) {
+      r[j] = stochastic ? ops::rounding_bits(k, start + ix.base + (ix.packed ? j : j * ix.stride)) : 0u;
+    }
+  }
+};
+
+// What a step kernel passes for its states: the lists that hold them (-1: absent), whether the
+// state's map is signed (8-bit) and which half of the random bits rounds it (bf16), and whether
+// the step reads the old values at all (SGD's first step does not).
+template <int kStates>
+struct StateSpec {
+  int list[kStates];
+  bool is_signed[kStates];
+  bool high_bits[kStates];
+  bool read;
+};
+
+template <typename state_t, int kStates>
+struct StepStates {
+  state_t* p[kStates];  // null: absent
+  bool high_bits[kStates];
+  bool read;
+
+  FA_DEVICE bool aligned() const {
+#pragma unroll
+    for (int k = 0; k < kStates; ++k) {
+      if (p[k] && !is_aligned(p[k])) return false;
+    }
+    return true;
+  }
+  FA_DEVICE void load(float (&st)[kStates][kILP], const IlpIndex& ix) const {
+#pragma unroll
+    for (int k = 0; k < kStates; ++k) {
+      if (p[k] && read) {
+        load_ilp(st[k], p[k], ix);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kILP; ++j) st[k][j] = 0.f;
+      }
+    }
+  }
+  // fp32 as they are; bf16 rounded to nearest even, or stochastically with the low or high 16
+  // random bits of each element (max_exp_avg_sq with exp_avg_sq's: equal fp32 values stay equal)
+  FA_DEVICE void store(const float (&st)[kStates][kILP], const IlpIndex& ix, const StepRounding& rounding) const {
+    uint32_t random[kILP];
+    if (std::is_same_v<state_t, __nv_bfloat16> && rounding.stochastic) rounding.bits(random, ix);
+#pragma unroll
+    for (int k = 0; k < kStates; ++k) {
+      if (!p[k]) continue;
+      if (std::is_same_v<state_t, __nv_bfloat16> && rounding.stochastic) {
+        float r[kILP];
+#pragma unroll
+        for (int j = 0; j < kILP; ++j) {
+          r[j] = ops::stochastic_round_bf16(st[k][j], high_bits[k] ? random[j] >> 16 : random[j] & 0xffffu);
+        }
+        store_ilp(p[k], r, ix);  // exact: the values are bf16 values already
+      } else {
+        store_ilp(p[k], st[k], ix);
+      }
+    }
+  }
+};
+
+// 8-bit codes: the chunk's codes of each state and the absmax of its first quant block (one row
+// per state after another in the absmax list: row r of a tensor of numel elements starts at
+// r * ops::quant_blocks(numel)).
+template <int kStates>
+struct StepStates<uint8_t, kStates> {
+  uint8_t* codes[kStates];  // null: absent
+  float* absmax[kStates];
+  bool is_signed[kStates];
+  bool read;
+
+  FA_DEVICE bool aligned() const {
+#pragma unroll
+    for (int k = 0; k < kStates; ++k) {
+      if (codes[k] && !is_aligned(codes[k])) return false;
+    }
+    return true;
+  }
+  // a thread's kILP elements lie in one quant block (ix.base is a multiple of kILP)
+  FA_DEVICE void load(float (&st)[kStates][kILP], const IlpIndex& ix) const {
+#pragma unroll
+    for (int k = 0; k < kStates; ++k) {
+      uint8_t c[kILP] = {};
+      float a = 0.f;
+      if (codes[k] && read && ix.base < ix.n) {
+        load_ilp(c, codes[k], ix);
+        a = absmax[k][ix.base / ops::kQuantBlock];
+      }
+#pragma unroll
+      for (int j = 0; j < kILP; ++j) {
+        st[k][j] = is_signed[k] ? ops::dequantize_signed(static_cast<float>(static_cast<int8_t>(c[j])), a)
+                                : ops::dequantize_unsigned(static_cast<float>(c[j]), a);
+      }
+    }
+  }
+  // The codes of a thread's elements, given their quant block's new absmax (ops/quantize.h).
+  FA_DEVICE void store_codes(int k, const float (&x)[kILP], float block_absmax, const IlpIndex& ix) const {
+    uint8_t c[kILP] = {};
+    if (ops::codes_block(block_absmax)) {
+      const float inv = 1.f / block_absmax;
+#pragma unroll
+      for (int j = 0; j < kILP; ++j) {
+        const float code = is_signed[k] ? ops::quantize_signed(x[j], inv) : ops::quantize_unsigned(x[j], inv);
+        c[j] = static_cast<uint8_t>(static_cast<int>(code));  // modulo 256: an int8 code's bits
+      }
+    }
+    store_ilp(codes[k], c, ix);
+    if (ix.base % ops::kQuantBlock == 0) absmax[k][ix.base / ops::kQuantBlock] = ops::stored_absmax(block_absmax);
+  }
+};
+
+template <typename state_t, int kStates, class Meta>
+FA_DEVICE StepStates<state_t, kStates> step_states(const Meta& meta, int t, int64_t start,
+                                                   const StateSpec<kStates>& spec, int absmax_list) {
+  StepStates<state_t, kStates> s{};
+  s.read = spec.read;
+#pragma unroll
+  for (int k = 0; k < kStates; ++k) {
+    const void* list = spec.list[k] < 0 ? nullptr : meta.ptr[spec.list[k]][t];
+    if constexpr (std::is_same_v<state_t, uint8_t>) {
+      s.codes[k] = list_at<uint8_t>(list, start);
+      s.is_signed[k] = spec.is_signed[k];
+      // the states present take absmax rows 0, 1, ... in list order
+      int row = 0;
+      for (int i = 0; i < k; ++i) row += spec.list[i] >= 0;
+      s.absmax[k] = list_at<float>(meta.ptr[absmax_list][t],
+                                   row * ops::quant_blocks(meta.numel[t]) + start / ops::kQuantBlock);
+    } else {
+      s.p[k] = list_at<state_t>(list, start);
+      s.high_bits[k] = spec.high_bits[k];
+    }
+  }
+  return s;
+}
+
+// The largest |x| of a thread's elements; NaN when one is NaN (combine keeps a NaN from either side).
+FA_DEVICE float absmax_combine(float a, float b) { return a != a || a > b ? a : b; }
+FA_DEVICE float thread_absmax(const float (&x)[kILP], const IlpIndex& ix) {
+  float m = 0.f;
+#pragma unroll
+  for (int j = 0; j < kILP; ++j) {
+    if (ix.base + j < ix.n) m = absmax_combine(m, ops::abs_(x[j]));
+  }
+  return m;
+}
+// A block's absmax as the CPU loops compute it: NaN is the one quiet NaN, whatever the payload.
+FA_DEVICE float canonical_absmax(float a) { return a != a ? ops::float_of(0x7fc00000u) : a; }
+
+// A tile's kILP elements of thread `thread`: contiguous, vector loads where aligned and whole.
+FA_DEVICE IlpIndex tile_index(int64_t tile, int thread, int64_t n, bool aligned) {
+  const int64_t base = tile + static_cast<int64_t>(thread) * kILP;
+  return IlpIndex{base, 1, n, aligned && base + kILP <= n};
+}
+
+constexpr int kThreadsPerQuantBlock = static_cast<int>(ops::kQuantBlock / kILP);
+static_assert(TileShape::kThreads % kThreadsPerQuantBlock == 0, "a tile holds whole quant blocks");
+static_assert(TileShape::kChunk % ops::kQuantBlock == 0, "a chunk holds whole quant blocks");
+
+// Calls body(ix, st) for this thread's elements of every tile of the chunk's n elements, with
+// the states loaded before and stored after. With 8-bit codes every thread of the block runs
+// every tile (the absmax is a block-wide step).
+template <typename state_t, int kStates, class Body>
+FA_DEVICE void for_each_step_ilp(int64_t n, bool aligned, const StepStates<state_t, kStates>& states,
+                                 const StepRounding& rounding, Body&& body) {
+  if constexpr (!std::is_same_v<state_t, uint8_t>) {
+    for_each_ilp(n, aligned && states.aligned(), [&](const IlpIndex& ix) {
+      float st[kStates][kILP];
+      states.load(st, ix);
+      body(ix, st);
+      states.store(st, ix, rounding);
+    });
+  } else {
+    constexpr int64_t kTile = TileShape::kThreads * kILP;
+    const bool vec = aligned && states.aligned();
+#ifndef FUSED_AMP_HOST_SIM
+    // each warp's absmax per state, by tile parity: a tile's writes never meet the reads of the
+    // tile before, so one barrier per tile suffices
+    constexpr int kWarps = TileShape::kThreads / 32, kWarpsPerQuantBlock = kThreadsPerQuantBlock / 32;
+    static_assert(kThreadsPerQuantBlock % 32 == 0, "a quant block is whole warps");
+    __shared__ float warp_absmax[2][kStates][kWarps];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int parity = 0;
+    for (int64_t tile = 0; tile < n; tile += kTile, parity ^= 1) {
+      const IlpIndex ix = tile_index(tile, threadIdx.x, n, vec);
+      float st[kStates][kILP];
+      states.load(st, ix);
+      if (ix.base < n) body(ix, st);
+#pragma unroll
+      for (int k = 0; k < kStates; ++k) {
+        float m = thread_absmax(st[k], ix);
+#pragma unroll
+        for (int d = 16; d > 0; d >>= 1) m = absmax_combine(m, __shfl_xor_sync(0xffffffffu, m, d));
+        if (lane == 0) warp_absmax[parity][k][warp] = m;
+      }
+      __syncthreads();
+      if (ix.base >= n) continue;
+      const int first = warp - warp % kWarpsPerQuantBlock;
+#pragma unroll
+      for (int k = 0; k < kStates; ++k) {
+        if (!states.codes[k]) continue;
+        float a = warp_absmax[parity][k][first];
+        for (int w = 1; w < kWarpsPerQuantBlock; ++w) a = absmax_combine(a, warp_absmax[parity][k][first + w]);
+        states.store_codes(k, st[k], canonical_absmax(a), ix);
+      }
+    }
+#else  // the block's threads one after another, phase by phase (the kernel runs once per block)
+    struct Thread {
+      IlpIndex ix;
+      float st[kStates][kILP];
+    };
+    std::vector<Thread> threads(TileShape::kThreads);
+    for (int64_t tile = 0; tile < n; tile += kTile) {
+      for (threadIdx.x = 0; threadIdx.x < TileShape::kThreads; ++threadIdx.x) {
+        Thread& th = threads[threadIdx.x];
+        th.ix = tile_index(tile, threadIdx.x, n, vec);
+        states.load(th.st, th.ix);
+        if (th.ix.base < n) body(th.ix, th.st);
+      }
+      for (int k = 0; k < kStates; ++k) {
+        if (!states.codes[k]) continue;
+        for (int first = 0; first < TileShape::kThreads; first += kThreadsPerQuantBlock) {
+          float a = 0.f;
+          for (int i = first; i < first + kThreadsPerQuantBlock; ++i) {
+            a = absmax_combine(a, thread_absmax(threads[i].st[k], threads[i].ix));
+          }
+          for (int i = first; i < first + kThreadsPerQuantBlock; ++i) {
+            if (threads[i].ix.base < n) states.store_codes(k, threads[i].st[k], canonical_absmax(a), threads[i].ix);
+          }
+        }
+      }
+    }
+    threadIdx.x = 0;
+#endif
+  }
+}
+
+}  // namespace fused_amp::cuda
