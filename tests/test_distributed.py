@@ -302,14 +302,18 @@ def test_a_swapped_local_tensor_rebuilds_the_cached_lists():
             torch.testing.assert_close(t, torch.full_like(t, 4.9))
 
 
-def dcp_run(rank, world, path, phase):
+def dcp_run(rank, world, path, phase, options=None):
     """bf16 params with fp32 masters under FSDP2; every rank trains on the same batch, so the
     averaged grads are exact for any world size and runs on 4 and 2 ranks can be compared bit
     for bit. "save": 3 steps, a DCP checkpoint (model, optimizer) and the scaler's state, 2 more
-    steps. "load": the checkpoint loaded, the same 2 steps."""
+    steps. "load": the checkpoint loaded, the same 2 steps. ``options``: the optimizer's memory
+    options; with 8-bit state the load also says whether each rank's codes are its local shards
+    of the checkpoint's fp32 moments, quantized."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     from torch.distributed.fsdp import fully_shard
+
+    from fused_amp.optim._quantize import ABSMAX, quantize
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).bfloat16()
@@ -317,7 +321,8 @@ def dcp_run(rank, world, path, phase):
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
     fully_shard(model)
-    opt = fused_amp.optim.AdamW(model.parameters(), lr=1e-2)
+    opt = fused_amp.optim.AdamW(model.parameters(), lr=1e-2, **(options or {}))
+    out = {}
     scaler = fused_amp.GradScaler("cpu", init_scale=256.0, hysteresis=2)
 
     def steps(which):
@@ -341,11 +346,21 @@ def dcp_run(rank, world, path, phase):
         dcp.load(state, checkpoint_id=path)
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         scaler.load_state_dict(torch.load(os.path.join(path, "scaler.pt")))
+        if (options or {}).get("state_dtype") == torch.uint8:
+            checks = []
+            for name, p in model.named_parameters():
+                saved, mine = state["optim"]["state"][name], opt.state[p]
+                for row, (key, signed) in enumerate((("exp_avg", True), ("exp_avg_sq", False))):
+                    codes, absmax = quantize(saved[key].to_local(), p.to_local(), signed)
+                    checks.append(torch.equal(mine[key].to_local(), codes) and torch.equal(mine[ABSMAX][row], absmax))
+            out["loaded_codes_are_the_shards_quantized"] = all(checks)
     steps(range(3, 5))
     params = list(model.parameters())
-    return dict(params=[p.full_tensor() for p in params],
+    # fp32 moments as state_dict() gives them (8-bit codes dequantized)
+    moments = opt.state_dict()["state"]
+    return dict(out, params=[p.full_tensor() for p in params],
                 masters=[opt.state[p]["master_param"].full_tensor() for p in params],
-                exp_avg=[opt.state[p]["exp_avg"].full_tensor() for p in params],
+                exp_avg=[moments[i]["exp_avg"].full_tensor() for i in range(len(params))],
                 steps=[float(opt.state[p]["step"]) for p in params], scale=scaler.get_scale())
 
 
@@ -358,6 +373,89 @@ def test_fsdp2_dcp_checkpoint_saved_on_4_ranks_continues_on_2():
             for a, b in zip(r[key], saved[0][key]):
                 assert torch.equal(a, b), key
         assert r["steps"] == saved[0]["steps"] == [5.0] * 4 and r["scale"] == saved[0]["scale"]
+
+
+def test_fsdp2_dcp_checkpoint_with_8bit_state_saved_on_4_ranks_continues_on_2():
+    """The checkpoint holds fp32 moments (DTensors); loaded on 2 ranks each rank quantizes its
+    own shards, in blocks of its shard (not the 4-rank blocks): the codes are those of the
+    checkpoint's values, the masters and step counts are the checkpoint's exactly, and the run
+    continues. The moments then differ from the 4-rank run's by the requantization only: within
+    a code step of each other (1/127 of the block's absmax, relative, for exp_avg)."""
+    options = dict(state_dtype=torch.uint8, min_8bit_size=0)
+    with tempfile.TemporaryDirectory() as path:
+        saved = run_ranks(dcp_run, 4, path, "save", options)
+        loaded = run_ranks(dcp_run, 2, path, "load", options)
+    for r in loaded:
+        assert r["loaded_codes_are_the_shards_quantized"]
+        assert r["steps"] == saved[0]["steps"] == [5.0] * 4 and r["scale"] == saved[0]["scale"]
+        for a, b in zip(r["exp_avg"], saved[0]["exp_avg"]):
+            assert (a - b).abs().max().item() <= 2 * b.abs().max().item() / 127
+        for a, b in zip(r["params"], loaded[0]["params"]):
+            assert torch.equal(a, b)  # the ranks agree
+
+
+def fsdp_8bit_run(rank, world, master_weights):
+    """bf16 FSDP2 shards with 8-bit state through an overflow on one rank; then one more step
+    beside an fp32-state twin loaded from this optimizer's state_dict() (fp32 moments, DTensors):
+    the twin's step from the dequantized state gives the same params and masters bit for bit,
+    and this optimizer's new codes are the twin's new local moments quantized shard by shard."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from fused_amp.optim._quantize import ABSMAX, blocks_of, quantize
+
+    torch.manual_seed(0)
+    # 64 x 16 weights: 512 elements (2 quant blocks) per rank; 3 x 64: uneven shards (2 and 1 rows)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3)).bfloat16()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    params = list(model.parameters())
+    options = dict(lr=1e-2, master_weights=master_weights, rounding_seed=7)
+    opt = fused_amp.optim.AdamW(params, state_dtype=torch.uint8, min_8bit_size=0, **options)
+    scaler = fused_amp.GradScaler("cpu", init_scale=256.0)
+    for step in range(4):
+        opt.zero_grad()
+        scaler.scale(model(batch(rank, step, 2)).float().pow(2).mean()).backward()
+        scaler.step(opt)
+        scaler.update()
+    layout = all(isinstance(opt.state[p][k], DTensor) and opt.state[p][k].placements == p.placements
+                 and opt.state[p][k].dtype == torch.uint8 for p in params for k in ("exp_avg", "exp_avg_sq"))
+    layout &= all(type(opt.state[p][ABSMAX]) is torch.Tensor
+                  and opt.state[p][ABSMAX].shape == (2, blocks_of(p.to_local().numel())) for p in params)
+    twin_params = [torch.nn.Parameter(DTensor.from_local(p.to_local().clone(), p.device_mesh, p.placements,
+                                                         shape=p.shape, stride=p.stride())) for p in params]
+    twin = fused_amp.optim.AdamW(twin_params, **options)
+    twin.load_state_dict(opt.state_dict())
+    gen = torch.Generator().manual_seed(rank)
+    for p, q in zip(params, twin_params):
+        g = torch.randn(p.to_local().shape, generator=gen).bfloat16()
+        p.grad = DTensor.from_local(g, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+        q.grad = DTensor.from_local(g.clone(), q.device_mesh, q.placements, shape=q.shape, stride=q.stride())
+    opt.step()
+    twin.step()
+    same = all(torch.equal(p.to_local(), q.to_local()) for p, q in zip(params, twin_params))
+    ours, theirs = opt.state_dict()["state"], twin.state_dict()["state"]
+    same &= all(torch.equal(ours[i]["master_param"].to_local(), theirs[i]["master_param"].to_local())
+                for i in range(len(params)))
+    codes = []
+    for p, q in zip(params, twin_params):
+        for row, (key, signed) in enumerate((("exp_avg", True), ("exp_avg_sq", False))):
+            c, a = quantize(twin.state[q][key].to_local(), p.to_local(), signed)
+            codes.append(torch.equal(opt.state[p][key].to_local(), c) and torch.equal(opt.state[p][ABSMAX][row], a))
+    return dict(layout=layout, same=same, codes=all(codes), steps=[float(opt.state[p]["step"]) for p in params],
+                full=[p.full_tensor() for p in params])
+
+
+@pytest.mark.parametrize("master_weights", [True, "remainder", "remainder8"])
+def test_fsdp2_8bit_state_is_quantized_shard_by_shard(master_weights):
+    results = run_ranks(fsdp_8bit_run, 2, master_weights)
+    for r in results:
+        assert r["layout"] and r["same"] and r["codes"]
+        assert r["steps"] == [4.0] * 4  # the overflow on rank 1 skipped on both
+        for a, b in zip(r["full"], results[0]["full"]):
+            assert torch.equal(a, b)
 
 
 def test_the_fsdp2_example_runs_and_learns():

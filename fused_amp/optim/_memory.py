@@ -65,13 +65,10 @@ def check_memory_options(name: str, master_weights, state_dtype, stochastic_roun
 
 def check_group_params(name: str, group, index: int):
     """master_weights="remainder" keeps the master in a bf16 param's low half: bf16 params only.
-    8-bit state has CPU and CUDA kernels, for plain (not DTensor) params."""
+    8-bit state has CPU and CUDA kernels."""
     if group["state_dtype"] == torch.uint8:
         for i, p in enumerate(group["params"]):
             where = f"param {i} of group {index}"
-            if DTensor is not None and isinstance(p, DTensor):
-                raise ValueError(f"{name}: state_dtype=torch.uint8 does not support DTensor (FSDP2) "
-                                 f"params yet; {where} is a DTensor")
             if p.device.type not in ("cpu", "cuda") and quantized(p, group):
                 raise ValueError(f"{name}: state_dtype=torch.uint8 has CPU and CUDA kernels only; {where} "
                                  f"is on {p.device}")
@@ -196,8 +193,25 @@ def bring_master(p: torch.Tensor, group, state) -> None:
 # ---- 8-bit state: which params have it, and bringing a param's state to its group's form ----
 
 def quantized(p: torch.Tensor, group) -> bool:
-    """Whether p's state is 8-bit codes: the group says uint8 and p is not small."""
+    """Whether p's state is 8-bit codes: the group says uint8 and p is not small (a DTensor by
+    its whole size, so that every rank decides alike)."""
     return group["state_dtype"] == torch.uint8 and p.numel() >= group["min_8bit_size"]
+
+
+# A DTensor param (FSDP2) has its state quantized shard by shard: the blocks of a rank's codes
+# are those of its local shard (no block spans two shards), the codes are DTensors placed as the
+# param, and the absmax rows are the rank's own (a plain tensor: shards may differ in size).
+
+def _absmax_shape(p: torch.Tensor, rows: int) -> Tuple[int, int]:
+    return rows, _quantize.blocks_of(local_shard(p).numel())
+
+
+def _quantize_states(values, p: torch.Tensor, signed):
+    codes, absmax = _quantize.quantize_states([local_shard(v) for v in values], local_shard(p.detach()), signed)
+    if DTensor is not None and isinstance(p, DTensor):
+        codes = [DTensor.from_local(c, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+                 for c in codes]
+    return codes, absmax
 
 
 def _fp32_values(p, state, keys):
@@ -212,7 +226,8 @@ def _fp32_values(p, state, keys):
         elif value.dtype == torch.uint8:
             if absmax is None or row >= absmax.shape[0]:
                 raise ValueError(f"state[{key!r}] holds 8-bit codes but no absmax row for them")
-            values.append(_quantize.dequantize(value, absmax[row], key in SIGNED_STATES))
+            signed = key in SIGNED_STATES
+            values.append(_on_locals(lambda c, a=absmax[row], s=signed: _quantize.dequantize(c, a, s), p, value))
         else:
             values.append(value.float())
     return values
@@ -230,15 +245,14 @@ def bring_state(name: str, p: torch.Tensor, group, state, keys) -> None:
         if all(c is None for c in codes) and absmax is None:
             state.update({k: torch.zeros_like(p, dtype=torch.uint8, memory_format=torch.preserve_format)
                           for k in keys})
-            state[_quantize.ABSMAX] = torch.zeros(len(keys), _quantize.blocks_of(p.numel()),
-                                                  dtype=torch.float32, device=p.device)
+            state[_quantize.ABSMAX] = torch.zeros(_absmax_shape(p, len(keys)), dtype=torch.float32,
+                                                  device=p.device)
             return
         if (all(c is not None and c.dtype == torch.uint8 for c in codes) and absmax is not None
-                and absmax.shape == (len(keys), _quantize.blocks_of(p.numel()))):
+                and absmax.shape == _absmax_shape(p, len(keys))):
             return
         values = _fp32_values(p, state, keys)
-        new_codes, state[_quantize.ABSMAX] = _quantize.quantize_states(
-            values, p.detach(), [k in SIGNED_STATES for k in keys])
+        new_codes, state[_quantize.ABSMAX] = _quantize_states(values, p, [k in SIGNED_STATES for k in keys])
         state.update(zip(keys, new_codes))
         return
     state_dtype = torch.float32 if group["state_dtype"] == torch.uint8 else group["state_dtype"]
