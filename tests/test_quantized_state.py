@@ -4,6 +4,7 @@ bit, and stores the codes of the map written in fused_amp/optim/_quantize.py (it
 against the closed forms of csrc/ops/quantize.h on every code); no code pairing lets a weight
 jump; overflow steps change nothing; checkpoints hold fp32 moments; bad input is refused."""
 import copy
+import io
 import math
 import os
 
@@ -259,6 +260,91 @@ def test_torch_checkpoints_load_into_8bit_state():
                                    theirs.state[q]["exp_avg"], rtol=0.02, atol=theirs.state[q]["exp_avg"].abs().max().item() / 1000)
 
 
+def checkpoint_bytes(state_dict) -> int:
+    buf = io.BytesIO()
+    torch.save(state_dict, buf)
+    return buf.tell()
+
+
+@pytest.mark.parametrize("cls,torch_cls,kw", CASES, ids=IDS)
+def test_a_compact_checkpoint_holds_the_codes_and_resumes_bit_for_bit(cls, torch_cls, kw):
+    """state_dict(compact=True) keeps the codes and absmax as held; loaded into the same mode it
+    gives back the state bit for bit (and the next step), into fp32 state the dequantized moments;
+    it is smaller than the fp32 form by about the moments' 4 bytes less 1 per element."""
+    params = make_params(torch.bfloat16, [(64, 33), (1000,)])
+    opt = cls(params, state_dtype=torch.uint8, min_8bit_size=0, master_weights="remainder", **kw)
+    for step in range(3):
+        set_grads(params, step)
+        opt.step()
+    compact, full = opt.state_dict(compact=True), opt.state_dict()
+    if not state_keys(opt, params[0]):  # SGD without momentum keeps no moments
+        return
+    for i, p in enumerate(params):
+        assert compact["state"][i][ABSMAX] is opt.state[p][ABSMAX]
+        assert all(compact["state"][i][k].dtype == torch.uint8 for k in state_keys(opt, p))
+    moments = sum(p.numel() for p in params) * len(state_keys(opt, params[0]))
+    assert checkpoint_bytes(full) - checkpoint_bytes(compact) >= 0.9 * 3 * moments
+    buf = io.BytesIO()
+    torch.save(compact, buf)
+    buf.seek(0)
+    compact = torch.load(buf)  # as a file gives it back
+    again_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    again = cls(again_params, state_dtype=torch.uint8, min_8bit_size=0, master_weights="remainder", **kw)
+    again.load_state_dict(compact)
+    for p, q in zip(params, again_params):  # (the master stays fp32 until the next step splits it)
+        for key in state_keys(opt, p) + [ABSMAX, "step"]:
+            assert_bitwise_equal(again.state[q][key], opt.state[p][key], key)
+    fp32_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    fp32 = cls(fp32_params, master_weights="remainder", **kw)
+    fp32.load_state_dict(compact)
+    for p, q in zip(params, fp32_params):
+        for row, key in enumerate(state_keys(opt, p)):
+            assert_bitwise_equal(fp32.state[q][key], dequantize(opt.state[p][key], opt.state[p][ABSMAX][row],
+                                                                 SIGNED[key]), key)
+    for ps in (params, again_params, fp32_params):
+        set_grads(ps, 3)
+    for o in (opt, again, fp32):
+        o.step()
+    for p, q, r in zip(params, again_params, fp32_params):
+        assert_bitwise_equal(q.detach(), p.detach())
+        assert_bitwise_equal(r.detach(), p.detach())
+        assert opt.state[p].keys() == again.state[q].keys()
+        for key, value in opt.state[p].items():
+            assert_bitwise_equal(again.state[q][key], value, key)
+
+
+def test_a_bad_compact_checkpoint_is_refused_before_anything_changes():
+    params = make_params(torch.float32, [(300,), (7,)])
+    opt = AdamW(params, lr=1e-3, state_dtype=torch.uint8, min_8bit_size=0)
+    set_grads(params, 0)
+    opt.step()
+    good = opt.state_dict(compact=True)
+    before = [{k: v.clone() for k, v in opt.state[p].items()} for p in params]
+
+    def with_entry(**changes):
+        sd = copy.deepcopy(good)
+        sd["state"][0].update(changes)
+        return sd
+
+    absmax = good["state"][0][ABSMAX]
+    bad = [(with_entry(state_absmax=-absmax - 1), ValueError, "inf, NaN or negative"),
+           (with_entry(state_absmax=absmax.clone().fill_(math.nan)), ValueError, "inf, NaN or negative"),
+           (with_entry(state_absmax=absmax[:, :1].clone()), ValueError, "has shape \\(2, 1\\), expected \\(2, 2\\)"),
+           (with_entry(state_absmax=absmax.double()), TypeError, "dtype torch.float64"),
+           (with_entry(state_absmax=absmax.tolist()), TypeError, "not a tensor"),
+           (with_entry(exp_avg=good["state"][0]["exp_avg"][:299].clone()), ValueError, "has shape \\(299,\\)"),
+           (with_entry(exp_avg=good["state"][0]["exp_avg"].view(torch.int8).clone()), TypeError, "torch.int8"),
+           (with_entry(exp_avg=torch.zeros(600, dtype=torch.uint8)[::2]), ValueError, "must be dense"),
+           (with_entry(exp_avg=good["state"][0]["exp_avg"].float(), exp_avg_sq=good["state"][0]["exp_avg_sq"].float()),
+            TypeError, "the moments are 8-bit codes")]
+    for sd, error, match in bad:
+        with pytest.raises(error, match=match):
+            opt.load_state_dict(sd)
+        for p, b in zip(params, before):
+            for key, value in b.items():
+                assert_bitwise_equal(opt.state[p][key], value, key)
+
+
 def test_bad_input_is_refused_naming_the_argument():
     p = torch.nn.Parameter(torch.zeros(300).bfloat16())
     with pytest.raises(ValueError, match="min_8bit_size"):
@@ -289,9 +375,3 @@ def test_bad_input_is_refused_naming_the_argument():
                                  amsgrad=False, maximize=False, decoupled_weight_decay=False)
     for key, value in before.items():
         assert_bitwise_equal(state[key], value, key)
-    compact = opt.state_dict()
-    compact["state"][0] = dict(state)
-    with pytest.raises(ValueError, match="8-bit codes"):
-        opt.load_state_dict(compact)
-    for key, value in before.items():
-        assert_bitwise_equal(opt.state[p][key], value, key)

@@ -407,12 +407,20 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     # ---- checkpoints -----------------------------------------------------------------------
-    def state_dict(self):
+    def state_dict(self, *, compact: bool = False):
         """torch's state dict, in which a param kept as bf16 + remainder
         (``master_weights="remainder"``) has its fp32 ``master_param``, as with
-        ``master_weights=True``: checkpoints load across memory modes and, through
-        :func:`fused_amp.optim.export_fp32`, into ``torch.optim``. State-dict hooks behave as
-        torch's; post-hooks see the fp32 masters."""
+        ``master_weights=True``, and 8-bit state its fp32 moments: checkpoints load across
+        memory modes and, through :func:`fused_amp.optim.export_fp32`, into ``torch.optim``.
+        State-dict hooks behave as torch's; post-hooks see the fp32 masters.
+
+        Args:
+            compact (bool, optional): keep 8-bit state as it is held, uint8 codes under the
+                moments' names and ``state_absmax``, about a quarter of the fp32 moments'
+                bytes; such a checkpoint loads into this library's optimizers only (any memory
+                mode; resumes bit for bit), not into ``torch.optim``, and not for DTensor
+                (FSDP2) params, whose absmax rows are each rank's own (default: False)
+        """
         post_hooks = self._optimizer_state_dict_post_hooks
         self._optimizer_state_dict_post_hooks = type(post_hooks)()
         try:
@@ -427,7 +435,10 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         for p, state in self.state.items():
             if not isinstance(p, torch.Tensor) or id(p) not in ids:
                 continue
-            packed = _memory.unpacked_state(p, state, self._state_keys_for(group_of[id(p)]))
+            if compact and _quantize.ABSMAX in state and DTensor is not None and isinstance(p, DTensor):
+                raise ValueError(f"{type(self).__name__}.state_dict(compact=True): a DTensor (FSDP2) param's "
+                                 "absmax rows are its rank's own and cannot be resharded; use state_dict()")
+            packed = state if compact else _memory.unpacked_state(p, state, self._state_keys_for(group_of[id(p)]))
             if _REMAINDER in state or _REMAINDER8 in state:
                 packed = {k: v for k, v in packed.items() if k not in (_REMAINDER, _REMAINDER8)}
                 packed[_MASTER] = _memory.master_of(p, state)
@@ -461,7 +472,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
-        loaded = check_loadable(self, state_dict, f"{type(self).__name__}.load_state_dict")
+        loaded, saved_state = check_loadable(self, state_dict, f"{type(self).__name__}.load_state_dict")
+        state_dict = dict(state_dict, state=saved_state)
         # torch's loading, with the hooks run here around it instead of inside it
         self._optimizer_load_state_dict_pre_hooks = type(pre_hooks)()
         self._optimizer_load_state_dict_post_hooks = type(post_hooks)()
@@ -472,7 +484,6 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             self._optimizer_load_state_dict_post_hooks = post_hooks
         for group, options, loaded_options in zip(self.param_groups, memory, loaded):
             group.update(options, **{key: loaded_options[key] for key in CLIP_OPTIONS})
-        saved_state = state_dict["state"]
         id_map = dict(zip(chain.from_iterable(g["params"] for g in state_dict["param_groups"]),
                           chain.from_iterable(g["params"] for g in self.param_groups)))
         group_of = {id(p): g for g in self.param_groups for p in g["params"]}

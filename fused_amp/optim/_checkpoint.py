@@ -8,11 +8,11 @@ dtype, legacy Python-number steps, options added in later versions missing) load
 import math
 import numbers
 from collections.abc import Mapping
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 
-from fused_amp.optim import _memory, _quantize
+from fused_amp.optim import _grad_norm, _memory, _quantize
 from fused_amp.optim._grad_norm import CLIP_OPTIONS, check_clip_options, check_same_clip_options
 
 # moments that are squares: never negative
@@ -23,11 +23,13 @@ _MAY_BE_NONE = ("momentum_buffer",)
 _OURS = ("rounding_seed",) + CLIP_OPTIONS
 
 
-def check_loadable(optimizer, state_dict, name: str) -> List[Dict]:
+def check_loadable(optimizer, state_dict, name: str) -> Tuple[List[Dict], Mapping]:
     """Raise (naming the entry) if ``state_dict`` is not one that ``optimizer`` can load and step
     correctly with; change nothing. Returns the options each group will have after loading (the
     clip options: the checkpoint's, or this optimizer's where it has none, as a torch.optim
-    checkpoint or one from before they were group options)."""
+    checkpoint or one from before they were group options), and the state to load: the
+    checkpoint's, with the 8-bit codes of a compact one (``state_dict(compact=True)``) as the
+    fp32 moments they hold (quantized again, they give the same codes: the resume is exact)."""
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"{name}: expected a state dict (a dict), got {type(state_dict).__name__}")
     for key in ("state", "param_groups"):
@@ -51,12 +53,71 @@ def check_loadable(optimizer, state_dict, name: str) -> List[Dict]:
                 raise ValueError(f"{where}: param id {saved_id!r} appears more than once")
             owners[saved_id] = (p, options)
     check_same_clip_options(name, loaded)
+    expanded = {}
     for saved_id, entry in saved_state.items():
         if saved_id not in owners:
             continue  # torch keeps state of params it does not know, unused
         p, options = owners[saved_id]
         _check_param_state(optimizer, p, options, entry, f"{name}: state[{saved_id!r}]")
-    return loaded
+        if _quantize.ABSMAX in entry:
+            expanded[saved_id] = _fp32_entry(entry, optimizer._state_keys_for(options))
+    return loaded, ({**saved_state, **expanded} if expanded else saved_state)
+
+
+def _codes_held(entry, moments) -> List[str]:
+    """The moments a compact entry holds as 8-bit codes: one absmax row each, in this order."""
+    return [k for k in moments if isinstance(entry.get(k), torch.Tensor) and entry[k].dtype == torch.uint8]
+
+
+def _fp32_entry(entry, moments):
+    out = {k: v for k, v in entry.items() if k != _quantize.ABSMAX}
+    absmax = entry[_quantize.ABSMAX]
+    for row, key in enumerate(_codes_held(entry, moments)):
+        out[key] = _quantize.dequantize(entry[key], absmax[row], key in _memory.SIGNED_STATES)
+    return out
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill its storage span exactly once (any order of dims)."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda d: d[1]):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _check_compact_state(p, moments, entry, where):
+    """A compact 8-bit entry: uint8 codes under the moments' names, shaped as the param and
+    dense, and ``state_absmax`` with one row of block absmaxes (finite, >= 0) per code tensor."""
+    absmax, what = entry[_quantize.ABSMAX], f"{where}[{_quantize.ABSMAX!r}]"
+    if _grad_norm.DTensor is not None and isinstance(p, _grad_norm.DTensor):
+        raise ValueError(f"{what}: a compact 8-bit checkpoint holds each rank's own absmax rows and "
+                         "cannot be resharded; save DTensor (FSDP2) params with state_dict() (fp32 moments)")
+    for key in moments:
+        value = entry.get(key)
+        if isinstance(value, torch.Tensor) and value.dtype != torch.uint8:
+            raise TypeError(f"{where}[{key!r}] has dtype {value.dtype}; beside {_quantize.ABSMAX!r} "
+                            "the moments are 8-bit codes (torch.uint8)")
+    held = _codes_held(entry, moments)
+    if not held:
+        raise ValueError(f"{what} is given but no moment holds uint8 codes")
+    if not isinstance(absmax, torch.Tensor):
+        raise TypeError(f"{what} is a {type(absmax).__name__}, not a tensor")
+    if absmax.dtype != torch.float32:
+        raise TypeError(f"{what} has dtype {absmax.dtype}, expected torch.float32")
+    shape = (len(held), _quantize.blocks_of(p.numel()))
+    if tuple(absmax.shape) != shape:
+        raise ValueError(f"{what} has shape {tuple(absmax.shape)}, expected {shape} (one row per "
+                         f"code tensor ({', '.join(held)}), one absmax per block of {_quantize.QUANT_BLOCK})")
+    if not bool(torch.isfinite(absmax).all()) or bool((absmax < 0).any()):
+        raise ValueError(f"{what} holds inf, NaN or negative values (each is a block's largest |value|)")
+    for key in held:
+        codes = entry[key]
+        if codes.shape != p.shape:
+            raise ValueError(f"{where}[{key!r}] has shape {tuple(codes.shape)}, the param {tuple(p.shape)}")
+        if not _dense(codes):
+            raise ValueError(f"{where}[{key!r}]: 8-bit codes must be dense (their blocks follow memory order)")
 
 
 def _loaded_options(optimizer, saved, group, where):
@@ -105,15 +166,15 @@ def _loaded_options(optimizer, saved, group, where):
 def _check_param_state(optimizer, p, options, entry, where):
     if not isinstance(entry, Mapping):
         raise TypeError(f"{where} is a {type(entry).__name__}, not a dict")
+    moments = optimizer._state_keys_for(options)
+    codes = []
     if _quantize.ABSMAX in entry:
-        raise ValueError(f"{where}: the state holds 8-bit codes ({_quantize.ABSMAX!r}); checkpoints "
-                         "hold fp32 moments (state_dict() writes them), and a compact 8-bit "
-                         "checkpoint form is not supported yet")
+        _check_compact_state(p, moments, entry, where)
+        codes = _codes_held(entry, moments)
     for key in (_memory.REMAINDER, _memory.REMAINDER8):
         if key in entry:
             raise ValueError(f"{where}[{key!r}]: checkpoints hold the fp32 'master_param' "
                              "(state_dict() writes it), not the remainder")
-    moments = optimizer._state_keys_for(options)
     # a param that has stepped holds what its next update needs (torch's step: KeyError); a
     # step count of 0 with no moments is a param that never stepped (they start at zero)
     if "step" in entry:
@@ -130,6 +191,8 @@ def _check_param_state(optimizer, p, options, entry, where):
         what = f"{where}[{key!r}]"
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{what} is a {type(value).__name__}, not a tensor")
+        if key in codes:
+            continue  # checked above
         if not value.is_floating_point():
             raise TypeError(f"{what} has dtype {value.dtype}, not a floating-point one")
         if value.shape != p.shape:
