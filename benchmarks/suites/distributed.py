@@ -126,11 +126,12 @@ def _blocks(dtype):
 
 def run_host(ctx):
     """Scaler step + update per rank (median of each rep's steps), in turns: fused_amp AdamW on
-    bf16 shards with fp32 masters (and with clipping every step), torch's fused AdamW on fp32
-    shards under torch's GradScaler, and fused_amp on plain tensors shaped like rank 0's local
-    shards (the same elements and count, no DTensor): the difference per param is what the
-    DTensor path costs on the host, one all-reduce of the overflow flag per step among it (timed
-    alone beside them)."""
+    bf16 shards with fp32 masters (and with clipping every step; with remainder masters, with
+    remainder or 24-bit masters and 8-bit state; Lion), torch's fused AdamW on fp32 shards under
+    torch's GradScaler, and fused_amp on plain tensors shaped like rank 0's local shards (the
+    same elements and count, no DTensor): the difference per param is what the DTensor path
+    costs on the host, one all-reduce of the overflow flag per step among it (timed alone beside
+    them)."""
     rank0 = harness.run_ranks(_host_worker, WORLD, ctx.reps)[0]
     n = rank0["n_params"]
     records = harness.make_records("distributed", HOST_CASE, "cpu", "bfloat16", rank0["elements"], n,
@@ -164,9 +165,8 @@ def _host_worker(rank, world, reps):
         model(x.to(dtype)).float().square().mean().backward()  # DTensor grads, kept for every step
         return list(model.parameters())
 
-    def build(params, ours, **kw):
-        opt = (fused_amp.optim.AdamW(params, lr=1e-4, **kw) if ours
-               else torch.optim.AdamW(params, lr=1e-4, fused=True))
+    def build(params, ours, cls=fused_amp.optim.AdamW, **kw):
+        opt = cls(params, lr=1e-4, **kw) if ours else torch.optim.AdamW(params, lr=1e-4, fused=True)
         scaler = (fused_amp.GradScaler if ours else torch.amp.GradScaler)("cpu", init_scale=INIT_SCALE)
         scaler.scale(torch.ones(()))
 
@@ -180,8 +180,16 @@ def _host_worker(rank, world, reps):
     for p, q in zip(plain, bf16):
         p.grad = q.grad.to_local().clone()
     flag = torch.zeros(())
+    eight_bit = dict(state_dtype=torch.uint8, min_8bit_size=0)  # the 64-element params too
     steps = {"fused_amp": build(bf16, True), "fused_amp[clip]": build(sharded(torch.bfloat16), True, max_grad_norm=1.0),
              "torch_fused": build(sharded(torch.float32), False), "fused_amp[plain tensors]": build(plain, True),
+             # the memory modes and Lion on the same shards (each its own model: its own state)
+             "fused_amp[remainder]": build(sharded(torch.bfloat16), True, master_weights="remainder"),
+             "fused_amp[remainder + 8-bit state]": build(sharded(torch.bfloat16), True, master_weights="remainder",
+                                                         **eight_bit),
+             "fused_amp[24-bit + 8-bit state]": build(sharded(torch.bfloat16), True, master_weights="remainder8",
+                                                      rounding_seed=0, **eight_bit),
+             "fused_amp[Lion]": build(sharded(torch.bfloat16), True, fused_amp.optim.Lion),
              # what every FSDP2 step adds whatever the param count: the overflow flag's MAX all-reduce
              "all_reduce of the flag": lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX)}
     times = {k: [] for k in steps}
