@@ -302,6 +302,19 @@ def test_a_swapped_local_tensor_rebuilds_the_cached_lists():
             torch.testing.assert_close(t, torch.full_like(t, 4.9))
 
 
+def sharded_mlp(hidden, out):
+    """bf16 Linear(16, hidden), Tanh, Linear(hidden, out), each Linear and the whole fully_shard'ed."""
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, out)).bfloat16()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
 def dcp_run(rank, world, path, phase, options=None):
     """bf16 params with fp32 masters under FSDP2; every rank trains on the same batch, so the
     averaged grads are exact for any world size and runs on 4 and 2 ranks can be compared bit
@@ -311,16 +324,10 @@ def dcp_run(rank, world, path, phase, options=None):
     of the checkpoint's fp32 moments, quantized."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    from torch.distributed.fsdp import fully_shard
 
     from fused_amp.optim._quantize import ABSMAX, quantize
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).bfloat16()
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
+    model = sharded_mlp(32, 4)
     opt = fused_amp.optim.AdamW(model.parameters(), lr=1e-2, **(options or {}))
     out = {}
     scaler = fused_amp.GradScaler("cpu", init_scale=256.0, hysteresis=2)
@@ -399,18 +406,12 @@ def fsdp_8bit_run(rank, world, master_weights):
     beside an fp32-state twin loaded from this optimizer's state_dict() (fp32 moments, DTensors):
     the twin's step from the dequantized state gives the same params and masters bit for bit,
     and this optimizer's new codes are the twin's new local moments quantized shard by shard."""
-    from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
     from fused_amp.optim._quantize import ABSMAX, blocks_of, quantize
 
-    torch.manual_seed(0)
     # 64 x 16 weights: 512 elements (2 quant blocks) per rank; 3 x 64: uneven shards (2 and 1 rows)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3)).bfloat16()
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
+    model = sharded_mlp(64, 3)
     params = list(model.parameters())
     options = dict(lr=1e-2, master_weights=master_weights, rounding_seed=7)
     opt = fused_amp.optim.AdamW(params, state_dtype=torch.uint8, min_8bit_size=0, **options)

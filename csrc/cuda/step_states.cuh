@@ -54,19 +54,23 @@ struct StateSpec {
   bool read;
 };
 
+// Whether every present (non-null) pointer allows the vector loads.
+template <typename T, int kStates>
+FA_DEVICE bool all_aligned(T* const (&p)[kStates]) {
+#pragma unroll
+  for (int k = 0; k < kStates; ++k) {
+    if (p[k] && !is_aligned(p[k])) return false;
+  }
+  return true;
+}
+
 template <typename state_t, int kStates>
 struct StepStates {
   state_t* p[kStates];  // null: absent
   bool high_bits[kStates];
   bool read;
 
-  FA_DEVICE bool aligned() const {
-#pragma unroll
-    for (int k = 0; k < kStates; ++k) {
-      if (p[k] && !is_aligned(p[k])) return false;
-    }
-    return true;
-  }
+  FA_DEVICE bool aligned() const { return all_aligned(p); }
   FA_DEVICE void load(float (&st)[kStates][kILP], const IlpIndex& ix) const {
 #pragma unroll
     for (int k = 0; k < kStates; ++k) {
@@ -110,13 +114,7 @@ struct StepStates<uint8_t, kStates> {
   bool is_signed[kStates];
   bool read;
 
-  FA_DEVICE bool aligned() const {
-#pragma unroll
-    for (int k = 0; k < kStates; ++k) {
-      if (codes[k] && !is_aligned(codes[k])) return false;
-    }
-    return true;
-  }
+  FA_DEVICE bool aligned() const { return all_aligned(codes); }
   // a thread's kILP elements lie in one quant block (ix.base is a multiple of kILP)
   FA_DEVICE void load(float (&st)[kStates][kILP], const IlpIndex& ix) const {
 #pragma unroll
