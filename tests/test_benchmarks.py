@@ -188,8 +188,10 @@ def test_distributed_suite_reports_time_per_rank_and_bytes_held(tmp_path):
     data = json.loads((out / "results.json").read_text())
     impls = {case: {r["impl"] for r in data["records"] if r["case"] == case}
              for case in {r["case"] for r in data["records"]}}
-    assert impls.pop("fsdp2-host/800-params") == {"fused_amp", "fused_amp[clip]", "torch_fused",
-                                                  "fused_amp[plain tensors]", "all_reduce of the flag"}
+    assert impls.pop("fsdp2-host/800-params") == {
+        "fused_amp", "fused_amp[clip]", "torch_fused", "fused_amp[plain tensors]", "all_reduce of the flag",
+        "fused_amp[remainder]", "fused_amp[remainder + 8-bit state]", "fused_amp[24-bit + 8-bit state]",
+        "fused_amp[Lion]"}
     assert list(impls.values()) == [{"fused_amp", "torch_fused"}]
     assert all(r["host_us_per_param"] > 0 for r in data["records"] if r["case"] == "fsdp2-host/800-params")
     assert "host time per param per rank" in data["notes"]["distributed host time"]
