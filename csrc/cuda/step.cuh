@@ -1,12 +1,12 @@
 #pragma once
-// What the optimizer kernels (adam.cu, sgd.cu) share: one pass per step that reads each grad,
+// What the optimizer kernels (adam.cu, sgd.cu, lion.cu) share: one pass per step that reads each grad,
 // updates the fp32 value of the param (master, param with remainder, or the param itself) and
 // the state, and writes the param back rounded to its dtype.
 #include "cuda/step_states.cuh"
 
 namespace fused_amp::cuda {
 
-// Everything both optimizers do around their math: pick the fp32 value of the param, write it
+// Everything the optimizers do around their math: pick the fp32 value of the param, write it
 // back, leave the grad unscaled.
 template <typename param_t, MasterKind kMasterKind>
 struct ParamAccess {

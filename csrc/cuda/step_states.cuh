@@ -6,7 +6,7 @@
 // - fp32 or bf16 tensors (StepStates<float or __nv_bfloat16, kStates>): elementwise, bf16
 //   rounded to nearest even or stochastically;
 // - 8-bit blockwise codes (StepStates<uint8_t, kStates>, ops/quantize.h): the threads of a block
-//   step tiles of kTileThreads * kILP elements, whole quant blocks each; a quant block's new
+//   step tiles of TileShape::kThreads * kILP elements, whole quant blocks each; a quant block's new
 //   absmax is a reduction over the threads that hold its elements, then each thread codes its
 //   own. A thread's elements are contiguous (never strided across quant blocks), and chunks are
 //   whole quant blocks, so no quant block spans two blocks of a launch: no atomics, and the bits
