@@ -94,24 +94,38 @@ void dequantize_block(const uint8_t* codes, float absmax, int64_t n, float* out)
   }
 }
 
-// The largest |x| of a block, NaN when some x is NaN.
+// The largest |x| of a block, NaN when some x is NaN. The bits of |x| order as their values do,
+// NaNs above inf, so one integer max per vector finds both (no compare-and-blend chain).
 inline float block_absmax(const float* x, int64_t n) {
-  VecF acc(0.f);
+  constexpr uint32_t kMagnitude = 0x7fffffffu, kInf = 0x7f800000u;
+  uint32_t top = 0;
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) acc = at::vec::maximum(acc, VecF::loadu(x + i).abs());
-  float lanes[kLanes];
-  acc.store(lanes);
-  float absmax = 0.f;
-  bool nan = false;
-  for (const float a : lanes) {
-    nan |= a != a;
-    absmax = ops::max_(absmax, a);
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+#if defined(CPU_CAPABILITY_AVX2)
+  using Bits = __m256i;
+  const auto magnitude_bits = [](const float* p) { return _mm256_castps_si256(VecF::loadu(p).abs()); };
+  const auto max_bits = [](Bits a, Bits b) { return _mm256_max_epu32(a, b); };
+  Bits acc0 = _mm256_setzero_si256(), acc1 = acc0;
+#else
+  using Bits = __m512i;
+  const auto magnitude_bits = [](const float* p) { return _mm512_castps_si512(VecF::loadu(p).abs()); };
+  const auto max_bits = [](Bits a, Bits b) { return _mm512_max_epu32(a, b); };
+  Bits acc0 = _mm512_setzero_si512(), acc1 = acc0;
+#endif
+  // two accumulators: with one, the max's latency rather than its throughput would set the pace
+  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+    acc0 = max_bits(acc0, magnitude_bits(x + i));
+    acc1 = max_bits(acc1, magnitude_bits(x + i + kLanes));
   }
-  for (; i < n; ++i) {
-    nan |= x[i] != x[i];
-    absmax = ops::max_(absmax, std::fabs(x[i]));
+  if (i > 0) {
+    uint32_t lanes[kLanes];
+    const Bits both = max_bits(acc0, acc1);
+    std::memcpy(lanes, &both, sizeof lanes);
+    for (const uint32_t a : lanes) top = std::max(top, a);
   }
-  return nan ? std::numeric_limits<float>::quiet_NaN() : absmax;
+#endif
+  for (; i < n; ++i) top = std::max(top, c10::bit_cast<uint32_t>(x[i]) & kMagnitude);
+  return top > kInf ? std::numeric_limits<float>::quiet_NaN() : c10::bit_cast<float>(top);
 }
 
 // Codes and absmax of a block of n values.
