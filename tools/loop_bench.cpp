@@ -68,10 +68,52 @@ double ns_per_element(const Mode& mode, int64_t n, int reps) {
   return batches[batches.size() / 2];
 }
 
+// The parts of the 8-bit state's cost, ns per element of one state in cache (8,192 elements of
+// Adam-like moments): codes to fp32 values, a quant block's absmax, and values to codes (the
+// absmax included), for the signed map (exp_avg) and the unsigned one (exp_avg_sq).
+void quantization_parts() {
+  namespace loops = fused_amp::cpu::CPU_CAPABILITY;
+  constexpr int64_t n = 8192, block = fused_amp::ops::kQuantBlock;
+  constexpr int reps = 4000;
+  std::mt19937 gen(0);
+  std::normal_distribution<float> normal;
+  std::vector<float> m(n), v(n), out(n), absmax(n / block);
+  std::vector<uint8_t> codes(n);
+  for (int64_t i = 0; i < n; ++i) {
+    m[i] = 1e-3f * normal(gen);
+    v[i] = m[i] * m[i] * 10.f;
+  }
+  auto time = [&](auto&& body) {
+    std::vector<double> batches;
+    for (int b = 0; b < 7; ++b) {
+      const auto start = std::chrono::steady_clock::now();
+      for (int r = 0; r < reps; ++r) {
+        for (int64_t q = 0; q < n; q += block) body(q);
+      }
+      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+      batches.push_back(took.count() / reps / n * 1e9);
+    }
+    std::sort(batches.begin(), batches.end());
+    return batches[batches.size() / 2];
+  };
+  std::printf("\n8-bit state, its parts: ns per element of one state (8,192 elements, in cache)\n");
+  std::printf("%-24s %14s %14s\n", "part", "signed (m)", "unsigned (v)");
+  volatile float sink = 0.f;
+  const double absmax_ns = time([&](int64_t q) { sink = loops::block_absmax(m.data() + q, block); });
+  std::printf("%-24s %14.3f %14s\n", "block absmax", absmax_ns, "(same)");
+  const double quantize_m = time([&](int64_t q) { loops::quantize_block<true>(m.data() + q, block, codes.data() + q, &absmax[q / block]); });
+  const double dequantize_m = time([&](int64_t q) { loops::dequantize_block<true>(codes.data() + q, absmax[q / block], block, out.data() + q); });
+  const double quantize_v = time([&](int64_t q) { loops::quantize_block<false>(v.data() + q, block, codes.data() + q, &absmax[q / block]); });
+  const double dequantize_v = time([&](int64_t q) { loops::dequantize_block<false>(codes.data() + q, absmax[q / block], block, out.data() + q); });
+  std::printf("%-24s %14.3f %14.3f\n", "quantize (with absmax)", quantize_m, quantize_v);
+  std::printf("%-24s %14.3f %14.3f\n", "dequantize", dequantize_m, dequantize_v);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* only = argc > 1 ? argv[1] : nullptr;  // a mode's name: time that mode alone
+  // a mode's name: time that mode alone ("8-bit parts": the parts of the 8-bit state's cost)
+  const char* only = argc > 1 ? argv[1] : nullptr;
   using fused_amp::cpu::kBFloat16State;
   using fused_amp::cpu::kFloatState;
   using fused_amp::cpu::kUInt8State;
@@ -93,5 +135,6 @@ int main(int argc, char** argv) {
     std::printf("%-24s %14.3f %14.3f\n", mode.name, ns_per_element(mode, 8192, 2000),
                 ns_per_element(mode, 4 << 20, 6));
   }
+  if (!only || std::strcmp(only, "8-bit parts") == 0) quantization_parts();
   return 0;
 }

@@ -2,8 +2,9 @@
 # Builds tools/loop_bench.cpp against the installed torch's headers, with the CPU loops of one
 # instruction set (default: the widest this CPU has, as the extension picks it), and runs it.
 # Usage: tools/loop_bench.sh [--build-only] [default|avx2|avx512] [MODE]; the Python is $PY or
-# .venv/bin/python; MODE (a row's name, e.g. "8-bit state") times that mode alone. CI builds it
-# only, so that it keeps compiling.
+# .venv/bin/python; MODE (a row's name, e.g. "8-bit state") times that mode alone, and "8-bit
+# parts" the 8-bit state's dequantize, absmax and quantize alone. CI builds it only, so that it
+# keeps compiling.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_ONLY=0
