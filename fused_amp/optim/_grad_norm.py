@@ -93,8 +93,6 @@ def local_shard(t):
     return t._local_tensor if DTensor is not None and isinstance(t, DTensor) else t
 
 
-
-
 def local_shards(tensors) -> List:
     """``local_shard`` of each tensor, in one C-level pass where all are DTensors."""
     try:
