@@ -18,3 +18,10 @@ def assert_bitwise_equal(actual, expected, msg=""):
     bad = (a != e).nonzero()
     assert bad.numel() == 0, (f"{msg}: {bad.shape[0]} elements differ, first at {bad[0].tolist()}: "
                               f"{actual[tuple(bad[0])]} vs {expected[tuple(bad[0])]}")
+
+
+def bf16_ties_away(values):
+    """fp32 values rounded to bf16 to nearest, ties away from zero (the remainder mode's param):
+    half a bf16 ulp added to the magnitude bits, the low half dropped."""
+    high = ((values.view(torch.int32).to(torch.int64) & 0xffffffff) + 0x8000) >> 16
+    return (((high + 0x8000) % 0x10000) - 0x8000).to(torch.int16).view(torch.bfloat16)

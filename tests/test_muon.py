@@ -15,7 +15,7 @@ import fused_amp
 from fused_amp import ops
 from fused_amp.optim import AdamW, Muon
 from fused_amp.optim._newton_schulz import orthogonalize
-from helpers import assert_bitwise_equal
+from helpers import assert_bitwise_equal, bf16_ties_away
 from test_distributed import run_ranks
 
 # wide, tall (of the same size: another stack), square, two of a shape (batched together)
@@ -302,13 +302,6 @@ def test_clipping_is_torchs_clip_then_step(how):
 
 
 # ---- memory modes ----------------------------------------------------------------------------
-
-
-def bf16_ties_away(master):
-    """fp32 values rounded to bf16 to nearest, ties away from zero (the remainder mode's param):
-    half a bf16 ulp added to the magnitude bits, the low half dropped."""
-    high = ((master.view(torch.int32).to(torch.int64) & 0xffffffff) + 0x8000) >> 16
-    return (((high + 0x8000) % 0x10000) - 0x8000).to(torch.int16).view(torch.bfloat16)
 
 
 def test_remainder_masters_are_the_fp32_masters_bitwise():
