@@ -24,6 +24,20 @@ struct Mode {
   bool stochastic;
 };
 
+// ns per element of `run(r)` for r in [0, reps) over n elements: the median of 7 batches.
+template <class Run>
+double median_ns_per_element(int64_t n, int reps, Run&& run) {
+  std::vector<double> batches;
+  for (int b = 0; b < 7; ++b) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int r = 0; r < reps; ++r) run(r);
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    batches.push_back(took.count() / reps / n * 1e9);
+  }
+  std::sort(batches.begin(), batches.end());
+  return batches[batches.size() / 2];
+}
+
 double ns_per_element(const Mode& mode, int64_t n, int reps) {
   std::mt19937 gen(0);
   std::normal_distribution<float> normal;
@@ -57,15 +71,7 @@ double ns_per_element(const Mode& mode, int64_t n, int reps) {
   const fused_amp::ops::AdamCoeffs down = fused_amp::ops::adam_coeffs(hyper, 1e-3, 10.0, 1.f / 1024.f);
   const fused_amp::ops::AdamCoeffs up = fused_amp::ops::adam_coeffs(hyper, 1e-3, 10.0, 1024.f);
   const auto step = fused_amp::cpu::CPU_CAPABILITY::loops().adam_bfloat16[mode.state];
-  std::vector<double> batches;
-  for (int b = 0; b < 7; ++b) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int r = 0; r < reps; ++r) step(range, r % 2 ? up : down);
-    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-    batches.push_back(took.count() / reps / n * 1e9);
-  }
-  std::sort(batches.begin(), batches.end());
-  return batches[batches.size() / 2];
+  return median_ns_per_element(n, reps, [&](int r) { step(range, r % 2 ? up : down); });
 }
 
 // The parts of the 8-bit state's cost, ns per element of one state in cache (8,192 elements of
@@ -84,17 +90,9 @@ void quantization_parts() {
     v[i] = m[i] * m[i] * 10.f;
   }
   auto time = [&](auto&& body) {
-    std::vector<double> batches;
-    for (int b = 0; b < 7; ++b) {
-      const auto start = std::chrono::steady_clock::now();
-      for (int r = 0; r < reps; ++r) {
-        for (int64_t q = 0; q < n; q += block) body(q);
-      }
-      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-      batches.push_back(took.count() / reps / n * 1e9);
-    }
-    std::sort(batches.begin(), batches.end());
-    return batches[batches.size() / 2];
+    return median_ns_per_element(n, reps, [&](int) {
+      for (int64_t q = 0; q < n; q += block) body(q);
+    });
   };
   std::printf("\n8-bit state, its parts: ns per element of one state (8,192 elements, in cache)\n");
   std::printf("%-24s %14s %14s\n", "part", "signed (m)", "unsigned (v)");
