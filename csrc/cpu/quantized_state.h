@@ -117,12 +117,10 @@ inline float block_absmax(const float* x, int64_t n) {
     acc0 = max_bits(acc0, magnitude_bits(x + i));
     acc1 = max_bits(acc1, magnitude_bits(x + i + kLanes));
   }
-  if (i > 0) {
-    uint32_t lanes[kLanes];
-    const Bits both = max_bits(acc0, acc1);
-    std::memcpy(lanes, &both, sizeof lanes);
-    for (const uint32_t a : lanes) top = std::max(top, a);
-  }
+  uint32_t lanes[kLanes];
+  const Bits both = max_bits(acc0, acc1);
+  std::memcpy(lanes, &both, sizeof lanes);
+  for (const uint32_t a : lanes) top = std::max(top, a);
 #endif
   for (; i < n; ++i) top = std::max(top, c10::bit_cast<uint32_t>(x[i]) & kMagnitude);
   return top > kInf ? std::numeric_limits<float>::quiet_NaN() : c10::bit_cast<float>(top);
