@@ -82,6 +82,7 @@ MODES: Dict[str, Callable] = {
     "remainder + bf16 state, stochastic": _fused(master_weights="remainder", state_dtype=torch.bfloat16,
                                                  stochastic_rounding=True),
     "8-bit state": _fused(state_dtype=torch.uint8),
+    "8-bit state, stochastic": _fused(state_dtype=torch.uint8, stochastic_rounding=True),
     "remainder + 8-bit state": _fused(master_weights="remainder", state_dtype=torch.uint8),
     "24-bit masters": _fused(master_weights="remainder8"),
     "24-bit masters + 8-bit state": _fused(master_weights="remainder8", state_dtype=torch.uint8),

@@ -119,7 +119,7 @@ struct Entry {
                          const std::optional<at::Tensor>& found_inf,
                          const std::optional<at::Tensor>& grad_norm,
                          std::optional<double> max_grad_norm,
-                         std::optional<int64_t> rounding_seed, bool unscale_grads,
+                         std::optional<int64_t> rounding_seed, bool stochastic_codes, bool unscale_grads,
                          bool check_only) {
     BelowAutograd below;
     core::Staging staging;
@@ -127,7 +127,7 @@ struct Entry {
         core::validate_step("adam_step_", params, grads, master_params, exp_avgs, "exp_avgs",
                             exp_avg_sqs, "exp_avg_sqs", max_exp_avg_sqs, "max_exp_avg_sqs", amsgrad,
                             state_absmaxes, steps, true, lr, lr_tensor, inv_scale, found_inf, grad_norm,
-                            max_grad_norm, rounding_seed, unscale_grads,
+                            max_grad_norm, rounding_seed, stochastic_codes, unscale_grads,
                             check_only ? nullptr : &staging),
         {beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad, maximize}};
     if (check_only || params.empty()) return;
@@ -147,7 +147,7 @@ struct Entry {
                         const std::optional<at::Tensor>& found_inf,
                         const std::optional<at::Tensor>& grad_norm,
                         std::optional<double> max_grad_norm,
-                        std::optional<int64_t> rounding_seed, bool unscale_grads,
+                        std::optional<int64_t> rounding_seed, bool stochastic_codes, bool unscale_grads,
                         bool check_only) {
     BelowAutograd below;
     core::Staging staging;
@@ -157,7 +157,7 @@ struct Entry {
                             momentum_buffers, "momentum_buffers", has_momentum, state_absmaxes, steps,
                             has_momentum || !steps.empty(),
                             lr, lr_tensor, inv_scale, found_inf, grad_norm, max_grad_norm,
-                            rounding_seed, unscale_grads, check_only ? nullptr : &staging),
+                            rounding_seed, stochastic_codes, unscale_grads, check_only ? nullptr : &staging),
         {momentum, dampening, weight_decay, nesterov, maximize},
         has_momentum};
     if (check_only || params.empty()) return;
@@ -175,14 +175,14 @@ struct Entry {
                          const std::optional<at::Tensor>& found_inf,
                          const std::optional<at::Tensor>& grad_norm,
                          std::optional<double> max_grad_norm,
-                         std::optional<int64_t> rounding_seed, bool unscale_grads,
+                         std::optional<int64_t> rounding_seed, bool stochastic_codes, bool unscale_grads,
                          bool check_only) {
     BelowAutograd below;
     core::Staging staging;
     const core::LionArgs a{
         core::validate_step("lion_step_", params, grads, master_params, exp_avgs, "exp_avgs", {}, nullptr,
                             {}, nullptr, false, state_absmaxes, steps, true, lr, lr_tensor, inv_scale,
-                            found_inf, grad_norm, max_grad_norm, rounding_seed, unscale_grads,
+                            found_inf, grad_norm, max_grad_norm, rounding_seed, stochastic_codes, unscale_grads,
                             check_only ? nullptr : &staging),
         {beta1, beta2, weight_decay, maximize}};
     if (check_only || params.empty()) return;

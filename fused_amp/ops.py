@@ -93,7 +93,8 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
                inv_scale: Optional[torch.Tensor] = None,
                found_inf: Optional[torch.Tensor] = None, grad_norm: Optional[torch.Tensor] = None,
                max_grad_norm: Optional[float] = None, rounding_seed: Optional[int] = None,
-               unscale_grads: bool = True, check_only: bool = False) -> None:
+               stochastic_codes: bool = False, unscale_grads: bool = True,
+               check_only: bool = False) -> None:
     """One fused Adam/AdamW step over all params; see ``fused_amp.optim.Adam`` for the rule.
 
     ``master_params[i]`` (fp32) holds the value of a half ``params[i]``, which receives
@@ -112,7 +113,9 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
     not 8-bit). The maps (exp_avg signed: ``absmax * sign(c) (c/127)^2``; exp_avg_sq and
     max_exp_avg_sq unsigned: ``absmax * (c/255)^2``) are those of ``fused_amp.optim``'s
     ``state_dtype=torch.uint8``; the update dequantizes, computes as with fp32 state, and
-    requantizes to nearest with the block's new absmax. Grads are
+    requantizes with the block's new absmax: to nearest, or with ``stochastic_codes`` (which needs
+    ``rounding_seed``) stochastically, up with the probability that makes the value unbiased (the
+    random bits as for bf16 state). Grads are
     multiplied by ``inv_scale`` when given and, with ``unscale_grads``, left unscaled in place
     (as torch's fused optimizers leave them). When ``found_inf`` is nonzero nothing is written
     and ``steps`` stay as they are; otherwise each step is incremented. With ``grad_norm`` (the
@@ -133,7 +136,7 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
         beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled_weight_decay: Adam's
             hyperparameters, as :class:`torch.optim.Adam` takes them.
         state_absmaxes, inv_scale, found_inf, grad_norm, max_grad_norm: as described above.
-        rounding_seed, unscale_grads, check_only: as described above.
+        rounding_seed, stochastic_codes, unscale_grads, check_only: as described above.
 
     Raises:
         ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
@@ -150,7 +153,8 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
                     beta2=beta2, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
                     decoupled_weight_decay=decoupled_weight_decay, inv_scale=inv_scale,
                     found_inf=found_inf, grad_norm=grad_norm, max_grad_norm=max_grad_norm,
-                    rounding_seed=rounding_seed, unscale_grads=unscale_grads, check_only=check_only)
+                    rounding_seed=rounding_seed, stochastic_codes=stochastic_codes,
+                    unscale_grads=unscale_grads, check_only=check_only)
 
 
 def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
@@ -160,15 +164,16 @@ def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
               maximize: bool, inv_scale: Optional[torch.Tensor] = None,
               found_inf: Optional[torch.Tensor] = None, grad_norm: Optional[torch.Tensor] = None,
               max_grad_norm: Optional[float] = None, rounding_seed: Optional[int] = None,
-              unscale_grads: bool = True, check_only: bool = False) -> None:
+              stochastic_codes: bool = False, unscale_grads: bool = True,
+              check_only: bool = False) -> None:
     """One fused SGD step over all params; see ``fused_amp.optim.SGD`` for the rule.
 
     With ``momentum != 0``, ``momentum_buffers`` and ``steps`` are required: a param whose step
     is 0 starts its buffer from its gradient, as torch does (without momentum ``steps`` may be
     given, and are counted: stochastic rounding's bits change with them); an 8-bit (uint8) buffer has its absmax
     in ``state_absmaxes`` (one row), with the signed map of :func:`adam_step_`. Masters, ``inv_scale``,
-    ``found_inf``, ``grad_norm``, ``max_grad_norm``, ``rounding_seed``, ``unscale_grads`` and
-    ``check_only`` as in :func:`adam_step_`.
+    ``found_inf``, ``grad_norm``, ``max_grad_norm``, ``rounding_seed``, ``stochastic_codes``,
+    ``unscale_grads`` and ``check_only`` as in :func:`adam_step_`.
 
     Args:
         params, grads, master_params: the params (updated in place), their grads, their masters.
@@ -177,7 +182,7 @@ def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
         momentum, dampening, weight_decay, nesterov, maximize: SGD's hyperparameters, as
             :class:`torch.optim.SGD` takes them.
         state_absmaxes, inv_scale, found_inf, grad_norm, max_grad_norm: as for :func:`adam_step_`.
-        rounding_seed, unscale_grads, check_only: as for :func:`adam_step_`.
+        rounding_seed, stochastic_codes, unscale_grads, check_only: as for :func:`adam_step_`.
 
     Raises:
         ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
@@ -193,7 +198,7 @@ def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
                    dampening=dampening, weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
                    inv_scale=inv_scale, found_inf=found_inf, grad_norm=grad_norm,
                    max_grad_norm=max_grad_norm, rounding_seed=rounding_seed,
-                   unscale_grads=unscale_grads, check_only=check_only)
+                   stochastic_codes=stochastic_codes, unscale_grads=unscale_grads, check_only=check_only)
 
 
 
@@ -204,14 +209,15 @@ def lion_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
                beta2: float, weight_decay: float, maximize: bool,
                inv_scale: Optional[torch.Tensor] = None, found_inf: Optional[torch.Tensor] = None,
                grad_norm: Optional[torch.Tensor] = None, max_grad_norm: Optional[float] = None,
-               rounding_seed: Optional[int] = None, unscale_grads: bool = True,
-               check_only: bool = False) -> None:
+               rounding_seed: Optional[int] = None, stochastic_codes: bool = False,
+               unscale_grads: bool = True, check_only: bool = False) -> None:
     """One fused Lion step over all params; see ``fused_amp.optim.Lion`` for the rule.
 
     ``exp_avgs`` (fp32, bf16, or uint8 codes with the signed map and one absmax row in
     ``state_absmaxes``) and ``steps`` (counted; stochastic rounding's bits follow them) are
     required. Masters, ``inv_scale``, ``found_inf``, ``grad_norm``, ``max_grad_norm``,
-    ``rounding_seed``, ``unscale_grads`` and ``check_only`` as in :func:`adam_step_`.
+    ``rounding_seed``, ``stochastic_codes``, ``unscale_grads`` and ``check_only`` as in
+    :func:`adam_step_`.
 
     Args:
         params, grads, master_params: the params (updated in place), their grads, their masters.
@@ -219,7 +225,7 @@ def lion_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
         lr, lr_tensor: the learning rate, or a one-element tensor holding it.
         beta1, beta2, weight_decay, maximize: Lion's hyperparameters (:class:`fused_amp.optim.Lion`).
         state_absmaxes, inv_scale, found_inf, grad_norm, max_grad_norm: as for :func:`adam_step_`.
-        rounding_seed, unscale_grads, check_only: as for :func:`adam_step_`.
+        rounding_seed, stochastic_codes, unscale_grads, check_only: as for :func:`adam_step_`.
 
     Raises:
         ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
@@ -234,7 +240,8 @@ def lion_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
     _ops.lion_step_(*lists, state_absmaxes=absmaxes, lr=lr, lr_tensor=lr_tensor, beta1=beta1,
                     beta2=beta2, weight_decay=weight_decay, maximize=maximize, inv_scale=inv_scale,
                     found_inf=found_inf, grad_norm=grad_norm, max_grad_norm=max_grad_norm,
-                    rounding_seed=rounding_seed, unscale_grads=unscale_grads, check_only=check_only)
+                    rounding_seed=rounding_seed, stochastic_codes=stochastic_codes,
+                    unscale_grads=unscale_grads, check_only=check_only)
 
 
 def muon_momentum_(params: List[torch.Tensor], grads: List[torch.Tensor],

@@ -25,3 +25,34 @@ def bf16_ties_away(values):
     half a bf16 ulp added to the magnitude bits, the low half dropped."""
     high = ((values.view(torch.int32).to(torch.int64) & 0xffffffff) + 0x8000) >> 16
     return (((high + 0x8000) % 0x10000) - 0x8000).to(torch.int16).view(torch.bfloat16)
+
+
+# ---- the random bits of stochastic rounding, written again from csrc/ops/rounding.h ----------
+
+_M32 = 0xffffffff
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """x * c modulo 2^32 for 32-bit x in int64, without overflowing 64 bits."""
+    return (x * (c & 0xffff) + (((x * (c >> 16)) & 0xffff) << 16)) & _M32
+
+
+def mix32(x):
+    """lowbias32 on int64 tensors (or a Python int) holding 32-bit values."""
+    t = torch.as_tensor(x, dtype=torch.int64) & _M32
+    t = t ^ (t >> 16)
+    t = _mul32(t, 0x7feb352d)
+    t = t ^ (t >> 15)
+    t = _mul32(t, 0x846ca68b)
+    return t ^ (t >> 16)
+
+
+def rounding_key(seed: int, step: int) -> int:
+    """The key of one optimizer step: its seed and 1-based step count."""
+    s = seed % 2**64
+    return int(mix32((s & _M32) ^ int(mix32((s >> 32) ^ int(mix32(step))))))
+
+
+def rounding_bits(key: int, n: int) -> torch.Tensor:
+    """The 32 random bits of elements 0..n-1 (int64)."""
+    return mix32(torch.arange(n, dtype=torch.int64) ^ key)

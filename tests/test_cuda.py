@@ -84,7 +84,9 @@ MEMORY_MODES = {"remainder": dict(master_weights="remainder"),
                 "8-bit-state": dict(master_weights=True, state_dtype=torch.uint8, min_8bit_size=8),
                 "remainder-8-bit-state": dict(master_weights="remainder", state_dtype=torch.uint8, min_8bit_size=8),
                 "24-bit-sr-8-bit-state": dict(master_weights="remainder8", state_dtype=torch.uint8,
-                                              rounding_seed=11, min_8bit_size=8)}
+                                              rounding_seed=11, min_8bit_size=8),
+                "8-bit-state-sr": dict(master_weights=True, state_dtype=torch.uint8, stochastic_rounding=True,
+                                       rounding_seed=11, min_8bit_size=8)}
 
 
 @pytest.mark.parametrize("mode", list(MEMORY_MODES))

@@ -391,14 +391,18 @@ def assert_codes_match(codes, ref_codes, absmax, ref_absmax, msg):
 
 
 @pytest.mark.parametrize("large", [0, 1])
+# the harness's `stochastic`: 0 to nearest, 1 bf16 state and 24-bit masters stochastically, 2 the
+# 8-bit codes too
 @pytest.mark.parametrize("dtype,master,stochastic", [
-    (torch.float32, False, False), (torch.bfloat16, True, False), (torch.float16, True, False),
-    (torch.bfloat16, "remainder", False), (torch.bfloat16, "remainder8", True)])
+    (torch.float32, False, 0), (torch.bfloat16, True, 0), (torch.float16, True, 0),
+    (torch.bfloat16, "remainder", 0), (torch.bfloat16, "remainder8", 1), (torch.float32, False, 2),
+    (torch.float16, True, 2), (torch.bfloat16, "remainder8", 2)])
 @pytest.mark.parametrize("aligned", [True, False])
 @pytest.mark.parametrize("amsgrad", [False, True])
 def test_adam_with_8bit_state_matches_cpu_op(sim, large, dtype, master, stochastic, aligned, amsgrad):
     """The tiles' codes and absmax are the CPU loops' (cpu/quantized_state.h) bit for bit: the
-    same quant blocks, the same fp32 math, the same map; then an overflow step writes nothing."""
+    same quant blocks, the same fp32 math, the same map and rounding (stochastic codes take the
+    same random bits of the element's index); then an overflow step writes nothing."""
     gen = torch.Generator().manual_seed(11)
     params, grads, masters = q8_lists(dtype, master, gen, aligned)
     rows = 3 if amsgrad else 2
@@ -417,11 +421,12 @@ def test_adam_with_8bit_state_matches_cpu_op(sim, large, dtype, master, stochast
         rows_ = [list(r) for r in zip(params, grads, masters, *codes, steps, absmax)]
         sim.fa_sim_adam(q8_kind(dtype, master), len(params), ptr_array(rows_), numel_array(params), hyper,
                         flags, ctypes.c_double(1e-2), None, fptr(inv), fptr(found_inf), 1, None,
-                        ctypes.c_float(0), int(stochastic), ctypes.c_int64(seed or 0), large)
+                        ctypes.c_float(0), stochastic, ctypes.c_int64(seed or 0), large)
         ops.adam_step_(ref[0], ref[1], ref[2] if master else [], ref[3], ref[4], ref[5] if amsgrad else [],
                        ref[7], state_absmaxes=ref[6], lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8,
                        weight_decay=0.01, amsgrad=amsgrad, maximize=False, decoupled_weight_decay=True,
-                       inv_scale=inv, found_inf=found_inf, rounding_seed=seed)
+                       inv_scale=inv, found_inf=found_inf, rounding_seed=seed,
+                       stochastic_codes=stochastic == 2)
     for i in range(len(params)):
         for k in range(rows):
             assert_codes_match(codes[k][i], ref[3 + k][i], absmax[i][k], ref[6][i][k], f"tensor {i} state {k}")
@@ -436,7 +441,8 @@ def test_adam_with_8bit_state_matches_cpu_op(sim, large, dtype, master, stochast
 @pytest.mark.parametrize("momentum,nesterov", [(0.9, False), (0.9, True)])
 @pytest.mark.parametrize("master", [True, "remainder8"])
 @pytest.mark.parametrize("aligned", [True, False])
-def test_sgd_with_8bit_momentum_matches_cpu_op(sim, large, momentum, nesterov, master, aligned):
+@pytest.mark.parametrize("stochastic", [0, 2])
+def test_sgd_with_8bit_momentum_matches_cpu_op(sim, large, momentum, nesterov, master, aligned, stochastic):
     """The first step starts the buffer from the grad (the codes are not read), later ones read it."""
     gen = torch.Generator().manual_seed(12)
     params, grads, masters = q8_lists(torch.bfloat16, master, gen, aligned)
@@ -448,10 +454,11 @@ def test_sgd_with_8bit_momentum_matches_cpu_op(sim, large, momentum, nesterov, m
     for _ in range(3):
         rows = [list(r) for r in zip(params, grads, masters, codes[0], steps, absmax)]
         sim.fa_sim_sgd(q8_kind(torch.bfloat16, master), len(params), ptr_array(rows), numel_array(params),
-                       hyper, flags, ctypes.c_double(0.1), None, None, 0, None, ctypes.c_float(0), 0,
-                       ctypes.c_int64(0), large)
+                       hyper, flags, ctypes.c_double(0.1), None, None, 0, None, ctypes.c_float(0), stochastic,
+                       ctypes.c_int64(55), large)
         ops.sgd_step_(ref[0], grads, ref[1], ref[2], ref[4], state_absmaxes=ref[3], lr=0.1, momentum=momentum,
-                      dampening=0.1, weight_decay=1e-3, nesterov=nesterov, maximize=False)
+                      dampening=0.1, weight_decay=1e-3, nesterov=nesterov, maximize=False,
+                      rounding_seed=55 if stochastic else None, stochastic_codes=stochastic == 2)
     for i in range(len(params)):
         assert_codes_match(codes[0][i], ref[2][i], absmax[i][0], ref[3][i][0], f"tensor {i}")
         assert steps[i].item() == ref[4][i].item() == 3.0
@@ -462,7 +469,8 @@ def test_sgd_with_8bit_momentum_matches_cpu_op(sim, large, momentum, nesterov, m
 @pytest.mark.parametrize("large", [0, 1])
 @pytest.mark.parametrize("dtype,master", [(torch.float32, False), (torch.bfloat16, "remainder8")])
 @pytest.mark.parametrize("aligned", [True, False])
-def test_lion_with_8bit_state_matches_cpu_op(sim, large, dtype, master, aligned):
+@pytest.mark.parametrize("stochastic", [0, 2])
+def test_lion_with_8bit_state_matches_cpu_op(sim, large, dtype, master, aligned, stochastic):
     gen = torch.Generator().manual_seed(13)
     params, grads, masters = q8_lists(dtype, master, gen, aligned)
     codes, absmax = codes_and_absmax(params, 1)
@@ -473,9 +481,11 @@ def test_lion_with_8bit_state_matches_cpu_op(sim, large, dtype, master, aligned)
     for _ in range(3):
         rows = [list(r) for r in zip(params, grads, masters, codes[0], steps, absmax)]
         sim.fa_sim_lion(q8_kind(dtype, master), len(params), ptr_array(rows), numel_array(params), hyper, flags,
-                        ctypes.c_double(1e-2), None, None, 0, None, ctypes.c_float(0), 0, ctypes.c_int64(0), large)
+                        ctypes.c_double(1e-2), None, None, 0, None, ctypes.c_float(0), stochastic,
+                        ctypes.c_int64(66), large)
         ops.lion_step_(ref[0], grads, ref[1] if master else [], ref[2], ref[4], state_absmaxes=ref[3], lr=1e-2,
-                       beta1=0.9, beta2=0.99, weight_decay=0.1, maximize=False)
+                       beta1=0.9, beta2=0.99, weight_decay=0.1, maximize=False,
+                       rounding_seed=66 if stochastic else None, stochastic_codes=stochastic == 2)
     for i in range(len(params)):
         assert_codes_match(codes[0][i], ref[2][i], absmax[i][0], ref[3][i][0], f"tensor {i}")
         assert_bitwise_equal(params[i], ref[0][i], f"param {i}")

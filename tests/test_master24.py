@@ -287,7 +287,7 @@ def test_24_bit_masters_need_bf16_params(dtype):
 def test_rounding_options_are_checked():
     p = [torch.nn.Parameter(torch.randn(4).bfloat16())]
     Adam(p, master_weights="remainder8", stochastic_rounding=True)  # rounds the masters
-    with pytest.raises(ValueError, match="stochastic_rounding=True rounds bf16 state and 24-bit masters"):
+    with pytest.raises(ValueError, match="stochastic_rounding=True rounds bf16 state, 8-bit codes and 24-bit masters"):
         Adam(p, master_weights="remainder", stochastic_rounding=True)
     with pytest.raises(TypeError, match="stochastic_rounding must be True, False or None"):
         Adam(p, master_weights="remainder8", stochastic_rounding="yes")

@@ -337,9 +337,10 @@ def test_state_bytes_and_steps_of_each_memory_mode(kw, per_param):
     assert max_distance(masters, reference) < 5e-3  # a bf16 ulp of the O(1) weights is 8e-3
 
 
-def test_stochastic_rounding_of_the_momentum_is_refused():
+@pytest.mark.parametrize("state_dtype", [torch.bfloat16, torch.uint8], ids=str)
+def test_stochastic_rounding_of_the_momentum_is_refused(state_dtype):
     with pytest.raises(ValueError, match="rounds 24-bit masters"):
-        Muon([torch.nn.Parameter(torch.randn(4, 4).bfloat16())], state_dtype=torch.bfloat16,
+        Muon([torch.nn.Parameter(torch.randn(4, 4).bfloat16())], state_dtype=state_dtype,
              stochastic_rounding=True)
 
 

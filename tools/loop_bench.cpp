@@ -21,7 +21,8 @@ struct Mode {
   const char* name;
   int remainder;   // the remainder's bits: 16 (master_weights="remainder"), 8 (24-bit masters), 0 (fp32 masters)
   int state;       // fused_amp::cpu::StateType: fp32, bf16 or 8-bit codes
-  bool stochastic;
+  bool stochastic;        // bf16 state and 24-bit masters round stochastically
+  bool stochastic_codes;  // so do 8-bit codes
 };
 
 // ns per element of `run(r)` for r in [0, reps) over n elements: the median of 7 batches.
@@ -65,7 +66,7 @@ double ns_per_element(const Mode& mode, int64_t n, int reps) {
                                 mode.remainder == 8 ? remainder8.data() : nullptr, state,
                                 static_cast<char*>(state) + n * state_bytes, nullptr,
                                 quantized ? absmax.data() : nullptr, quantized ? blocks : 0, n, 0, 12345u,
-                                mode.stochastic, true};
+                                mode.stochastic, mode.stochastic_codes, true};
   const fused_amp::ops::AdamHyper hyper{0.9, 0.999, 1e-8, 0.0, false, false, false};
   // 1/scale alternates between 2^-10 and 2^10, so that the grads left unscaled stay where they were
   const fused_amp::ops::AdamCoeffs down = fused_amp::ops::adam_coeffs(hyper, 1e-3, 10.0, 1.f / 1024.f);
@@ -99,11 +100,24 @@ void quantization_parts() {
   volatile float sink = 0.f;
   const double absmax_ns = time([&](int64_t q) { sink = loops::block_absmax(m.data() + q, block); });
   std::printf("%-24s %14.3f %14s\n", "block absmax", absmax_ns, "(same)");
-  const double quantize_m = time([&](int64_t q) { loops::quantize_block<true>(m.data() + q, block, codes.data() + q, &absmax[q / block]); });
+  std::vector<uint32_t> random(n);
+  loops::fill_rounding_bits(12345u, 0, n, random.data());
+  auto quantize = [&](const std::vector<float>& x, auto is_signed, bool stochastic) {
+    return time([&](int64_t q) {
+      loops::quantize_block<decltype(is_signed)::value>(x.data() + q, block, codes.data() + q, &absmax[q / block],
+                                                         stochastic ? random.data() + q : nullptr);
+    });
+  };
+  const double quantize_m = quantize(m, std::true_type{}, false);
+  const double quantize_v = quantize(v, std::false_type{}, false);
+  const double stochastic_m = quantize(m, std::true_type{}, true);
+  const double stochastic_v = quantize(v, std::false_type{}, true);
+  const double bits_ns = time([&](int64_t q) { loops::fill_rounding_bits(12345u, q, block, random.data() + q); });
   const double dequantize_m = time([&](int64_t q) { loops::dequantize_block<true>(codes.data() + q, absmax[q / block], block, out.data() + q); });
-  const double quantize_v = time([&](int64_t q) { loops::quantize_block<false>(v.data() + q, block, codes.data() + q, &absmax[q / block]); });
   const double dequantize_v = time([&](int64_t q) { loops::dequantize_block<false>(codes.data() + q, absmax[q / block], block, out.data() + q); });
   std::printf("%-24s %14.3f %14.3f\n", "quantize (with absmax)", quantize_m, quantize_v);
+  std::printf("%-24s %14.3f %14.3f\n", "quantize, stochastic", stochastic_m, stochastic_v);
+  std::printf("%-24s %14.3f %14s\n", "random bits (both)", bits_ns, "(same)");
   std::printf("%-24s %14.3f %14.3f\n", "dequantize", dequantize_m, dequantize_v);
 }
 
@@ -115,16 +129,17 @@ int main(int argc, char** argv) {
   using fused_amp::cpu::kBFloat16State;
   using fused_amp::cpu::kFloatState;
   using fused_amp::cpu::kUInt8State;
-  const Mode modes[] = {{"fp32 masters", 0, kFloatState, false},
-                        {"remainder", 16, kFloatState, false},
-                        {"bf16 state", 0, kBFloat16State, false},
-                        {"bf16 state, stochastic", 0, kBFloat16State, true},
-                        {"remainder + bf16 state", 16, kBFloat16State, false},
-                        {"8-bit state", 0, kUInt8State, false},
-                        {"remainder + 8-bit state", 16, kUInt8State, false},
-                        {"24-bit masters", 8, kFloatState, true},
-                        {"24-bit, nearest", 8, kFloatState, false},
-                        {"24-bit + 8-bit state", 8, kUInt8State, true}};
+  const Mode modes[] = {{"fp32 masters", 0, kFloatState, false, false},
+                        {"remainder", 16, kFloatState, false, false},
+                        {"bf16 state", 0, kBFloat16State, false, false},
+                        {"bf16 state, stochastic", 0, kBFloat16State, true, false},
+                        {"remainder + bf16 state", 16, kBFloat16State, false, false},
+                        {"8-bit state", 0, kUInt8State, false, false},
+                        {"8-bit, stochastic", 0, kUInt8State, true, true},
+                        {"remainder + 8-bit state", 16, kUInt8State, false, false},
+                        {"24-bit masters", 8, kFloatState, true, false},
+                        {"24-bit, nearest", 8, kFloatState, false, false},
+                        {"24-bit + 8-bit state", 8, kUInt8State, true, false}};
   std::printf("%s loops, one thread: ns per element, median of 7 batches\n",
               fused_amp::cpu::CPU_CAPABILITY::loops().isa);
   std::printf("%-24s %14s %14s\n", "mode", "8,192 (cache)", "4M (memory)");

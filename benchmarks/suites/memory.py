@@ -22,6 +22,8 @@ MODES = {
     "fused_amp[remainder + bf16 state]": (dict(master_weights="remainder", state_dtype=torch.bfloat16),
                                           "adam_remainder_bf16_state"),
     "fused_amp[8-bit state]": (dict(state_dtype=torch.uint8), "adam_8bit_state"),
+    "fused_amp[8-bit state, stochastic]": (dict(state_dtype=torch.uint8, stochastic_rounding=True,
+                                               rounding_seed=0), "adam_8bit_state"),
     "fused_amp[remainder + 8-bit state]": (dict(master_weights="remainder", state_dtype=torch.uint8),
                                            "adam_remainder_8bit_state"),
     "fused_amp[24-bit masters]": (dict(master_weights="remainder8", rounding_seed=0), "adam_24bit"),

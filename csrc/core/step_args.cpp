@@ -87,8 +87,8 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
                           const std::optional<at::Tensor>& found_inf,
                           const std::optional<at::Tensor>& grad_norm,
                           std::optional<double> max_grad_norm,
-                          std::optional<int64_t> rounding_seed, bool unscale_grads,
-                          Staging* staging) {
+                          std::optional<int64_t> rounding_seed, bool stochastic_codes,
+                          bool unscale_grads, Staging* staging) {
   StepTensors s;
   s.lr = lr;
   check_length(op, "grads", grads.size(), params.size(), false);
@@ -122,7 +122,10 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
     s.grad_norm = *grad_norm;
     s.max_grad_norm = *max_grad_norm;
   }
+  TORCH_CHECK_VALUE(!stochastic_codes || rounding_seed.has_value(), op,
+                    ": stochastic_codes=True rounds 8-bit codes with rounding_seed, which is None");
   s.rounding_seed = rounding_seed;
+  s.stochastic_codes = stochastic_codes;
   s.write_grads = unscale_grads && (s.inv_scale.has_value() || has_norm);
   check_list(op, "params", params, device, is_reduced_or_float, "float32, float16 and bfloat16",
              true);
@@ -191,7 +194,7 @@ StepTensors validate_muon(const char* op, at::TensorList params, at::TensorList 
   const c10::List<std::optional<at::Tensor>> no_masters;
   StepTensors s = validate_step(op, params, grads, no_masters, momentum_buffers, "momentum_buffers", {}, nullptr, {},
                                 nullptr, false, state_absmaxes, {}, false, 0.0, std::nullopt, inv_scale,
-                                found_inf, grad_norm, max_grad_norm, std::nullopt, unscale_grads, nullptr);
+                                found_inf, grad_norm, max_grad_norm, std::nullopt, false, unscale_grads, nullptr);
   check_length(op, "updates", updates.size(), params.size(), false);
   for (size_t i = 0; i < updates.size(); ++i) {
     check_partner(op, "updates", i, updates[i], params[i], at::kBFloat16, true);

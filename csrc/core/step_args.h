@@ -35,6 +35,8 @@ struct StepTensors {
   // bf16 state and 24-bit masters round stochastically with this seed (ops::rounding_key), else
   // to nearest even
   std::optional<int64_t> rounding_seed;
+  // 8-bit codes round stochastically too (with rounding_seed, which is then given)
+  bool stochastic_codes = false;
   double lr = 0.0;
   // leave the grads as the step used them (unscaled, clipped), as torch's recipe leaves them
   bool write_grads = false;
@@ -72,8 +74,8 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
                           const std::optional<at::Tensor>& found_inf,
                           const std::optional<at::Tensor>& grad_norm,
                           std::optional<double> max_grad_norm,
-                          std::optional<int64_t> rounding_seed, bool unscale_grads,
-                          Staging* staging);
+                          std::optional<int64_t> rounding_seed, bool stochastic_codes,
+                          bool unscale_grads, Staging* staging);
 
 // What validate_step does once every check has passed: stages the tensors the kernels cannot
 // walk as they are (core::Staging).

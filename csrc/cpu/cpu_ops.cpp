@@ -120,7 +120,7 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
                         at_b(s.aux, state_bytes),
                         quantized ? static_cast<float*>(s.absmaxes[t].data_ptr()) : nullptr,
                         quantized ? s.absmaxes[t].stride(0) : 0, e - b, b, round_key,
-                        s.rounding_seed.has_value(), write_grads};
+                        s.rounding_seed.has_value(), s.stochastic_codes, write_grads};
   if (!s.updates.empty()) r.update = static_cast<c10::BFloat16*>(s.updates[t].data_ptr()) + b;
   return r;
 }

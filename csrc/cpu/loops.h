@@ -41,7 +41,8 @@ struct UpdateRange {
   int64_t n;
   int64_t first;
   uint32_t round_key;
-  bool stochastic;
+  bool stochastic;        // bf16 state and 24-bit masters round stochastically with round_key
+  bool stochastic_codes;  // so do 8-bit codes
   bool write_grad;
   // streaming stores of the param (see update_range); off for the short ranges of 8-bit state,
   // where the fence after each would stall every block

@@ -126,9 +126,67 @@ inline float block_absmax(const float* x, int64_t n) {
   return top > kInf ? std::numeric_limits<float>::quiet_NaN() : c10::bit_cast<float>(top);
 }
 
-// Codes and absmax of a block of n values.
+// ops::rounding_bits of the n elements from `index` of a tensor: computed once per element for
+// all of its states (each takes its half, ops::code_random15).
+inline void fill_rounding_bits(uint32_t key, int64_t index, int64_t n, uint32_t* out) {
+  int64_t i = 0;
+  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+    U32 a, b;
+    rounding_bits2(key, index + i, a, b);
+    std::memcpy(out + i, &a, sizeof a);
+    std::memcpy(out + i + kLanes, &b, sizeof b);
+  }
+  for (; i < n; ++i) out[i] = ops::rounding_bits(key, index + i);
+}
+
+// ops::code_random15 of the kLanes elements' random bits at p, as floats.
 template <bool kSigned>
-void quantize_block(const float* x, int64_t n, uint8_t* codes, float* absmax_out) {
+FA_VECTOR_HELPER VecF code_random(const uint32_t* p) {
+  U32 bits;
+  std::memcpy(&bits, p, sizeof bits);
+  if constexpr (kSigned) {
+    bits &= 0xffffu;
+  } else {
+    bits >>= 16;
+  }
+  const F32 f = __builtin_convertvector(__builtin_convertvector(bits >> 1, I32), F32);
+  VecF x;
+  std::memcpy(&x, &f, sizeof x);
+  return x;
+}
+
+// The codes of a block of n values, given 1 / absmax: rounded to nearest, or stochastically
+// with the elements' random bits.
+template <bool kSigned, bool kStochastic>
+void code_block(const float* x, int64_t n, float inv, const uint32_t* random, uint8_t* codes) {
+  const auto code_of = [inv, random](const auto& v, int64_t i) {
+    if constexpr (kStochastic) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(v)>, float>) {
+        const float r = static_cast<float>(ops::code_random15(random[i], kSigned));
+        return kSigned ? ops::quantize_signed_stochastic(v, inv, r) : ops::quantize_unsigned_stochastic(v, inv, r);
+      } else {
+        const VecF r = code_random<kSigned>(random + i);
+        return kSigned ? ops::quantize_signed_stochastic(v, inv, r) : ops::quantize_unsigned_stochastic(v, inv, r);
+      }
+    } else {
+      return kSigned ? ops::quantize_signed(v, inv) : ops::quantize_unsigned(v, inv);
+    }
+  };
+  int64_t i = 0;
+  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+    store_codes2<kSigned>(codes + i, code_of(VecF::loadu(x + i), i), code_of(VecF::loadu(x + i + kLanes), i + kLanes));
+  }
+  if (i + kLanes <= n) {
+    store_codes<kSigned>(codes + i, code_of(VecF::loadu(x + i), i));
+    i += kLanes;
+  }
+  for (; i < n; ++i) codes[i] = static_cast<uint8_t>(static_cast<int>(code_of(x[i], i)));  // modulo 256: an int8 code's bits
+}
+
+// Codes and absmax of a block of n values; with `random` (the elements' ops::rounding_bits) the
+// codes round stochastically.
+template <bool kSigned>
+void quantize_block(const float* x, int64_t n, uint8_t* codes, float* absmax_out, const uint32_t* random) {
   const float absmax = block_absmax(x, n);
   *absmax_out = ops::stored_absmax(absmax);
   if (!ops::codes_block(absmax)) {
@@ -136,19 +194,8 @@ void quantize_block(const float* x, int64_t n, uint8_t* codes, float* absmax_out
     return;
   }
   const float inv = 1.f / absmax;
-  auto code_of = [inv](const VecF& v) { return kSigned ? ops::quantize_signed(v, inv) : ops::quantize_unsigned(v, inv); };
-  int64_t i = 0;
-  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
-    store_codes2<kSigned>(codes + i, code_of(VecF::loadu(x + i)), code_of(VecF::loadu(x + i + kLanes)));
-  }
-  for (; i + kLanes <= n; i += kLanes) {
-    const VecF v = VecF::loadu(x + i);
-    store_codes<kSigned>(codes + i, kSigned ? ops::quantize_signed(v, inv) : ops::quantize_unsigned(v, inv));
-  }
-  for (; i < n; ++i) {
-    const float c = kSigned ? ops::quantize_signed(x[i], inv) : ops::quantize_unsigned(x[i], inv);
-    codes[i] = static_cast<uint8_t>(static_cast<int>(c));  // modulo 256: an int8 code's bits
-  }
+  if (random) return code_block<kSigned, true>(x, n, inv, random, codes);
+  code_block<kSigned, false>(x, n, inv, nullptr, codes);
 }
 
 // One quantized state of a range: its codes, its absmax per block (from the range's first
@@ -161,7 +208,8 @@ struct QuantizedState {
   int slot;
 };
 
-// Quant blocks stepped per call of the fp32-state loop: its buffers (3 states of 4 blocks, 12 KB)
+// Quant blocks stepped per call of the fp32-state loop: its buffers (3 states of 4 blocks, 12 KB,
+// and 4 KB of random bits)
 // stay in L1, and the call's fixed cost is spread over 1,024 elements.
 constexpr int64_t kBlocksPerStep = 4;
 constexpr int64_t kStepElements = kBlocksPerStep * ops::kQuantBlock;
@@ -174,10 +222,12 @@ inline void dequantize_blocks(const QuantizedState& s, int64_t b, int64_t n, flo
   }
 }
 
-inline void quantize_blocks(const QuantizedState& s, int64_t b, int64_t n, const float* x) {
+// With `random` (the random bits of elements [b, b + n)) the codes round stochastically.
+inline void quantize_blocks(const QuantizedState& s, int64_t b, int64_t n, const float* x, const uint32_t* random) {
   const auto block = s.is_signed ? quantize_block<true> : quantize_block<false>;
   for (int64_t q = 0; q < n; q += ops::kQuantBlock) {
-    block(x + q, std::min(ops::kQuantBlock, n - q), s.codes + b + q, s.absmax + (b + q) / ops::kQuantBlock);
+    block(x + q, std::min(ops::kQuantBlock, n - q), s.codes + b + q, s.absmax + (b + q) / ops::kQuantBlock,
+          random ? random + q : nullptr);
   }
 }
 
@@ -187,6 +237,7 @@ inline void quantize_blocks(const QuantizedState& s, int64_t b, int64_t n, const
 template <typename T, class Fp32Step>
 void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, int count, Fp32Step&& fp32_step) {
   alignas(64) float buffers[3][kStepElements];
+  alignas(64) uint32_t random[kStepElements];  // stochastic codes: the random bits of the part's elements
   for (int64_t b = 0; b < r.n; b += kStepElements) {
     const int64_t n = std::min<int64_t>(kStepElements, r.n - b);
     UpdateRange<T> sub = r;
@@ -205,7 +256,8 @@ void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, int
       *slot_ptr[states[k].slot] = buffers[k];
     }
     fp32_step(sub);
-    for (int k = 0; k < count; ++k) quantize_blocks(states[k], b, n, buffers[k]);
+    if (r.stochastic_codes && count > 0) fill_rounding_bits(r.round_key, r.first + b, n, random);
+    for (int k = 0; k < count; ++k) quantize_blocks(states[k], b, n, buffers[k], r.stochastic_codes ? random : nullptr);
   }
 }
 

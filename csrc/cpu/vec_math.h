@@ -39,6 +39,7 @@ static inline VecF code_max_(const VecF& a, const VecF& b) {
 #endif
 }
 static inline VecF rint_(const VecF& x) { return x.round(); }  // to nearest, ties to even
+static inline VecF floor_(const VecF& x) { return x.floor(); }
 static inline VecF copysign_(const VecF& magnitude, const VecF& sign) {
   return magnitude.abs() | (sign & VecF(-0.f));
 }

@@ -55,7 +55,7 @@ struct Scalars {
 Scalars scalars_of(const core::StepTensors& st) {
   Scalars r{{st.lr, nullptr, float_ptr(st.inv_scale), float_ptr(st.found_inf), st.write_grads,
              float_ptr(st.grad_norm), static_cast<float>(st.max_grad_norm),
-             st.rounding_seed.has_value(), st.rounding_seed.value_or(0)},
+             st.rounding_seed.has_value(), st.rounding_seed.value_or(0), st.stochastic_codes},
             {}};
   if (st.lr_tensor) {
     if (st.lr_tensor->device().is_cpu()) {

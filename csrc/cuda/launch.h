@@ -61,6 +61,7 @@ struct StepScalars {
   float max_grad_norm;
   bool stochastic;        // bf16 state and 24-bit masters round stochastically (ops::rounding_key of rounding_seed)
   int64_t rounding_seed;
+  bool stochastic_codes;  // so do 8-bit codes
 };
 
 // Where the fp32 value of a param lives: the param itself, an fp32 master, a bf16 param with an

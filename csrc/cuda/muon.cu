@@ -21,7 +21,7 @@ struct MuonFunctor {
     // the momentum rounds to nearest (stochastic rounding of it is refused)
     const auto states = step_states<state_t, 1>(meta, t, start, {{kMuonBuffer}, {true}, {false}, true}, kMuonAbsmax);
     const bool aligned = is_aligned(grad) && is_aligned(update);
-    for_each_step_ilp(n, aligned, states, StepRounding{false, 0u, start}, [&](const IlpIndex& ix, float (&st)[1][kILP]) {
+    for_each_step_ilp(n, aligned, states, StepRounding{false, false, 0u, start}, [&](const IlpIndex& ix, float (&st)[1][kILP]) {
       float g[kILP], u[kILP];
       load_ilp(g, grad, ix);
       if (write_grad) {

@@ -106,7 +106,7 @@ FA_DEVICE float grad_mult_of(const StepScalars& s) {
   return s.grad_norm ? inv * ops::clip_coef(*s.grad_norm, s.max_grad_norm) : inv;
 }
 FA_DEVICE StepRounding rounding_of(const StepScalars& s, float step, int64_t start) {
-  return {s.stochastic, s.stochastic ? ops::rounding_key(s.rounding_seed, step) : 0u, start};
+  return {s.stochastic, s.stochastic_codes, s.stochastic ? ops::rounding_key(s.rounding_seed, step) : 0u, start};
 }
 
 // Calls launch.run<param_t, kMasterKind, state_t>() for the runtime dtypes and master kind.

@@ -24,11 +24,12 @@ FA_DEVICE T* list_at(const void* const p, int64_t start) {
   return p ? static_cast<T*>(const_cast<void*>(p)) + start : nullptr;
 }
 
-// How a step rounds what it stores in fewer than 32 bits (bf16 state, 24-bit masters): to
-// nearest even, or stochastically with the random bits of (key, element index) (ops/rounding.h).
-// `start` is the chunk's first element in its tensor.
+// How a step rounds what it stores in fewer than 32 bits (bf16 state, 24-bit masters, and 8-bit
+// codes where `codes` says so): to nearest even, or stochastically with the random bits of
+// (key, element index) (ops/rounding.h). `start` is the chunk's first element in its tensor.
 struct StepRounding {
   bool stochastic;
+  bool codes;
   uint32_t key;
   int64_t start;
 
@@ -132,14 +133,23 @@ struct StepStates<uint8_t, kStates> {
       }
     }
   }
-  // The codes of a thread's elements, given their quant block's new absmax (ops/quantize.h).
-  FA_DEVICE void store_codes(int k, const float (&x)[kILP], float block_absmax, const IlpIndex& ix) const {
+  // The codes of a thread's elements, given their quant block's new absmax (ops/quantize.h):
+  // to nearest, or stochastically with the state's half of each element's random bits.
+  FA_DEVICE void store_codes(int k, const float (&x)[kILP], float block_absmax, const IlpIndex& ix,
+                             const StepRounding& rounding) const {
     uint8_t c[kILP] = {};
     if (ops::codes_block(block_absmax)) {
       const float inv = 1.f / block_absmax;
+      const bool stochastic = rounding.stochastic && rounding.codes;
+      uint32_t random[kILP];
+      rounding.bits(random, ix);
 #pragma unroll
       for (int j = 0; j < kILP; ++j) {
-        const float code = is_signed[k] ? ops::quantize_signed(x[j], inv) : ops::quantize_unsigned(x[j], inv);
+        const float r = static_cast<float>(ops::code_random15(random[j], is_signed[k]));
+        const float code = is_signed[k] ? (stochastic ? ops::quantize_signed_stochastic(x[j], inv, r)
+                                                      : ops::quantize_signed(x[j], inv))
+                                        : (stochastic ? ops::quantize_unsigned_stochastic(x[j], inv, r)
+                                                      : ops::quantize_unsigned(x[j], inv));
         c[j] = static_cast<uint8_t>(static_cast<int>(code));  // modulo 256: an int8 code's bits
       }
     }
@@ -239,7 +249,7 @@ FA_DEVICE void for_each_step_ilp(int64_t n, bool aligned, const StepStates<state
         if (!states.codes[k]) continue;
         float a = warp_absmax[parity][k][first];
         for (int w = 1; w < kWarpsPerQuantBlock; ++w) a = absmax_combine(a, warp_absmax[parity][k][first + w]);
-        states.store_codes(k, st[k], canonical_absmax(a), ix);
+        states.store_codes(k, st[k], canonical_absmax(a), ix, rounding);
       }
     }
 #else  // the block's threads one after another, phase by phase (the kernel runs once per block)
@@ -263,7 +273,7 @@ FA_DEVICE void for_each_step_ilp(int64_t n, bool aligned, const StepStates<state
             a = absmax_combine(a, thread_absmax(threads[i].st[k], threads[i].ix));
           }
           for (int i = first; i < first + kThreadsPerQuantBlock; ++i) {
-            if (threads[i].ix.base < n) states.store_codes(k, threads[i].st[k], canonical_absmax(a), threads[i].ix);
+            if (threads[i].ix.base < n) states.store_codes(k, threads[i].st[k], canonical_absmax(a), threads[i].ix, rounding);
           }
         }
       }

@@ -13,6 +13,8 @@
 // Adam's update stays at least sqrt(absmax) / 255, which bounds every element's update (|m| /
 // sqrt(v) stays within a small factor of its fp32-state bound) where a v that dequantizes to 0
 // beside a nonzero m would move the weight by lr * m / eps.
+// Optionally (stochastic_rounding=True) a code is rounded stochastically instead, so that its
+// value is unbiased: E[dequantized] = x (quantize_*_stochastic below).
 // T = float (the CUDA kernels, the CPU's scalar elements) or a vector of floats (cpu/).
 #include <cfloat>
 #include <cstdint>
@@ -29,6 +31,7 @@ constexpr float kUnsignedLevels = 255.f;
 FA_HD float unit_min_(float a, float b) { return a < b ? a : b; }
 FA_HD float code_max_(float a, float b) { return a > b ? a : b; }
 FA_HD float rint_(float x) { return rintf(x); }
+FA_HD float floor_(float x) { return floorf(x); }
 FA_HD float copysign_(float magnitude, float sign) { return copysignf(magnitude, sign); }
 // 1 where x > 0, else 0
 FA_HD float positive_(float x) { return x > 0.f ? 1.f : 0.f; }
@@ -63,6 +66,35 @@ FA_HD T quantize_unsigned(T x, float inv_absmax) {
   const T unit = unit_min_(x * T(inv_absmax), T(1.f));
   return code_max_(rint_(sqrt_(unit) * T(kUnsignedLevels)), positive_(x));
 }
+
+// Stochastic rounding of a code's magnitude, given unit = |x| / absmax in [0, 1] and 15 random
+// bits (an integral float in [0, 2^15)). The magnitudes c and c + 1 around x are the integers
+// whose squares bracket t = unit * levels^2 (a code's value is absmax * (c / levels)^2), so x
+// rounds up with probability (t - c^2) / (2c + 1): the expected value is absmax * t / levels^2,
+// x itself (to within 2^-15 of one code's step). Every product here is of integers below 2^24,
+// so exact: the bits are the same with or without fused multiply-adds, on every device.
+template <typename T>
+FA_HD T stochastic_magnitude_(T unit, float levels, T random15) {
+  const T t = unit * T(levels * levels);
+  T c = floor_(sqrt_(t));
+  c = c - positive_(c * c - t);  // sqrt(t) may round up to the next integer just below its square
+  const T up = positive_((t - c * c) * T(32768.f) - random15 * (c + c + T(1.f)));
+  return c + up;
+}
+template <typename T>
+FA_HD T quantize_signed_stochastic(T x, float inv_absmax, T random15) {
+  const T unit = unit_min_(abs_(x) * T(inv_absmax), T(1.f));
+  return copysign_(stochastic_magnitude_(unit, kSignedLevels, random15), x);
+}
+template <typename T>
+FA_HD T quantize_unsigned_stochastic(T x, float inv_absmax, T random15) {
+  const T unit = unit_min_(x * T(inv_absmax), T(1.f));
+  return code_max_(stochastic_magnitude_(unit, kUnsignedLevels, random15), positive_(x));
+}
+// The 15 random bits of an element's code from its 32 (ops::rounding_bits): the low half rounds
+// signed states (exp_avg, the momentum buffer), the high half unsigned ones (exp_avg_sq, and
+// max_exp_avg_sq with the same bits), as bf16 state takes them.
+FA_HD uint32_t code_random15(uint32_t bits, bool is_signed) { return (is_signed ? bits & 0xffffu : bits >> 16) >> 1; }
 
 // A block whose absmax is below FLT_MIN (zero, or values too small to matter next to any eps)
 // is stored as zeros; one whose absmax is inf or NaN keeps it with all codes 0, so that the

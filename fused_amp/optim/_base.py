@@ -325,7 +325,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 scalars = dict(lr=float(lr) if lr_tensor is None else 0.0, lr_tensor=lr_tensor,
                                inv_scale=inv_scale, found_inf=found_inf,
                                unscale_grads=group["unscale_grads"],
-                               rounding_seed=_memory.rounding_seed_of(group))
+                               rounding_seed=_memory.rounding_seed_of(group),
+                               stochastic_codes=_memory.stochastic_codes(group))
                 if clip is not None:
                     scalars.update(grad_norm=clip[0].to(device, non_blocking=True),
                                    max_grad_norm=clip[1])

@@ -52,10 +52,11 @@ def check_memory_options(name: str, master_weights, state_dtype, stochastic_roun
     if stochastic_rounding is not None and not isinstance(stochastic_rounding, bool):
         raise TypeError(f"{name}: stochastic_rounding must be True, False or None, "
                         f"got {type(stochastic_rounding).__name__}")
-    if stochastic_rounding and state_dtype != torch.bfloat16 and master_weights != "remainder8":
-        raise ValueError(f"{name}: stochastic_rounding=True rounds bf16 state and 24-bit masters; it "
-                         f"needs state_dtype=torch.bfloat16 or master_weights='remainder8', got "
-                         f"state_dtype={state_dtype} and master_weights={master_weights!r}")
+    if stochastic_rounding and state_dtype == torch.float32 and master_weights != "remainder8":
+        raise ValueError(f"{name}: stochastic_rounding=True rounds bf16 state, 8-bit codes and 24-bit "
+                         f"masters; it needs state_dtype=torch.bfloat16 or torch.uint8 or "
+                         f"master_weights='remainder8', got state_dtype={state_dtype} and "
+                         f"master_weights={master_weights!r}")
     if rounding_seed is None:
         return torch.initial_seed() % 2**63
     if isinstance(rounding_seed, bool) or not isinstance(rounding_seed, int):
@@ -82,10 +83,18 @@ def check_group_params(name: str, group, index: int):
                              f"the param plus a {bits}-bit remainder); param {i} of group {index} is {p.dtype}")
 
 
+def stochastic_codes(group) -> bool:
+    """Whether the group's 8-bit codes round stochastically: with ``stochastic_rounding=True``
+    only (the default, None, is stochastic for 24-bit masters alone)."""
+    return group["stochastic_rounding"] is True and group["state_dtype"] == torch.uint8
+
+
 def rounding_seed_of(group) -> Optional[int]:
-    """The seed the fused op takes: set only when bf16 state or 24-bit masters round
-    stochastically (the op then rounds both so)."""
-    if stochastic(group) and (group["state_dtype"] == torch.bfloat16 or group["master_weights"] == "remainder8"):
+    """The seed the fused op takes: set only when bf16 state, 24-bit masters or 8-bit codes
+    round stochastically (the op rounds bf16 state and 24-bit masters so whenever it has a seed,
+    and codes where ``stochastic_codes`` says)."""
+    if stochastic_codes(group) or (stochastic(group) and (group["state_dtype"] == torch.bfloat16
+                                                          or group["master_weights"] == "remainder8")):
         return group["rounding_seed"]
     return None
 

@@ -55,13 +55,17 @@ class Adam(MasterWeightOptimizer):
             torch.float32 (default), torch.bfloat16 (math in fp32, stored rounded) or
             torch.uint8: 8-bit codes in blocks of 256 elements with one fp32 absmax per block
             (``state["state_absmax"]``), :math:`m = a\,\mathrm{sign}(c)(c/127)^2`,
-            :math:`v = a\,(c/255)^2`, rounded to the nearest code after each step.
+            :math:`v = a\,(c/255)^2`, rounded to the nearest code after each step (or
+            stochastically, as ``stochastic_rounding`` says).
         min_8bit_size (int): with ``state_dtype=torch.uint8``, params with fewer elements keep
             fp32 state (default: 4096).
         stochastic_rounding (bool, optional): round what is stored in fewer than 32 bits (bf16
-            state, 24-bit masters) stochastically (True) or to nearest even (False). Default
-            None: stochastically for 24-bit masters (to nearest, updates below half their ulp,
-            2^-16 at 1.0, are lost), to nearest for bf16 state. The random bits depend on
+            state, 8-bit codes, 24-bit masters) stochastically (True) or to nearest (False).
+            Default None: stochastically for 24-bit masters (to nearest, updates below half
+            their ulp, 2^-16 at 1.0, are lost), to nearest for bf16 state and 8-bit codes. A
+            code rounds up with the probability that makes its value unbiased (between codes
+            c and c + 1, :math:`(t - c^2)/(2c + 1)` where :math:`t = 127^2\,|m|/a` or
+            :math:`255^2\,v/a`); loading a checkpoint quantizes to nearest. The random bits depend on
             ``rounding_seed``, the step and the element's index only, so runs repeat exactly
             and a CUDA graph replays the same.
         rounding_seed (int, optional): seed of the stochastic rounding (default: drawn from

@@ -73,7 +73,8 @@ class Muon(MasterWeightOptimizer):
             CPU params of at least ``min_8bit_size`` elements), as for
             :class:`fused_amp.optim.Adam`.
         stochastic_rounding, rounding_seed: the rounding of 24-bit masters
-            (``master_weights="remainder8"``), as for :class:`fused_amp.optim.Adam`.
+            (``master_weights="remainder8"``), as for :class:`fused_amp.optim.Adam`; the momentum
+            (bf16 or 8-bit) rounds to nearest.
         unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
     """
 
@@ -119,7 +120,8 @@ class Muon(MasterWeightOptimizer):
                                  f"with size: {p.size()}")
         if group["stochastic_rounding"] and group["master_weights"] != "remainder8":
             raise ValueError("Muon: stochastic_rounding=True rounds 24-bit masters "
-                             "(master_weights='remainder8'); Muon's bf16 momentum rounds to nearest")
+                             "(master_weights='remainder8'); Muon's bf16 or 8-bit momentum rounds "
+                             "to nearest")
 
     def _state_keys_for(self, group):
         return ("momentum_buffer",)

@@ -60,7 +60,7 @@ int64_t fa_sim_norm_chunks(int64_t numel) { return norm_chunks(numel); }
 
 // `kind`: param dtype, master kind (0 none, 1 fp32, 2 remainder, 3 24-bit), state dtype (4: 8-bit
 // codes, with the absmaxes as an eighth list); `seed`
-// with `stochastic` rounds bf16 state and 24-bit masters stochastically.
+// with `stochastic` 1 rounds bf16 state and 24-bit masters stochastically, 2 also 8-bit codes.
 void fa_sim_adam(const int* kind, int n, void** ptrs, const int64_t* numels,
                  const double* hyper, const int* flags, double lr, const float* lr_ptr,
                  const float* inv_scale, const float* found_inf, int write_grads,
@@ -71,7 +71,7 @@ void fa_sim_adam(const int* kind, int n, void** ptrs, const int64_t* numels,
   const auto list = tensors_of(n, lists_of(7, kind), ptrs, numels);
   adam(step_kind(kind), list, h,
        {lr, lr_ptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
-        stochastic != 0, seed},
+        stochastic != 0, seed, stochastic == 2},
        nullptr);
   std::vector<TensorPtrs> steps(n);
   for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kAdamStep]}, 1};
@@ -87,7 +87,7 @@ void fa_sim_sgd(const int* kind, int n, void** ptrs, const int64_t* numels,
   const auto list = tensors_of(n, lists_of(5, kind), ptrs, numels);
   sgd(step_kind(kind), list, h,
       {lr, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
-       stochastic != 0, seed},
+       stochastic != 0, seed, stochastic == 2},
       nullptr);
   std::vector<TensorPtrs> steps;  // given with momentum, optional without
   for (int i = 0; i < n; ++i) {
@@ -106,7 +106,7 @@ void fa_sim_lion(const int* kind, int n, void** ptrs, const int64_t* numels, con
   const auto list = tensors_of(n, lists_of(5, kind), ptrs, numels);
   lion(step_kind(kind), list, h,
        {lr, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
-        stochastic != 0, seed},
+        stochastic != 0, seed, stochastic == 2},
        nullptr);
   std::vector<TensorPtrs> steps(n);
   for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kLionStep]}, 1};
@@ -121,7 +121,7 @@ void fa_sim_muon(const int* kind, int n, void** ptrs, const int64_t* numels, con
   fused_amp_sim_large_args = large;
   const fused_amp::ops::MuonHyper h{hyper[0], flags[0] != 0};
   muon(step_kind(kind), tensors_of(n, lists_of(4, kind), ptrs, numels), h,
-       {0.0, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm, false, 0}, nullptr);
+       {0.0, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm, false, 0, false}, nullptr);
 }
 
 }  // extern "C"
