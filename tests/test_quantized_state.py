@@ -57,8 +57,8 @@ def master_modes(dtype):
 
 def stochastic_codes(values: torch.Tensor, absmax: torch.Tensor, signed: bool, key: int) -> torch.Tensor:
     """The codes of a contiguous state's fp32 values rounded stochastically, written again from
-    the rule (csrc/ops/quantize.h): between the magnitudes c and c + 1 whose squares bracket
-    t = levels^2 |x| / absmax, up when 2^15 (t - c^2) exceeds r (2c + 1), r the element's 15
+    the rule (csrc/ops/quantize.h): from c = floor(sqrt(t)), t = levels^2 |x| / absmax, to c + 1
+    when 2^15 (t - c^2) exceeds r (2c + 1), r the element's 15
     random bits (the low half of its 32 for signed states, the high half for unsigned ones)."""
     x = values.reshape(-1)
     n = x.numel()
@@ -68,8 +68,7 @@ def stochastic_codes(values: torch.Tensor, absmax: torch.Tensor, signed: bool, k
     unit = torch.minimum((x.abs() if signed else x) * (1.0 / torch.where(coded, a, torch.ones_like(a))),
                          torch.ones_like(x))
     t = unit * levels ** 2
-    c = torch.floor(_sqrt(t))
-    c = c - (c * c > t).float()
+    c = torch.floor(_sqrt(t))  # c^2 may exceed t by a rounding: then t - c^2 < 0 and x stays at c
     bits = rounding_bits(key, n)
     r = ((bits & 0xffff) if signed else (bits >> 16)) >> 1
     up = (t - c * c).double() * 32768 > r.double() * (2 * c.double() + 1)

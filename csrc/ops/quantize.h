@@ -71,14 +71,15 @@ FA_HD T quantize_unsigned(T x, float inv_absmax) {
 // bits (an integral float in [0, 2^15)). The magnitudes c and c + 1 around x are the integers
 // whose squares bracket t = unit * levels^2 (a code's value is absmax * (c / levels)^2), so x
 // rounds up with probability (t - c^2) / (2c + 1): the expected value is absmax * t / levels^2,
-// x itself (to within 2^-15 of one code's step). Every product here is of integers below 2^24,
-// so exact: the bits are the same with or without fused multiply-adds, on every device.
+// x itself, to within 2^-15 of one code's step. (Where t lies just below a square k^2 and its
+// square root rounds up to k, c = k and x stays at k: it would round down with a probability
+// below 2^-17.) Every product here is of integers below 2^24, so exact: the bits are the same
+// with or without fused multiply-adds, on every device.
 template <typename T>
 FA_HD T stochastic_magnitude_(T unit, float levels, T random15) {
   const T t = unit * T(levels * levels);
-  T c = floor_(sqrt_(t));
-  c = c - positive_(c * c - t);  // sqrt(t) may round up to the next integer just below its square
-  const T up = positive_((t - c * c) * T(32768.f) - random15 * (c + c + T(1.f)));
+  const T c = floor_(sqrt_(t));
+  const T up = positive_((t - c * c) * T(32768.f) - random15 * fma_(c, T(2.f), T(1.f)));
   return c + up;
 }
 template <typename T>
