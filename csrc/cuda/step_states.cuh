@@ -141,8 +141,8 @@ struct StepStates<uint8_t, kStates> {
     if (ops::codes_block(block_absmax)) {
       const float inv = 1.f / block_absmax;
       const bool stochastic = rounding.stochastic && rounding.codes;
-      uint32_t random[kILP];
-      rounding.bits(random, ix);
+      uint32_t random[kILP] = {};
+      if (stochastic) rounding.bits(random, ix);  // (24-bit masters may round stochastically alone)
 #pragma unroll
       for (int j = 0; j < kILP; ++j) {
         const float r = static_cast<float>(ops::code_random15(random[j], is_signed[k]));
