@@ -139,20 +139,20 @@ inline void fill_rounding_bits(uint32_t key, int64_t index, int64_t n, uint32_t*
   for (; i < n; ++i) out[i] = ops::rounding_bits(key, index + i);
 }
 
-// ops::code_random15 of the kLanes elements' random bits at p, as floats.
-template <bool kSigned>
-FA_VECTOR_HELPER VecF code_random(const uint32_t* p) {
-  U32 bits;
-  std::memcpy(&bits, p, sizeof bits);
-  if constexpr (kSigned) {
-    bits &= 0xffffu;
+// ops::code_random15 of the random bits of the element at i (V = float) or of the kLanes
+// elements from i (V = VecF), as floats.
+template <bool kSigned, typename V>
+FA_VECTOR_HELPER V code_random(const uint32_t* random, int64_t i) {
+  if constexpr (std::is_same_v<V, float>) {
+    return static_cast<float>(ops::code_random15(random[i], kSigned));
   } else {
-    bits >>= 16;
+    U32 bits;
+    std::memcpy(&bits, random + i, sizeof bits);
+    const F32 f = __builtin_convertvector(__builtin_convertvector(ops::code_random15(bits, kSigned), I32), F32);
+    VecF x;
+    std::memcpy(&x, &f, sizeof x);
+    return x;
   }
-  const F32 f = __builtin_convertvector(__builtin_convertvector(bits >> 1, I32), F32);
-  VecF x;
-  std::memcpy(&x, &f, sizeof x);
-  return x;
 }
 
 // The codes of a block of n values, given 1 / absmax: rounded to nearest, or stochastically
@@ -161,13 +161,8 @@ template <bool kSigned, bool kStochastic>
 void code_block(const float* x, int64_t n, float inv, const uint32_t* random, uint8_t* codes) {
   const auto code_of = [inv, random](const auto& v, int64_t i) {
     if constexpr (kStochastic) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(v)>, float>) {
-        const float r = static_cast<float>(ops::code_random15(random[i], kSigned));
-        return kSigned ? ops::quantize_signed_stochastic(v, inv, r) : ops::quantize_unsigned_stochastic(v, inv, r);
-      } else {
-        const VecF r = code_random<kSigned>(random + i);
-        return kSigned ? ops::quantize_signed_stochastic(v, inv, r) : ops::quantize_unsigned_stochastic(v, inv, r);
-      }
+      const auto r = code_random<kSigned, std::decay_t<decltype(v)>>(random, i);
+      return kSigned ? ops::quantize_signed_stochastic(v, inv, r) : ops::quantize_unsigned_stochastic(v, inv, r);
     } else {
       return kSigned ? ops::quantize_signed(v, inv) : ops::quantize_unsigned(v, inv);
     }

@@ -94,8 +94,9 @@ FA_HD T quantize_unsigned_stochastic(T x, float inv_absmax, T random15) {
 }
 // The 15 random bits of an element's code from its 32 (ops::rounding_bits): the low half rounds
 // signed states (exp_avg, the momentum buffer), the high half unsigned ones (exp_avg_sq, and
-// max_exp_avg_sq with the same bits), as bf16 state takes them.
-FA_HD uint32_t code_random15(uint32_t bits, bool is_signed) { return (is_signed ? bits & 0xffffu : bits >> 16) >> 1; }
+// max_exp_avg_sq with the same bits), as bf16 state takes them. B = uint32_t, or a vector of them (cpu/).
+template <typename B>
+FA_HD B code_random15(B bits, bool is_signed) { return (is_signed ? bits & 0xffffu : bits >> 16) >> 1; }
 
 // A block whose absmax is below FLT_MIN (zero, or values too small to matter next to any eps)
 // is stored as zeros; one whose absmax is inf or NaN keeps it with all codes 0, so that the
