@@ -76,8 +76,9 @@ double ns_per_element(const Mode& mode, int64_t n, int reps) {
 }
 
 // The parts of the 8-bit state's cost, ns per element of one state in cache (8,192 elements of
-// Adam-like moments): codes to fp32 values, a quant block's absmax, and values to codes (the
-// absmax included), for the signed map (exp_avg) and the unsigned one (exp_avg_sq).
+// Adam-like moments): codes to fp32 values, a quant block's absmax, values to codes (the absmax
+// included) to nearest and stochastically (given the random bits), and the random bits (one
+// hash per element for all its states), for the signed map (exp_avg) and the unsigned one (exp_avg_sq).
 void quantization_parts() {
   namespace loops = fused_amp::cpu::CPU_CAPABILITY;
   constexpr int64_t n = 8192, block = fused_amp::ops::kQuantBlock;
