@@ -84,12 +84,16 @@ def test_state_reset_starts_afresh(cls, torch_cls, kw, dtype, reset):
     assert len(opt.state_dict()["state"]) == len(params)
 
 
+@pytest.mark.parametrize("entry", ["moment", "master"])
 @pytest.mark.parametrize("cls,torch_cls,kw", STATEFUL, ids=STATEFUL_IDS)
-def test_replaced_state_tensor_is_used(cls, torch_cls, kw):
+def test_replaced_state_tensor_is_used(cls, torch_cls, kw, entry):
+    """A state tensor replaced between steps (a moment, or the fp32 master of a bf16 param) is
+    the one the next step reads and updates, not the one the optimizer's cached lists held."""
     params = make_params(torch.bfloat16)
     opt = cls(params, **kw)
     run_steps(opt, params, [1])
-    key = "exp_avg" if "exp_avg" in opt.state[params[0]] else "momentum_buffer"
+    key = ("master_param" if entry == "master" else
+           "exp_avg" if "exp_avg" in opt.state[params[0]] else "momentum_buffer")
     opt.state[params[0]][key] = torch.zeros_like(opt.state[params[0]][key])
     twin_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
     twin = cls(twin_params, **kw)

@@ -124,26 +124,52 @@ def _blocks(dtype):
                                  for _ in range(BLOCKS)]).to(dtype)
 
 
+# fused_amp's recipes on the same shards, each also on plain tensors shaped like the rank's local
+# shards: name -> (optimizer class name, options). Lion and Muon as they land; Muon steps the
+# Linear weights (its 2-D params) with Newton-Schulz replaced by the identity, so that its row
+# times the rest of its step: under FSDP2 the exchange of whole matrices (the compute it leaves
+# out is the same on both paths, and on a GPU a Tensor Core product chain).
+EIGHT_BIT = dict(state_dtype=torch.uint8, min_8bit_size=0)  # the 64-element params too
+RECIPES = {
+    "": ("AdamW", {}),
+    "clip": ("AdamW", dict(max_grad_norm=1.0)),
+    "remainder": ("AdamW", dict(master_weights="remainder")),
+    "remainder + 8-bit state": ("AdamW", dict(master_weights="remainder", **EIGHT_BIT)),
+    "24-bit + 8-bit state": ("AdamW", dict(master_weights="remainder8", rounding_seed=0, **EIGHT_BIT)),
+    "Lion": ("Lion", {}),
+    "Muon, no Newton-Schulz": ("Muon", {}),
+}
+
+
+def row_names(recipe):
+    """(FSDP2 row, plain-tensor row) of a recipe."""
+    if not recipe:
+        return "fused_amp", "fused_amp[plain tensors]"
+    return f"fused_amp[{recipe}]", f"fused_amp[{recipe}, plain tensors]"
+
+
 def run_host(ctx):
-    """Scaler step + update per rank (median of each rep's steps), in turns: fused_amp AdamW on
-    bf16 shards with fp32 masters (and with clipping every step; with remainder masters, with
-    remainder or 24-bit masters and 8-bit state; Lion), torch's fused AdamW on fp32 shards under
-    torch's GradScaler, and fused_amp on plain tensors shaped like rank 0's local shards (the
-    same elements and count, no DTensor): the difference per param is what the DTensor path
-    costs on the host, one all-reduce of the overflow flag per step among it (timed alone beside
-    them)."""
+    """Scaler step + update per rank (median of each rep's steps), in turns: each of fused_amp's
+    RECIPES on bf16 shards (fp32 masters unless the recipe says otherwise), each also on plain
+    tensors shaped like the rank's local shards (the same elements and count, no DTensor), and
+    torch's fused AdamW on fp32 shards under torch's GradScaler. A recipe's FSDP2 row less its
+    plain row is what the DTensor path costs it on the host per param, one all-reduce of the
+    overflow flag per step among it (timed alone beside them)."""
     rank0 = harness.run_ranks(_host_worker, WORLD, ctx.reps)[0]
-    n = rank0["n_params"]
+    counts = rank0["n_params"]
+    n = counts["fused_amp"]
     records = harness.make_records("distributed", HOST_CASE, "cpu", "bfloat16", rank0["elements"], n,
                                    rank0["times"], None, None)
-    per_param = {k: statistics.median(v) * 1e6 / n for k, v in rank0["times"].items()}  # s -> us
+    per_param = {k: statistics.median(v) * 1e6 / counts[k] for k, v in rank0["times"].items()}  # s -> us
     for rec in records:
         rec["host_us_per_param"] = per_param[rec["impl"]]
-    plain, collective = per_param["fused_amp[plain tensors]"], per_param["all_reduce of the flag"]
+    gaps = {recipe or "fp32 masters": per_param[a] - per_param[b] for recipe, (a, b) in
+            ((r, row_names(r)) for r in RECIPES)}
     ctx.note("distributed host time", f"{HOST_CASE} host time per param per rank (us): "
              + ", ".join(f"{k} {v:.1f}" for k, v in per_param.items())
-             + f"; FSDP2 - plain: {per_param['fused_amp'] - plain:+.1f} us, of which the flag's "
-             f"all-reduce (once per step, whatever the param count) {collective:.1f}; "
+             + "; FSDP2 - plain tensors per param: " + ", ".join(f"{k} {v:+.1f}" for k, v in gaps.items())
+             + f" us, of which the flag's all-reduce (once per step, whatever the param count) "
+             f"{per_param['all_reduce of the flag']:.1f}; "
              f"torch_fused / fused_amp: {per_param['torch_fused'] / per_param['fused_amp']:.1f}x")
     return records
 
@@ -154,6 +180,7 @@ def _host_worker(rank, world, reps):
     from torch.distributed.tensor import DTensor
 
     import fused_amp
+    from benchmarks.suites.muon import identity_ns
 
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
 
@@ -165,39 +192,51 @@ def _host_worker(rank, world, reps):
         model(x.to(dtype)).float().square().mean().backward()  # DTensor grads, kept for every step
         return list(model.parameters())
 
-    def build(params, ours, cls=fused_amp.optim.AdamW, **kw):
-        opt = cls(params, lr=1e-4, **kw) if ours else torch.optim.AdamW(params, lr=1e-4, fused=True)
-        scaler = (fused_amp.GradScaler if ours else torch.amp.GradScaler)("cpu", init_scale=INIT_SCALE)
+    def plain_like(shards):
+        """Plain params and grads with the values and shapes of this rank's local shards."""
+        params = [torch.nn.Parameter(p.to_local().detach().clone()) for p in shards]
+        for p, q in zip(params, shards):
+            p.grad = q.grad.to_local().clone()
+        return params
+
+    def build(params, cls=None, **kw):
+        """A scaler step + update: fused_amp's ``cls`` with ``kw``; torch's fused AdamW if None."""
+        if cls is None:
+            opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
+        else:
+            if cls is fused_amp.optim.Muon:
+                params = [p for p in params if p.ndim == 2]
+            opt = cls(params, lr=1e-4, **kw)
+        scaler = (torch.amp.GradScaler if cls is None else fused_amp.GradScaler)("cpu", init_scale=INIT_SCALE)
         scaler.scale(torch.ones(()))
 
         def step():
-            scaler.step(opt)
+            if cls is fused_amp.optim.Muon:
+                with identity_ns("fused_amp"):
+                    scaler.step(opt)
+            else:
+                scaler.step(opt)
             scaler.update()
-        return step
+        return step, len(params)
 
-    bf16 = sharded(torch.bfloat16)
-    plain = [torch.nn.Parameter(p.to_local().detach().clone()) for p in bf16]
-    for p, q in zip(plain, bf16):
-        p.grad = q.grad.to_local().clone()
     flag = torch.zeros(())
-    eight_bit = dict(state_dtype=torch.uint8, min_8bit_size=0)  # the 64-element params too
-    steps = {"fused_amp": build(bf16, True), "fused_amp[clip]": build(sharded(torch.bfloat16), True, max_grad_norm=1.0),
-             "torch_fused": build(sharded(torch.float32), False), "fused_amp[plain tensors]": build(plain, True),
-             # the memory modes and Lion on the same shards (each its own model: its own state)
-             "fused_amp[remainder]": build(sharded(torch.bfloat16), True, master_weights="remainder"),
-             "fused_amp[remainder + 8-bit state]": build(sharded(torch.bfloat16), True, master_weights="remainder",
-                                                         **eight_bit),
-             "fused_amp[24-bit + 8-bit state]": build(sharded(torch.bfloat16), True, master_weights="remainder8",
-                                                      rounding_seed=0, **eight_bit),
-             "fused_amp[Lion]": build(sharded(torch.bfloat16), True, fused_amp.optim.Lion),
-             # what every FSDP2 step adds whatever the param count: the overflow flag's MAX all-reduce
-             "all_reduce of the flag": lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX)}
+    steps = {"torch_fused": build(sharded(torch.float32))}
+    for recipe, (cls_name, kw) in RECIPES.items():  # each its own model: its own state
+        cls = getattr(fused_amp.optim, cls_name)
+        shards = sharded(torch.bfloat16)
+        fsdp_row, plain_row = row_names(recipe)
+        steps[fsdp_row] = build(shards, cls, **kw)
+        steps[plain_row] = build(plain_like(shards), cls, **kw)
+    # what every FSDP2 step adds whatever the param count: the overflow flag's MAX all-reduce
+    steps["all_reduce of the flag"] = (lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX), steps["fused_amp"][1])
     times = {k: [] for k in steps}
     for rep in range(2 + reps):  # in turns, the first two as warm-up
-        for kind, step in steps.items():
+        for kind, (step, _) in steps.items():
             dist.barrier()
             t = statistics.median(harness.time_once(step, "cpu") for _ in range(20))
             if rep >= 2:
                 times[kind].append(t)
-    assert all(isinstance(p, DTensor) for p in bf16)
-    return dict(times=times, n_params=len(bf16), elements=sum(p.numel() for p in plain))
+    shards = sharded(torch.bfloat16)
+    assert all(isinstance(p, DTensor) for p in shards)
+    return dict(times=times, n_params={k: count for k, (_, count) in steps.items()},
+                elements=sum(p.to_local().numel() for p in shards))

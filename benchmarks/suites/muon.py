@@ -67,7 +67,7 @@ def _refresh(step, grads):
 
 
 @contextlib.contextmanager
-def _identity_ns(name):
+def identity_ns(name):
     """The step of `name` with its Newton-Schulz replaced by the identity (the input, in bf16)."""
     module, attr = ((fused_amp_muon, "orthogonalize") if name == "fused_amp"
                     else (torch.optim._muon, "_zeropower_via_newtonschulz"))
@@ -81,7 +81,7 @@ def _identity_ns(name):
 
 def _without_ns(name, step):
     def run():
-        with _identity_ns(name):
+        with identity_ns(name):
             step()
     return run
 

@@ -2,7 +2,7 @@
 protocol, torch's constructor flags, and state dicts that keep fp32 state fp32."""
 import operator
 from collections import defaultdict
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -33,6 +33,14 @@ def _absmax_entry(state):
     return state.get(_quantize.ABSMAX)
 
 
+_MASTER_AND_ABSMAX_KEYS = (_MASTER, _REMAINDER, _REMAINDER8, _quantize.ABSMAX)
+
+
+def _entries(state_dicts, key) -> list:
+    """``state.get(key)`` of each param's state dict, in one C-level pass."""
+    return list(map(dict.get, state_dicts, repeat(key)))
+
+
 class _GroupLists:
     """The per-device tensor lists of one param group, kept between steps.
 
@@ -53,9 +61,9 @@ class _GroupLists:
         self.state = state
         self.state_dicts = state_dicts
         self.options = options
-        self.tensors = {key: list(map(operator.itemgetter(key), state_dicts)) for key in keys}
-        self.masters = list(map(_master_entry, state_dicts))
-        self.absmaxes = list(map(_absmax_entry, state_dicts))
+        # every state entry the lists were built from, masters and absmaxes among them (None
+        # where a param has none), read with C-level passes: one per key, none per param
+        self.entries = {key: _entries(state_dicts, key) for key in keys + _MASTER_AND_ABSMAX_KEYS}
         self.by_device = by_device  # device -> (lists, indices into the group's params)
 
     def still_valid(self, group, params, state, options) -> bool:
@@ -67,14 +75,9 @@ class _GroupLists:
         state_dicts = list(map(state.get, params))
         if not all(map(operator.is_, state_dicts, self.state_dicts)):
             return False
-        try:
-            for key, tensors in self.tensors.items():
-                if not all(map(operator.is_, map(operator.itemgetter(key), state_dicts), tensors)):
-                    return False
-        except KeyError:  # a state entry was deleted
-            return False
-        return (all(map(operator.is_, map(_master_entry, state_dicts), self.masters))
-                and all(map(operator.is_, map(_absmax_entry, state_dicts), self.absmaxes)))
+        # (a deleted entry reads as None, which differs from the tensor the lists hold)
+        return all(all(map(operator.is_, _entries(state_dicts, key), held))
+                   for key, held in self.entries.items())
 
 
 class _ClipState:
