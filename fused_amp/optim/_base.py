@@ -16,12 +16,13 @@ from fused_amp.optim._memory import MASTER as _MASTER, REMAINDER as _REMAINDER, 
 
 _HALF = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+_MASTER_KEYS = (_MASTER, _REMAINDER, _REMAINDER8)  # a param holds at most one of them
 
 
 def _master_entry(state):
     """What the fused op takes as a param's master: the fp32 master, the remainder (int16 or
     uint8), or None."""
-    for key in (_MASTER, _REMAINDER, _REMAINDER8):
+    for key in _MASTER_KEYS:
         master = state.get(key)
         if master is not None:
             return master
@@ -33,7 +34,7 @@ def _absmax_entry(state):
     return state.get(_quantize.ABSMAX)
 
 
-_MASTER_AND_ABSMAX_KEYS = (_MASTER, _REMAINDER, _REMAINDER8, _quantize.ABSMAX)
+_MASTER_AND_ABSMAX_KEYS = _MASTER_KEYS + (_quantize.ABSMAX,)
 
 
 def _entries(state_dicts, key) -> list:
