@@ -179,9 +179,12 @@ def fsdp_prediction(records: List[Dict], model_params: int, ranks: int = 8,
     ``ranks`` ranks, from the fsdp2-host case (host time per param tensor, each rank steps the
     shards of every tensor) and the ceiling (the kernels' time at the roofline's 28 B/param of
     Adam for the rank's shard). On a GPU the launches run ahead of the kernels, so the step takes
-    the longer of the two; the host time is this machine's Python."""
-    host = {r["impl"]: r["host_us_per_param"] for r in records
-            if r["suite"] == "distributed" and r["case"].startswith("fsdp2-host") and "host_us_per_param" in r}
+    the longer of the two; the host time is this machine's Python, in CPU time of the stepping
+    thread where the case recorded it (a GPU's host does not wait in the flag's all-reduce)."""
+    rows = [r for r in records
+            if r["suite"] == "distributed" and r["case"].startswith("fsdp2-host") and "host_us_per_param" in r]
+    cpu = all("host_cpu_us_per_param" in r for r in rows)
+    host = {r["impl"]: r["host_cpu_us_per_param" if cpu else "host_us_per_param"] for r in rows}
     if "fused_amp" not in host or "torch_fused" not in host:
         return []
     ceiling_gbps = ceiling_gbps or next((r["gbytes_per_s"] / r["ceiling_frac"] for r in records
@@ -190,7 +193,8 @@ def fsdp_prediction(records: List[Dict], model_params: int, ranks: int = 8,
     line = (f"  FSDP2, {model_params / 1e9:.1f}B params (a Llama-like {tensors} tensors) on {ranks} ranks: "
             f"host time per rank per step fused_amp {tensors * host['fused_amp'] / 1e3:.1f} ms, torch's fused "
             f"AdamW {tensors * host['torch_fused'] / 1e3:.1f} ms (fsdp2-host: {host['fused_amp']:.1f} and "
-            f"{host['torch_fused']:.1f} us per tensor)")
+            f"{host['torch_fused']:.1f} us per tensor"
+            f"{' of CPU time' if cpu else ''})")
     if ceiling_gbps:
         kernels_ms = 28 * model_params / ranks / (ceiling_gbps * 1e9) * 1e3
         line += f"; kernels at this run's ceiling ({ceiling_gbps:.0f} GB/s): {kernels_ms:.1f} ms"

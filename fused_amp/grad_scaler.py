@@ -15,7 +15,7 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 from fused_amp import _scaling, ops
-from fused_amp.optim._grad_norm import local_shards, total_grad_norm
+from fused_amp.optim._grad_norm import DEVICE_MESH, local_shards, total_grad_norm
 
 try:  # torch builds without distributed support lack these
     from torch.distributed.optim import ZeroRedundancyOptimizer as _ZeroRedundancyOptimizer
@@ -69,7 +69,7 @@ class _HostFlag:
 
 
 _INT32_MAX = 2 ** 31 - 1
-_GRAD, _IS_SPARSE, _DEVICE, _DEVICE_MESH = (operator.attrgetter(a) for a in ("grad", "is_sparse", "device", "device_mesh"))
+_GRAD, _IS_SPARSE, _DEVICE = (operator.attrgetter(a) for a in ("grad", "is_sparse", "device"))
 
 
 def _positive_in_fp32(value) -> bool:
@@ -211,7 +211,7 @@ class GradScaler(torch.amp.GradScaler):
         types = set(map(type, grads))
         if _DTensor is not None and _DTensor in types:  # FSDP2 and the like
             dtensors = grads if len(types) == 1 else [g for g in grads if isinstance(g, _DTensor)]
-            meshes = list(map(_DEVICE_MESH, dtensors))
+            meshes = list(map(DEVICE_MESH, dtensors))
             meshes = dict(zip(map(id, meshes), meshes))
             groups = list({id(pg): pg for m in meshes.values() for pg in m.get_all_groups()}.values())
             grads = local_shards(grads)

@@ -191,11 +191,20 @@ def test_distributed_suite_reports_time_per_rank_and_bytes_held(tmp_path):
     recipes = ["clip", "remainder", "remainder + 8-bit state", "24-bit + 8-bit state", "Lion", "Muon, no Newton-Schulz"]
     assert impls.pop("fsdp2-host/800-params") == {
         "fused_amp", "fused_amp[plain tensors]", "torch_fused", "all_reduce of the flag",
+        "Muon's exchange of whole matrices",
         *(f"fused_amp[{r}]" for r in recipes), *(f"fused_amp[{r}, plain tensors]" for r in recipes)}
     assert list(impls.values()) == [{"fused_amp", "torch_fused"}]
-    assert all(r["host_us_per_param"] > 0 for r in data["records"] if r["case"] == "fsdp2-host/800-params")
-    assert "host time per param per rank" in data["notes"]["distributed host time"]
-    assert "FSDP2 - plain tensors per param: fp32 masters +" in data["notes"]["distributed host time"]
+    host = {r["impl"]: r for r in data["records"] if r["case"] == "fsdp2-host/800-params"}
+    assert all(r["host_us_per_param"] > 0 for r in host.values())
+    # per rank: the 800 params' shards; Muon's rows and its exchange the 200 Linear weights' only
+    assert {host[k]["n_tensors"] for k in ("fused_amp", "fused_amp[plain tensors]", "torch_fused")} == {800}
+    assert {host[k]["n_tensors"] for k in ("fused_amp[Muon, no Newton-Schulz]", "Muon's exchange of whole matrices")} == {200}
+    assert host["fused_amp"]["n_params"] == 200 * (64 * 64 + 64 * 3) // 2
+    assert host["fused_amp[Muon, no Newton-Schulz]"]["n_params"] == 200 * 64 * 64 // 2
+    assert all(r["host_cpu_us_per_param"] > 0 for r in host.values())
+    assert "800-params per param per rank (us), wall time: " in data["notes"]["distributed host time"]
+    assert "FSDP2 - plain tensors per param, wall: fp32 masters " in data["notes"]["distributed host time"]
+    assert "; CPU time: fp32 masters " in data["notes"]["distributed host time"]
     note = data["notes"]["distributed"]
     for label in ("FSDP2 fp32 shards", "FSDP2 bf16 shards + fp32 masters", "ZeRO-1", "DDP", "6 + 12/d"):
         assert label in note
@@ -213,3 +222,7 @@ def test_fsdp_prediction_scales_the_host_time_per_tensor_to_a_llama_layout():
     assert "291 tensors" in line and "fused_amp 2.9 ms" in line and "AdamW 11.6 ms" in line
     assert "23.6 ms" in line  # 28 B x 6.74e9 / 8 at 1 TB/s
     assert report.fsdp_prediction(recs[:1], int(6.74e9)) == []
+    for r, us in zip(recs, (5.0, 40.0)):  # the stepping thread's CPU time, where recorded, decides
+        r["host_cpu_us_per_param"] = us
+    line, = report.fsdp_prediction(recs, int(6.74e9), ranks=8, ceiling_gbps=1000.0)
+    assert "fused_amp 1.5 ms" in line and "AdamW 11.6 ms" in line and "of CPU time" in line

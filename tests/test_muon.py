@@ -150,6 +150,29 @@ def test_steps_as_torch_within_its_reordering_spread(dtype, kw):
         assert opt.state[p]["master_param"].to(dtype).equal(p.detach())
 
 
+def test_options_changed_between_steps_apply_though_the_lists_stay_cached():
+    """The stacks and the params of each shape are kept with the cached lists; the lr ratio
+    (adjust_lr_fn) and the lr are read from the group at every step, as torch's Muon reads them:
+    bitwise the run whose lists are rebuilt before every step."""
+    init, grads = data(torch.bfloat16)
+
+    def switching(rebuild):
+        def before_step(opt):
+            if rebuild:
+                opt._forget_lists()
+            opt.steps_taken = getattr(opt, "steps_taken", 0) + 1
+            if opt.steps_taken == 4:
+                opt.param_groups[0].update(adjust_lr_fn="match_rms_adamw", lr=0.01)
+        return before_step
+
+    params, opt = run_ours(init, grads, before_step=switching(rebuild=False))
+    rebuilt, rebuilt_opt = run_ours(init, grads, before_step=switching(rebuild=True))
+    for a, b in zip(values(opt, params), values(rebuilt_opt, rebuilt)):
+        assert_bitwise_equal(a, b)
+    unswitched, unswitched_opt = run_ours(init, grads)
+    assert max_distance(values(opt, params), values(unswitched_opt, unswitched)) > 0
+
+
 def test_momentum_is_torchs_bitwise():
     init, grads = data(torch.float32)
     reference, ref_opt = torch_run(init, grads, dict(lr=0.02))

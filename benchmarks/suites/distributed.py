@@ -5,6 +5,7 @@ param of the step where kernels are short (many small params, each block fully_s
 decides a sharded model's step on a GPU (pytorch/pytorch#134191)."""
 import contextlib
 import statistics
+import time
 
 import torch
 
@@ -45,6 +46,17 @@ def _shard(full, mesh, requires_grad):
     from torch.distributed.tensor import Shard, distribute_tensor
     t = distribute_tensor(full, mesh, [Shard(0)])
     return torch.nn.Parameter(t, requires_grad=requires_grad) if requires_grad else t
+
+
+def _grad_restorer(params):
+    """A function that copies the params' grads (their local shards) back to the values they
+    hold now. Run before every timed step: the step unscales the grads in place (torch's fused
+    optimizers as ours), and grads divided by the scale step after step underflow to zero within
+    a few dozen steps, which a training step's fresh grads never are."""
+    from torch.distributed.tensor import DTensor
+    targets = [p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad for p in params]
+    saved = [t.clone() for t in targets]
+    return lambda: torch._foreach_copy_(targets, saved)
 
 
 def _local_bytes(tensors):
@@ -95,9 +107,11 @@ def _worker(rank, world, shapes, reps):
         return step, params, opt
 
     steps = {k: build(k) for k in ("fused_amp", "torch_fused")}
+    restores = {k: _grad_restorer(params) for k, (_, params, _) in steps.items()}
     times = {k: [] for k in steps}
     for rep in range(2 + reps):  # in turns, the first two as warm-up
         for kind, (step, _, _) in steps.items():
+            restores[kind]()
             dist.barrier()
             t = harness.time_once(step, "cpu")
             if rep >= 2:
@@ -142,6 +156,9 @@ RECIPES = {
 }
 
 
+MUON_EXCHANGE = "Muon's exchange of whole matrices"
+
+
 def row_names(recipe):
     """(FSDP2 row, plain-tensor row) of a recipe."""
     if not recipe:
@@ -155,24 +172,47 @@ def run_host(ctx):
     tensors shaped like the rank's local shards (the same elements and count, no DTensor), and
     torch's fused AdamW on fp32 shards under torch's GradScaler. A recipe's FSDP2 row less its
     plain row is what the DTensor path costs it on the host per param, one all-reduce of the
-    overflow flag per step among it (timed alone beside them)."""
+    overflow flag per step among it, and for Muon the exchange of whole matrices (both timed alone
+    beside them). Each row in wall time and in the CPU time of the stepping thread: the host work a
+    GPU's step would wait for, without the waits for the other rank that gloo's blocking
+    collectives add."""
     rank0 = harness.run_ranks(_host_worker, WORLD, ctx.reps)[0]
-    counts = rank0["n_params"]
-    n = counts["fused_amp"]
-    records = harness.make_records("distributed", HOST_CASE, "cpu", "bfloat16", rank0["elements"], n,
-                                   rank0["times"], None, None)
-    per_param = {k: statistics.median(v) * 1e6 / counts[k] for k, v in rank0["times"].items()}  # s -> us
+    counts, elements = rank0["n_tensors"], rank0["elements"]  # per row: Muon's rows step the 200 weights
+    records = harness.make_records("distributed", HOST_CASE, "cpu", "bfloat16", elements["fused_amp"],
+                                   counts["fused_amp"], rank0["times"], None, None)
+    per_param, cpu_per_param = ({k: statistics.median(v) * 1e6 / counts[k] for k, v in rank0[key].items()}
+                                for key in ("times", "cpu_times"))  # s -> us
     for rec in records:
-        rec["host_us_per_param"] = per_param[rec["impl"]]
-    gaps = {recipe or "fp32 masters": per_param[a] - per_param[b] for recipe, (a, b) in
-            ((r, row_names(r)) for r in RECIPES)}
-    ctx.note("distributed host time", f"{HOST_CASE} host time per param per rank (us): "
-             + ", ".join(f"{k} {v:.1f}" for k, v in per_param.items())
-             + "; FSDP2 - plain tensors per param: " + ", ".join(f"{k} {v:+.1f}" for k, v in gaps.items())
-             + f" us, of which the flag's all-reduce (once per step, whatever the param count) "
-             f"{per_param['all_reduce of the flag']:.1f}; "
-             f"torch_fused / fused_amp: {per_param['torch_fused'] / per_param['fused_amp']:.1f}x")
+        rec.update(n_params=elements[rec["impl"]], n_tensors=counts[rec["impl"]],
+                   gparams_per_s=elements[rec["impl"]] / (rec["time_ms"] * 1e-3) / 1e9,
+                   host_us_per_param=per_param[rec["impl"]], host_cpu_us_per_param=cpu_per_param[rec["impl"]])
+
+    def gaps(us):
+        return {recipe or "fp32 masters": us[a] - us[b] for recipe, (a, b) in ((r, row_names(r)) for r in RECIPES)}
+
+    def listed(values, fmt):
+        return ", ".join(f"{k} {v:{fmt}}" for k, v in values.items())
+    wall, cpu = gaps(per_param), gaps(cpu_per_param)
+    ctx.note("distributed host time", f"{HOST_CASE} per param per rank (us), wall time: "
+             + listed(per_param, ".1f") + "; the stepping thread's CPU time: " + listed(cpu_per_param, ".1f")
+             + "; FSDP2 - plain tensors per param, wall: " + listed(wall, "+.1f") + "; CPU time: "
+             + listed(cpu, "+.1f") + " us (wall time adds the waits in gloo's collectives for the other "
+             f"rank, which NCCL's stream-ordered ones do not make the host wait for); alone, the flag's "
+             f"all-reduce (once per step, whatever the param count) {per_param['all_reduce of the flag']:.1f} "
+             f"wall, and Muon's exchange of whole matrices {per_param[MUON_EXCHANGE]:.1f} wall, "
+             f"{cpu_per_param[MUON_EXCHANGE]:.1f} CPU per matrix (DTensor's redistribution; Muon's gaps "
+             f"less it {wall['Muon, no Newton-Schulz'] - per_param[MUON_EXCHANGE]:+.1f} wall, "
+             f"{cpu['Muon, no Newton-Schulz'] - cpu_per_param[MUON_EXCHANGE]:+.1f} CPU); torch_fused / "
+             f"fused_amp: {per_param['torch_fused'] / per_param['fused_amp']:.1f}x wall, "
+             f"{cpu_per_param['torch_fused'] / cpu_per_param['fused_amp']:.1f}x CPU")
     return records
+
+
+def _timed(fn):
+    """(wall seconds, the calling thread's CPU seconds) of one call of ``fn``."""
+    cpu, wall = time.thread_time(), time.perf_counter()
+    fn()
+    return time.perf_counter() - wall, time.thread_time() - cpu
 
 
 def _host_worker(rank, world, reps):
@@ -182,6 +222,7 @@ def _host_worker(rank, world, reps):
 
     import fused_amp
     from benchmarks.suites.muon import identity_ns
+    from fused_amp.optim import _whole_matrices
 
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
 
@@ -190,7 +231,8 @@ def _host_worker(rank, world, reps):
         for block in model:
             fully_shard(block)
         fully_shard(model)
-        model(x.to(dtype)).float().square().mean().backward()  # DTensor grads, kept for every step
+        # DTensor grads, scaled as the scaler's scaled loss would leave them
+        (model(x.to(dtype)).float().square().mean() * INIT_SCALE).backward()
         return list(model.parameters())
 
     def plain_like(shards):
@@ -201,7 +243,8 @@ def _host_worker(rank, world, reps):
         return params
 
     def build(params, cls=None, **kw):
-        """A scaler step + update: fused_amp's ``cls`` with ``kw``; torch's fused AdamW if None."""
+        """(A scaler step + update, the params it steps): fused_amp's ``cls`` with ``kw``; torch's
+        fused AdamW if None."""
         if cls is None:
             opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
         else:
@@ -215,7 +258,7 @@ def _host_worker(rank, world, reps):
             with identity_ns("fused_amp") if cls is fused_amp.optim.Muon else contextlib.nullcontext():
                 scaler.step(opt)
             scaler.update()
-        return step, len(params)
+        return step, params
 
     flag = torch.zeros(())
     steps = {"torch_fused": build(sharded(torch.float32))}
@@ -225,15 +268,28 @@ def _host_worker(rank, world, reps):
         fsdp_row, plain_row = row_names(recipe)
         steps[fsdp_row] = build(shards, cls, **kw)
         steps[plain_row] = build(plain_like(shards), cls, **kw)
+    restores = {k: _grad_restorer(params) for k, (_, params) in steps.items()}
     # what every FSDP2 step adds whatever the param count: the overflow flag's MAX all-reduce
     steps["all_reduce of the flag"] = (lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX), steps["fused_amp"][1])
-    times = {k: [] for k in steps}
+    # what Muon's FSDP2 step adds in bytes: its stack of the Linear weights' row shards to the
+    # ranks owning the whole matrices and back (per Linear weight)
+    weights = [p for p in shards if p.ndim == 2]
+    stack = torch.randn((len(weights),) + tuple(weights[0].to_local().shape)).bfloat16()
+    steps[MUON_EXCHANGE] = (lambda: _whole_matrices.from_owners(
+        _whole_matrices.to_owners(stack, weights[0]), weights[0], len(weights)), weights)
+    times, cpu_times = {k: [] for k in steps}, {k: [] for k in steps}
     for rep in range(2 + reps):  # in turns, the first two as warm-up
         for kind, (step, _) in steps.items():
+            restore = restores.get(kind, lambda: None)
             dist.barrier()
-            t = statistics.median(harness.time_once(step, "cpu") for _ in range(20))
+            ts = []
+            for _ in range(20):
+                restore()
+                ts.append(_timed(step))
             if rep >= 2:
-                times[kind].append(t)
+                times[kind].append(statistics.median(wall for wall, _ in ts))
+                cpu_times[kind].append(statistics.median(cpu for _, cpu in ts))
     assert all(isinstance(p, DTensor) for p in shards)  # (the last recipe's, all 800 params)
-    return dict(times=times, n_params={k: count for k, (_, count) in steps.items()},
-                elements=sum(p.to_local().numel() for p in shards))
+    local = lambda p: p.to_local() if isinstance(p, DTensor) else p  # noqa: E731
+    return dict(times=times, cpu_times=cpu_times, n_tensors={k: len(params) for k, (_, params) in steps.items()},
+                elements={k: sum(local(p).numel() for p in params) for k, (_, params) in steps.items()})

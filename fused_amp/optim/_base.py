@@ -268,6 +268,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 for key in lists:
                     if key not in ("steps", "sharded_params"):
                         lists[key] = [local_shard(t) for t in lists[key]]
+        for lists, _ in by_device.values():
+            self._plan_lists(lists)
         # drop what is kept for this group (step() drops that of groups no longer in the
         # optimizer; the cache is changed in place, never reassigned: torch.compile follows that)
         self._lists_cache.pop(index, None)
@@ -276,6 +278,10 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 group, params, self.state, [self.state[p] for p in params], options,
                 keys + ("step",), dict(by_device), sharded)
         return {device: lists for device, (lists, _) in by_device.items()}
+
+    def _plan_lists(self, lists) -> None:
+        """Called on each device's lists when they are built; a subclass adds to them what
+        depends on the params alone, kept with the lists while they stay cached."""
 
     def _forget_lists(self):
         self.__dict__.setdefault("_lists_cache", {}).clear()

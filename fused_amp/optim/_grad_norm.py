@@ -17,7 +17,9 @@ try:  # torch builds without distributed support lack it
 except ImportError:  # pragma: no cover
     DTensor = None
 
-_LOCAL_TENSOR, _DEVICE_MESH, _PLACEMENTS = map(operator.attrgetter, ("_local_tensor", "device_mesh", "placements"))
+# what DTensor's device_mesh and placements properties return, read in C (a property is a
+# Python call per grad per step)
+_LOCAL_TENSOR, DEVICE_MESH, _PLACEMENTS = map(operator.attrgetter, ("_local_tensor", "_spec.mesh", "_spec.placements"))
 # the norm types the fused pass computes; others go through torch (clip_grad_norm_ only)
 FUSED_NORM_TYPES = (1.0, 2.0, math.inf)
 # group options that must agree across groups: one total norm clips the grads of all of them
@@ -71,7 +73,7 @@ def _shard_groups(grads) -> list:
         raise NotImplementedError("gradient clipping over a mix of DTensor and plain grads is not "
                                   "supported: the plain grads' share of the norm is ambiguous")
     # in C-level passes over the grads, then over their few distinct layouts
-    meshes = list(map(_DEVICE_MESH, grads))
+    meshes = list(map(DEVICE_MESH, grads))
     if len(set(map(id, meshes))) > 1:
         meshes = list(set(meshes))  # equal meshes may be distinct objects
     placements = set(map(_PLACEMENTS, grads))

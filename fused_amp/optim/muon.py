@@ -1,6 +1,7 @@
 """Muon with fp32 master weights: torch.optim.Muon's update, its Newton-Schulz batched per shape."""
 import math
 from collections import defaultdict
+from itertools import chain
 from typing import Optional, Tuple, Union
 
 import torch
@@ -139,11 +140,13 @@ class Muon(MasterWeightOptimizer):
         sharded = lists.get("sharded_params")  # DTensor (FSDP2) params, whose lists hold shards
         # Newton-Schulz's inputs: one bf16 stack per shape (of the whole matrices under FSDP2),
         # which the momentum pass writes into
-        stacks = self._stacks(params, sharded)
+        stacks = [(indices, torch.empty((len(indices),) + tuple(params[indices[0]].shape), dtype=torch.bfloat16,
+                                        device=params[indices[0]].device))
+                  for indices in lists["stack_indices"]]
         updates = [None] * len(params)
         for indices, stack in stacks:
-            for j, i in enumerate(indices):
-                updates[i] = stack[j]
+            for i, matrix in zip(indices, stack.unbind()):
+                updates[i] = matrix
         momentum = dict(momentum=group["momentum"], nesterov=group["nesterov"],
                         state_absmaxes=lists["state_absmaxes"], inv_scale=scalars["inv_scale"],
                         found_inf=scalars["found_inf"], grad_norm=scalars.get("grad_norm"),
@@ -159,20 +162,19 @@ class Muon(MasterWeightOptimizer):
         if check_only or not params:
             return
         orthogonal = self._orthogonalize(group, stacks, sharded, len(params))
-        shapes = [p.shape for p in (sharded or params)]
-        self._apply_pass(group, params, shapes, masters, steps, orthogonal, scalars, apply)
+        self._apply_pass(group, lists, orthogonal, scalars, apply)
 
-    @staticmethod
-    def _stacks(params, sharded):
-        """(indices, empty bf16 stack of their local shapes) per (device, shape): the matrices
-        that go through Newton-Schulz together. Under FSDP2, per whole shape, mesh and placements."""
-        by_shape = defaultdict(list)
-        for i, p in enumerate(params):
-            key = tuple(p.shape) if sharded is None else _whole_matrices.stack_key(sharded[i])
-            by_shape[(p.device, key)].append(i)
-        return [(indices, torch.empty((len(indices),) + tuple(params[indices[0]].shape), dtype=torch.bfloat16,
-                                      device=params[indices[0]].device))
-                for indices in by_shape.values()]
+    def _plan_lists(self, lists):
+        """Index lists, kept with the cached lists: the matrices that go through Newton-Schulz
+        together (one stack per shape; under FSDP2 per whole shape, mesh and placements), and the
+        matrices of each whole shape (what the lr ratio depends on)."""
+        sharded = lists.get("sharded_params")
+        stacks, shapes = defaultdict(list), defaultdict(list)
+        for i, p in enumerate(sharded or lists["params"]):  # (the lists are of one device)
+            stacks[tuple(p.shape) if sharded is None else _whole_matrices.stack_key(p)].append(i)
+            shapes[tuple(p.shape)].append(i)
+        lists["stack_indices"] = list(stacks.values())
+        lists["shape_indices"] = dict(shapes)
 
     def _orthogonalize(self, group, stacks, sharded, count):
         """Newton-Schulz of every stack; returns each param's bf16 result. The row shards of
@@ -186,21 +188,23 @@ class Muon(MasterWeightOptimizer):
             result = orthogonalize(stack, group["ns_coefficients"], group["ns_steps"], group["eps"])
             if sharded is not None:
                 result = _whole_matrices.from_owners(result, sharded[indices[0]], len(indices))
-            for j, i in enumerate(indices):
-                out[i] = result[j]
+            for i, matrix in zip(indices, result.unbind()):
+                out[i] = matrix
         return out
 
-    def _apply_pass(self, group, params, shapes, masters, steps, orthogonal, scalars, apply):
+    def _apply_pass(self, group, lists, orthogonal, scalars, apply):
         """theta(1 - lr wd) - lr r O on the masters, one fused pass per lr ratio r (of the
-        params' whole shapes)."""
+        params' whole shapes), over the params in their order."""
         by_ratio = defaultdict(list)
-        for i, shape in enumerate(shapes):
-            by_ratio[adjusted_lr_ratio(group["adjust_lr_fn"], shape)].append(i)
+        for shape, indices in lists["shape_indices"].items():
+            by_ratio[adjusted_lr_ratio(group["adjust_lr_fn"], shape)].append(indices)
+        params, masters, steps = lists["params"], lists["master_params"], lists["steps"]
         lr, lr_tensor = scalars["lr"], scalars["lr_tensor"]
-        for ratio, indices in by_ratio.items():
+        for ratio, shape_indices in by_ratio.items():
+            indices = shape_indices[0] if len(shape_indices) == 1 else sorted(chain(*shape_indices))
             take = lambda xs: [xs[i] for i in indices] if xs else []  # noqa: E731
             params_r = take(params)
-            updates = [orthogonal[i].to(params[i].dtype) for i in indices]
+            updates = [o if o.dtype == p.dtype else o.to(p.dtype) for o, p in zip(take(orthogonal), params_r)]
             ops.sgd_step_(params_r, updates, take(masters), [], take(steps),
                           lr=lr * ratio, lr_tensor=None if lr_tensor is None else lr_tensor * ratio,
                           weight_decay=group["weight_decay"] / ratio, **apply)
