@@ -11,6 +11,10 @@ from benchmarks.impls import FUSED_AMP_SETTINGS
 from benchmarks.roofline import BYTES_PER_PARAM, RECIPE_BYTES_ADAM
 
 
+# fields of a case's records that each repeat measures, reported by the median of the repeats
+PER_RUN_MEDIANS = ("outside_ns_frac", "host_us_per_param", "host_cpu_us_per_param")
+
+
 def aggregate(runs: List[Dict], ceiling_gbps: Optional[float]) -> List[Dict]:
     """One record per (suite, case, impl) from the records of every repeat: the median of the
     repeats' median times and their range, the speedups' median and range, and the fraction
@@ -30,8 +34,9 @@ def aggregate(runs: List[Dict], ceiling_gbps: Optional[float]) -> List[Dict]:
         if rec["bytes_per_param"] and ceiling_gbps:
             rec["gbytes_per_s"] = rec["bytes_per_param"] * rec["n_params"] / t * 1e3 / 1e9
             rec["ceiling_frac"] = rec["gbytes_per_s"] / ceiling_gbps
-        if rec.get("outside_ns_frac") is not None:
-            rec["outside_ns_frac"] = statistics.median(r["outside_ns_frac"] for r in rs)
+        for key in PER_RUN_MEDIANS:
+            if rec.get(key) is not None:
+                rec[key] = statistics.median(r[key] for r in rs)
         if len(rs) > 1:  # else the range of the paired repetitions of the one run stays
             ratios = {o: [r["speedup_vs"][o] for r in rs] for o in rs[0]["speedup_vs"]}
             rec["speedup_vs"] = {o: statistics.median(v) for o, v in ratios.items()}
