@@ -131,8 +131,8 @@ def user_lines(records: List[Dict], machine: Dict, repeat: int,
     ``model_params``, the same predicted for that size from the scaling fit."""
     mains = [r for r in records if r["suite"] == "optimizer" and r["case"].startswith("adam/")
              and "-x-" not in r["case"] and not r["case"].endswith("/clip")]
-    if not mains:
-        return []
+    if not mains:  # (a run of other suites: the FSDP2 prediction needs only the distributed one)
+        return fsdp_prediction(records, model_params) if model_params else []
     case = next((r["case"] for r in mains if "bfloat16" in r["case"]), mains[0]["case"])
     rows = {r["impl"]: r for r in mains if r["case"] == case}
     isa = machine["fused_amp_build"].get("cpu_isa")

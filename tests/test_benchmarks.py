@@ -211,6 +211,19 @@ def test_distributed_suite_reports_time_per_rank_and_bytes_held(tmp_path):
     assert "DDP bf16 + masters 16.0" in note  # replicated: 2 + 2 + 4 + 4 + 4 bytes per param
 
 
+def test_fsdp_host_breakdown_splits_each_adamw_row_over_the_parts_of_its_step():
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "fsdp_host_breakdown.py"), "1"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = {line[:52].strip(): [float(x) for x in line[52:].split()]
+            for line in proc.stdout.splitlines() if line.startswith("fused_amp")}
+    assert len(rows) == 10  # fp32 masters, clip and the three memory modes, each FSDP2 and plain
+    # grads, check, all-reduce, lists, op, step: the parts of an FSDP2 step, within the step
+    *parts, step = rows["fused_amp"]
+    assert all(p > 0 for p in parts) and sum(parts) < step
+    assert rows["fused_amp[plain tensors]"][2] == 0  # no all-reduce for plain tensors
+
+
 def test_fsdp_prediction_scales_the_host_time_per_tensor_to_a_llama_layout():
     assert workloads.llama_like_tensor_count(6.74e9) == 291  # Llama-2 7B: 32 layers x 9 + 3
     assert workloads.llama_like_tensor_count(13e9) == 363    # 13B: 40 layers
@@ -226,3 +239,5 @@ def test_fsdp_prediction_scales_the_host_time_per_tensor_to_a_llama_layout():
         r["host_cpu_us_per_param"] = us
     line, = report.fsdp_prediction(recs, int(6.74e9), ranks=8, ceiling_gbps=1000.0)
     assert "fused_amp 1.5 ms" in line and "AdamW 11.6 ms" in line and "of CPU time" in line
+    # a run of the distributed suite alone (no optimizer suite) predicts it too
+    assert report.user_lines(recs, {}, 1, int(6.74e9)) == report.fsdp_prediction(recs, int(6.74e9)) != []

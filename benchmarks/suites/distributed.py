@@ -156,7 +156,9 @@ RECIPES = {
 }
 
 
+FLAG_ROW = "all_reduce of the flag"
 MUON_EXCHANGE = "Muon's exchange of whole matrices"
+STEPS_PER_TURN = 20  # each row's steps per turn, the median timed
 
 
 def row_names(recipe):
@@ -164,6 +166,14 @@ def row_names(recipe):
     if not recipe:
         return "fused_amp", "fused_amp[plain tensors]"
     return f"fused_amp[{recipe}]", f"fused_amp[{recipe}, plain tensors]"
+
+
+def host_rows():
+    """The case's rows, in the order the worker times them."""
+    yield "torch_fused"
+    for recipe in RECIPES:
+        yield from row_names(recipe)
+    yield from (FLAG_ROW, MUON_EXCHANGE)
 
 
 def run_host(ctx):
@@ -198,7 +208,7 @@ def run_host(ctx):
              + "; FSDP2 - plain tensors per param, wall: " + listed(wall, "+.1f") + "; CPU time: "
              + listed(cpu, "+.1f") + " us (wall time adds the waits in gloo's collectives for the other "
              f"rank, which NCCL's stream-ordered ones do not make the host wait for); alone, the flag's "
-             f"all-reduce (once per step, whatever the param count) {per_param['all_reduce of the flag']:.1f} "
+             f"all-reduce (once per step, whatever the param count) {per_param[FLAG_ROW]:.1f} "
              f"wall, and Muon's exchange of whole matrices {per_param[MUON_EXCHANGE]:.1f} wall, "
              f"{cpu_per_param[MUON_EXCHANGE]:.1f} CPU per matrix (DTensor's redistribution; Muon's gaps "
              f"less it {wall['Muon, no Newton-Schulz'] - per_param[MUON_EXCHANGE]:+.1f} wall, "
@@ -270,20 +280,21 @@ def _host_worker(rank, world, reps):
         steps[plain_row] = build(plain_like(shards), cls, **kw)
     restores = {k: _grad_restorer(params) for k, (_, params) in steps.items()}
     # what every FSDP2 step adds whatever the param count: the overflow flag's MAX all-reduce
-    steps["all_reduce of the flag"] = (lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX), steps["fused_amp"][1])
+    steps[FLAG_ROW] = (lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX), steps["fused_amp"][1])
     # what Muon's FSDP2 step adds in bytes: its stack of the Linear weights' row shards to the
     # ranks owning the whole matrices and back (per Linear weight)
     weights = [p for p in shards if p.ndim == 2]
     stack = torch.randn((len(weights),) + tuple(weights[0].to_local().shape)).bfloat16()
     steps[MUON_EXCHANGE] = (lambda: _whole_matrices.from_owners(
         _whole_matrices.to_owners(stack, weights[0]), weights[0], len(weights)), weights)
+    assert list(steps) == list(host_rows())
     times, cpu_times = {k: [] for k in steps}, {k: [] for k in steps}
     for rep in range(2 + reps):  # in turns, the first two as warm-up
         for kind, (step, _) in steps.items():
             restore = restores.get(kind, lambda: None)
             dist.barrier()
             ts = []
-            for _ in range(20):
+            for _ in range(STEPS_PER_TURN):
                 restore()
                 ts.append(_timed(step))
             if rep >= 2:
