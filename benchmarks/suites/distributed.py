@@ -48,20 +48,24 @@ def _shard(full, mesh, requires_grad):
     return torch.nn.Parameter(t, requires_grad=requires_grad) if requires_grad else t
 
 
+def _local(t):
+    """A DTensor's local shard (a view of it); any other tensor as it is."""
+    from torch.distributed.tensor import DTensor
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def _grad_restorer(params):
     """A function that copies the params' grads (their local shards) back to the values they
     hold now. Run before every timed step: the step unscales the grads in place (torch's fused
     optimizers as ours), and grads divided by the scale step after step underflow to zero within
     a few dozen steps, which a training step's fresh grads never are."""
-    from torch.distributed.tensor import DTensor
-    targets = [p.grad._local_tensor if isinstance(p.grad, DTensor) else p.grad for p in params]
+    targets = [_local(p.grad) for p in params]
     saved = [t.clone() for t in targets]
     return lambda: torch._foreach_copy_(targets, saved)
 
 
 def _local_bytes(tensors):
-    from torch.distributed.tensor import DTensor
-    return harness.tensor_bytes(t.to_local() if isinstance(t, DTensor) else t for t in tensors)
+    return harness.tensor_bytes(map(_local, tensors))
 
 
 def _held(params, opt):
@@ -301,6 +305,5 @@ def _host_worker(rank, world, reps):
                 times[kind].append(statistics.median(wall for wall, _ in ts))
                 cpu_times[kind].append(statistics.median(cpu for _, cpu in ts))
     assert all(isinstance(p, DTensor) for p in shards)  # (the last recipe's, all 800 params)
-    local = lambda p: p.to_local() if isinstance(p, DTensor) else p  # noqa: E731
     return dict(times=times, cpu_times=cpu_times, n_tensors={k: len(params) for k, (_, params) in steps.items()},
-                elements={k: sum(local(p).numel() for p in params) for k, (_, params) in steps.items()})
+                elements={k: sum(_local(p).numel() for p in params) for k, (_, params) in steps.items()})
