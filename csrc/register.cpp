@@ -3,8 +3,11 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include <iterator>
+
 #include "cpu/loops.h"
 #include "ops_impl.h"
+#include "py_lists.h"
 #ifdef FUSED_AMP_WITH_CUDA
 #include "cuda/launch.h"
 #endif
@@ -51,6 +54,11 @@ constexpr const char* kSchemas[] = {
     "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
     "float? max_grad_norm=None, bool unscale_grads=True, bool check_only=False) -> ()"};
 
+// The ops' names, in the order of kSchemas.
+constexpr const char* kOps[] = {"unscale_",   "non_finite_check_", "grad_norm_", "update_scale_",
+                                "adam_step_", "sgd_step_",         "lion_step_", "muon_momentum_"};
+static_assert(std::size(kOps) == std::size(kSchemas));
+
 void define_ops(torch::Library& m) {
   for (const char* schema : kSchemas) m.def(schema);
 }
@@ -90,8 +98,7 @@ void reject_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 }
 
 void register_sparse_rejection(torch::Library& m) {
-  for (const char* op : {"unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "adam_step_",
-                         "sgd_step_", "lion_step_", "muon_momentum_"}) {
+  for (const char* op : kOps) {
     m.impl(op, torch::CppFunction::makeFromBoxedFunction<&reject_sparse>());
   }
 }
@@ -130,6 +137,17 @@ PyObject* set_kernel_arg_bytes(PyObject*, PyObject* arg) {
 
 }  // namespace
 
+// The ops return nothing and are not differentiable (the optimizers call them under no_grad):
+// autograd has nothing to do. Without a kernel of their own for the Autograd key, the
+// dispatcher boxed every call into torch's not-implemented fallback, which reads requires_grad
+// of every tensor argument for a warning it attaches to outputs only: 0.2 us per param of an
+// 800-param step on the CPU. (Versions are bumped by the entries, ops_impl.h.)
+TORCH_LIBRARY_IMPL(fused_amp, Autograd, m) {
+  for (const char* op : kOps) {
+    m.impl(op, torch::CppFunction::makeFallthrough());
+  }
+}
+
 TORCH_LIBRARY_IMPL(fused_amp, SparseCPU, m) { register_sparse_rejection(m); }
 TORCH_LIBRARY_IMPL(fused_amp, SparseCUDA, m) { register_sparse_rejection(m); }
 
@@ -137,6 +155,12 @@ namespace {
 
 PyMethodDef methods[] = {
     {"build_info", build_info, METH_NOARGS, "How this extension was built and what it runs."},
+    {"hold_refs", fused_amp::hold_refs, METH_O,
+     "C++ references to a sequence of tensors (None skipped), held by the object returned."},
+    {"local_grads", fused_amp::local_grads, METH_VARARGS,
+     "(grads, DTensor specs, DTensor count, common device, refs) of a list of params (py_lists.h)."},
+    {"lists_unchanged", fused_amp::lists_unchanged, METH_VARARGS,
+     "Whether an optimizer's cached lists of a group still hold (py_lists.h)."},
     {"_set_kernel_arg_bytes", set_kernel_arg_bytes, METH_O,
      "Force the CUDA kernel-argument plan: 4096, 32768, or 0 for automatic (tests only)."},
     {nullptr, nullptr, 0, nullptr}};

@@ -15,13 +15,12 @@ import torch
 from torch.amp.grad_scaler import OptState
 
 from fused_amp import _scaling, ops
-from fused_amp.optim._grad_norm import DEVICE_MESH, local_shards, total_grad_norm
+from fused_amp.optim._grad_norm import local_grads, total_grad_norm
 
-try:  # torch builds without distributed support lack these
+try:  # torch builds without distributed support lack it
     from torch.distributed.optim import ZeroRedundancyOptimizer as _ZeroRedundancyOptimizer
-    from torch.distributed.tensor import DTensor as _DTensor
 except ImportError:  # pragma: no cover
-    _ZeroRedundancyOptimizer = _DTensor = None
+    _ZeroRedundancyOptimizer = None
 
 __all__ = ["GradScaler", "OverflowReport"]
 
@@ -69,7 +68,6 @@ class _HostFlag:
 
 
 _INT32_MAX = 2 ** 31 - 1
-_GRAD, _IS_SPARSE, _DEVICE = (operator.attrgetter(a) for a in ("grad", "is_sparse", "device"))
 
 
 def _positive_in_fp32(value) -> bool:
@@ -200,24 +198,18 @@ class GradScaler(torch.amp.GradScaler):
     # ---- unscaling and the overflow check ---------------------------------------------------
     @staticmethod
     def _grads_per_device(optimizer):
-        """The grads to check, per device (local shards of DTensor grads), and the process
-        groups of the DTensors' meshes, across which the overflow flag must be combined."""
+        """The grads to check, per device (local shards of DTensor grads), the process groups of
+        the DTensors' meshes, across which the overflow flag must be combined, and what to keep
+        while the check runs (``local_grads``)."""
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        grads = list(map(_GRAD, params))
+        grads, specs, _, device, refs = local_grads(params)
         if not all(map(operator.is_not, grads, itertools.repeat(None))):
-            params = [p for p, g in zip(params, grads) if g is not None]
-            grads = list(map(_GRAD, params))
-        groups = []
-        types = set(map(type, grads))
-        if _DTensor is not None and _DTensor in types:  # FSDP2 and the like
-            dtensors = grads if len(types) == 1 else [g for g in grads if isinstance(g, _DTensor)]
-            meshes = list(map(DEVICE_MESH, dtensors))
-            meshes = dict(zip(map(id, meshes), meshes))
-            groups = list({id(pg): pg for m in meshes.values() for pg in m.get_all_groups()}.values())
-            grads = local_shards(grads)
-        # the usual case, in C-level passes: dense grads on one device
-        if grads and not any(map(_IS_SPARSE, grads)) and len(set(map(_DEVICE, grads))) == 1:
-            return {grads[0].device: grads}, groups
+            params, grads = [p for p, g in zip(params, grads) if g is not None], [g for g in grads if g is not None]
+        # FSDP2 and the like: the few distinct meshes of the grads' specs
+        meshes = {id(spec.mesh): spec.mesh for spec in specs}.values()
+        groups = list({id(pg): pg for mesh in meshes for pg in mesh.get_all_groups()}.values())
+        if device is not None:  # the usual case: dense grads on one device
+            return {device: grads}, groups, refs
         per_device = defaultdict(list)
         for param, grad in zip(params, grads):
             if grad.is_sparse:
@@ -227,7 +219,7 @@ class GradScaler(torch.amp.GradScaler):
                 per_device[grad.device].append(grad._values())
             else:
                 per_device[grad.device].append(grad)
-        return per_device, groups
+        return per_device, groups, refs
 
     def _flags_per_device(self, optimizer, check) -> Dict[torch.device, torch.Tensor]:
         """Runs ``check(grads, found_inf)`` per device; with DTensor grads the flags are then
@@ -235,7 +227,7 @@ class GradScaler(torch.amp.GradScaler):
         unscale op does), so every rank skips or steps together. On the device with NCCL; on
         gloo/CPU the all-reduce is a wait, inherent to it."""
         per_device_found_inf = {}
-        grads_per_device, groups = self._grads_per_device(optimizer)
+        grads_per_device, groups, _refs = self._grads_per_device(optimizer)  # (kept until checked)
         with torch.no_grad():
             for device, grads in grads_per_device.items():
                 found = torch.zeros((), dtype=torch.float32, device=device)

@@ -2,8 +2,10 @@
 behave as torch does. Generic over every optimizer of optim_registry, its option sets and the
 param dtypes, in the style of torch's own optimizer tests."""
 import copy
+import gc
 import inspect
 import pickle
+import weakref
 from collections import defaultdict
 
 import pytest
@@ -102,6 +104,30 @@ def test_replaced_state_tensor_is_used(cls, torch_cls, kw, entry):
     run_steps(twin, twin_params, [2])
     assert_all_equal(tensors_of(params, opt), tensors_of(twin_params, twin))
     assert opt.state[params[0]][key].abs().sum() > 0  # the new tensor was updated
+
+
+@pytest.mark.parametrize("scaled", [False, True], ids=["no scaler", "scaler"])
+@pytest.mark.parametrize("dtype", PARAM_DTYPES)
+@pytest.mark.parametrize("cls,torch_cls,kw", PLAIN, ids=PLAIN_IDS)
+def test_the_step_keeps_no_grad_alive(cls, torch_cls, kw, dtype, scaled):
+    """As with torch's optimizers, zero_grad() after a step frees the grads: the lists the
+    optimizer keeps between steps hold none of them (their memory is the next backward's)."""
+    for make in (lambda ps: torch_cls(ps, **kw), lambda ps: cls(ps, **kw)):
+        params = make_params(dtype)
+        opt = make(params)
+        scaler = fused_amp.GradScaler("cpu", init_scale=4.0)
+        for seed in (1, 2):  # the second step runs on the kept lists
+            set_grads(params, seed)
+            if scaled:
+                scaler.scale(torch.ones(()))
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+        grads = [weakref.ref(p.grad) for p in params]
+        opt.zero_grad()
+        gc.collect()
+        assert [g() for g in grads] == [None] * len(params), make(params)
 
 
 @pytest.mark.parametrize("dtype", PARAM_DTYPES)

@@ -7,16 +7,18 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from fused_amp import _scaling
+from fused_amp import _C, _scaling
 from fused_amp.optim import _memory, _quantize
 from fused_amp.optim._checkpoint import check_loadable
 from fused_amp.optim._grad_norm import (CLIP_OPTIONS, DTensor, check_clip_options, check_same_clip_options,
-                                        local_shard, local_shards, total_grad_norm)
+                                        local_grads, local_shard, local_shards, total_grad_norm)
 from fused_amp.optim._memory import MASTER as _MASTER, REMAINDER as _REMAINDER, REMAINDER8 as _REMAINDER8
 
 _HALF = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 _MASTER_KEYS = (_MASTER, _REMAINDER, _REMAINDER8)  # a param holds at most one of them
+# the lists of tensors the fused ops take that stay the same from step to step (with the state's)
+_KEPT_LISTS = ("params", "master_params", "steps", "state_absmaxes")
 
 
 def _master_entry(state):
@@ -43,42 +45,36 @@ def _entries(state_dicts, key) -> list:
 
 
 class _GroupLists:
-    """The per-device tensor lists of one param group, kept between steps.
+    """The per-device tensor lists of one param group, kept between eager steps.
 
     Gathering them costs a few microseconds per param, so they are kept while nothing they were
     built from has changed: the group's params (same objects, same order, and for DTensors the
-    same local tensors), the optimizer's
-    ``state`` mapping, each param's state dict and every tensor in it, and the group options
-    that decide which state exists. Checking that is a handful of C-level passes over the params.
+    same local tensors), the optimizer's ``state`` mapping, each param's state dict and every
+    tensor in it, and the group options that decide which state exists. Checking that is one C
+    pass over the params (``fused_amp._C.lists_unchanged``).
     """
 
     def __init__(self, group, params, state, state_dicts, options, keys, by_device, sharded):
         self.group = group
-        self.sharded = sharded  # DTensor params: the lists hold their local shards
-        self.param_ids = list(map(id, params))
-        # a DTensor param can get another local tensor and stay the same object
-        # (torch.utils.swap_tensors, as model.to() does under swap_module_params_on_conversion)
-        self.locals = local_shards(params) if sharded else None
         self.state = state
-        self.state_dicts = state_dicts
         self.options = options
-        # every state entry the lists were built from, masters and absmaxes among them (None
-        # where a param has none), read with C-level passes: one per key, none per param
-        self.entries = {key: _entries(state_dicts, key) for key in keys + _MASTER_AND_ABSMAX_KEYS}
+        # what lists_unchanged compares: the params; for DTensors their local tensors (a DTensor
+        # param can get another and stay the same object: torch.utils.swap_tensors, as model.to()
+        # does under swap_module_params_on_conversion); each param's state dict; and every state
+        # entry the lists were built from, masters and absmaxes among them (None where a param
+        # has none)
+        keys = keys + _MASTER_AND_ABSMAX_KEYS
+        self.held = (list(params), local_shards(params) if sharded else None, state_dicts, keys,
+                     [_entries(state_dicts, key) for key in keys])
         self.by_device = by_device  # device -> (lists, indices into the group's params)
+        # a C++ reference to each tensor the ops take from these lists, so that calling them does
+        # not move the tensors' Python refcounts (csrc/py_lists.h)
+        self.refs = _C.hold_refs([t for lists, _ in by_device.values()
+                                  for key in _KEPT_LISTS + keys if key in lists for t in lists[key]])
 
     def still_valid(self, group, params, state, options) -> bool:
-        if (self.group is not group or self.state is not state or self.options != options
-                or self.param_ids != list(map(id, params))):
-            return False
-        if self.sharded and not all(map(operator.is_, local_shards(params), self.locals)):
-            return False
-        state_dicts = list(map(state.get, params))
-        if not all(map(operator.is_, state_dicts, self.state_dicts)):
-            return False
-        # (a deleted entry reads as None, which differs from the tensor the lists hold)
-        return all(all(map(operator.is_, _entries(state_dicts, key), held))
-                   for key, held in self.entries.items())
+        return (self.group is group and self.state is state and self.options == options
+                and _C.lists_unchanged(params, state, DTensor, self.held))
 
 
 class _ClipState:
@@ -225,17 +221,18 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         """The params of ``group`` that have grads, with their state, per device.
 
         Rebuilt whenever the params, the state or the options it depends on changed (see
-        _GroupLists); otherwise only the grads are gathered anew."""
+        _GroupLists); otherwise only the grads are gathered anew. A step that torch.compile traces
+        builds them and keeps nothing: the compiled step runs none of this again."""
         params = group["params"]
-        grads = [p.grad for p in params]  # (a comprehension: torch.compile traces it, not attrgetter)
+        grads, _, _, _, grad_refs = local_grads(params)  # (local shards of DTensor grads)
         keys = self._state_keys_for(group)
         options = (keys, group["master_weights"], group["state_dtype"], group["min_8bit_size"])
-        all_grads = all(g is not None for g in grads)
-        cached = self._lists_cache.get(index)
-        if all_grads and cached is not None and cached.still_valid(group, params, self.state, options):
+        keep = all(map(operator.is_not, grads, repeat(None))) and not torch.compiler.is_compiling()
+        cached = self._lists_cache.get(index) if keep else None
+        if cached is not None and cached.still_valid(group, params, self.state, options):
             for lists, indices in cached.by_device.values():
-                mine = list(map(grads.__getitem__, indices))
-                lists["grads"] = local_shards(mine) if cached.sharded else mine
+                lists["grads"] = grads if len(indices) == len(grads) else list(map(grads.__getitem__, indices))
+                lists["grad_refs"] = grad_refs
             return {device: lists for device, (lists, _) in cached.by_device.items()}
         by_device: Dict[torch.device, Any] = defaultdict(lambda: (defaultdict(list), []))
         for i, p in enumerate(params):
@@ -266,14 +263,14 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             for lists, _ in by_device.values():
                 lists["sharded_params"] = lists["params"]
                 for key in lists:
-                    if key not in ("steps", "sharded_params"):
+                    if key not in ("steps", "sharded_params", "grads"):  # (grads: local already)
                         lists[key] = [local_shard(t) for t in lists[key]]
         for lists, _ in by_device.values():
+            lists["grad_refs"] = grad_refs
             self._plan_lists(lists)
-        # drop what is kept for this group (step() drops that of groups no longer in the
-        # optimizer; the cache is changed in place, never reassigned: torch.compile follows that)
+        # drop what is kept for this group (step() drops that of groups no longer in the optimizer)
         self._lists_cache.pop(index, None)
-        if all_grads:
+        if keep:
             self._lists_cache[index] = _GroupLists(
                 group, params, self.state, [self.state[p] for p in params], options,
                 keys + ("step",), dict(by_device), sharded)
@@ -343,11 +340,17 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 calls.append((group, lists, scalars))
         # Each op checks its arguments before it writes; with several ops (groups, devices),
         # all are checked before the first runs, so a bad grad anywhere changes nothing.
-        if len(calls) > 1:
+        try:
+            if len(calls) > 1:
+                for group, lists, scalars in calls:
+                    self._update(group, lists, scalars, check_only=True)
             for group, lists, scalars in calls:
-                self._update(group, lists, scalars, check_only=True)
-        for group, lists, scalars in calls:
-            self._update(group, lists, scalars, check_only=False)
+                self._update(group, lists, scalars, check_only=False)
+        finally:
+            # the grads are this step's: the cached lists keep them no longer, so that zero_grad()
+            # frees them as it does with torch's optimizers
+            for _, lists, _ in calls:
+                lists["grads"], lists["grad_refs"] = [], None
         return loss
 
     # ---- gradient clipping ------------------------------------------------------------------

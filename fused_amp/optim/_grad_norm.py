@@ -5,21 +5,18 @@ One read of every grad gives the norm and the GradScaler's inf/NaN flags togethe
 on the device, in the same multiply as the inverse loss scale."""
 import math
 import operator
-from itertools import repeat
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from fused_amp import ops
+from fused_amp import _C, ops
 
 try:  # torch builds without distributed support lack it
     from torch.distributed.tensor import DTensor
 except ImportError:  # pragma: no cover
     DTensor = None
 
-# what DTensor's device_mesh and placements properties return, read in C (a property is a
-# Python call per grad per step)
-_LOCAL_TENSOR, DEVICE_MESH, _PLACEMENTS = map(operator.attrgetter, ("_local_tensor", "_spec.mesh", "_spec.placements"))
+_LOCAL_TENSOR = operator.attrgetter("_local_tensor")
 # the norm types the fused pass computes; others go through torch (clip_grad_norm_ only)
 FUSED_NORM_TYPES = (1.0, 2.0, math.inf)
 # group options that must agree across groups: one total norm clips the grads of all of them
@@ -52,40 +49,65 @@ def check_same_clip_options(name: str, groups) -> tuple:
     return settings
 
 
-def _grads(optimizer) -> List[torch.Tensor]:
-    # one read of each .grad (a DTensor's costs about a microsecond when its objects are cold);
-    # comprehensions, which torch.compile traces (not an assignment expression)
-    grads = [g for g in [p.grad for group in optimizer.param_groups for p in group["params"]] if g is not None]
+def local_grads(params):
+    """(grads, specs, sharded, device, refs) of ``params``: each param's ``.grad`` as the fused ops
+    take it (the local shard of a DTensor grad; None where there is none), the distinct specs of
+    the DTensor grads (their meshes and placements: FSDP2's grads share a few), how many grads
+    were DTensors, the device of the grads when all are dense and on one device (else None), and
+    what to keep while ops run on the local shards (``fused_amp._C.hold_refs``; None without).
+
+    One C pass (``fused_amp._C.local_grads``): in Python, reading a DTensor's ``.grad`` and then
+    its local shard cost about a microsecond per param when the objects are cold, as they are at
+    every step. torch.compile cannot trace it, and gets the same in Python."""
+    if not torch.compiler.is_compiling():
+        return _C.local_grads(params, DTensor)
+    grads = [p.grad for p in params]
+    dtensors = [g for g in grads if DTensor is not None and isinstance(g, DTensor)]
+    specs = list({id(g._spec): g._spec for g in dtensors}.values())
+    grads = [local_shard(g) for g in grads]
+    present = [g for g in grads if g is not None]
+    one_device = len({g.device for g in present}) == 1 and all(g.layout == torch.strided for g in present)
+    return grads, specs, len(dtensors), present[0].device if one_device else None, None
+
+
+def _grads_per_device(optimizer) -> Tuple[Dict[torch.device, List[torch.Tensor]], list, Any]:
+    """The grads of the optimizer's params that have one (local shards of DTensor grads), per
+    device, the process groups over which their local norms add up, and what to keep while ops
+    run on them (``local_grads``)."""
+    grads, specs, sharded, device, refs = local_grads([p for group in optimizer.param_groups for p in group["params"]])
+    grads = [g for g in grads if g is not None]
     for i, g in enumerate(grads):
         if g.is_sparse:
             raise ValueError(f"{type(optimizer).__name__}: grad {i} is sparse; gradient clipping "
                              "needs dense gradients")
-    return grads
+    groups = _shard_groups(specs, sharded, len(grads))
+    if device is not None:
+        return {device: grads}, groups, refs
+    per_device: Dict[torch.device, List[torch.Tensor]] = {}
+    for g in grads:
+        per_device.setdefault(g.device, []).append(g)
+    return per_device, groups, refs
 
 
-def _shard_groups(grads) -> list:
-    """The process groups over which the local norms of DTensor grads add up: the mesh dims the
-    grads are sharded on (FSDP2: its one dim; HSDP: the shard dim, not the replicate dim)."""
-    if DTensor is None:
+def _shard_groups(specs, sharded: int, count: int) -> list:
+    """The process groups over which the local norms of DTensor grads (``sharded`` of ``count``
+    grads, with ``specs``) add up: the mesh dims the grads are sharded on (FSDP2: its one dim;
+    HSDP: the shard dim, not the replicate dim)."""
+    if not sharded:
         return []
-    dtensors = sum(map(isinstance, grads, repeat(DTensor)))
-    if not dtensors:
-        return []
-    if dtensors != len(grads):
+    if sharded != count:
         raise NotImplementedError("gradient clipping over a mix of DTensor and plain grads is not "
                                   "supported: the plain grads' share of the norm is ambiguous")
-    # in C-level passes over the grads, then over their few distinct objects (FSDP2's grads
-    # share their specs), hashing only those: a mesh's or a placement's hash is a Python call
-    meshes, placements = (list(dict(zip(map(id, objs), objs)).values())
-                          for objs in (list(map(DEVICE_MESH, grads)), list(map(_PLACEMENTS, grads))))
+    # a mesh's or a placement's hash is a Python call: hash the few distinct objects only
+    meshes = list({id(spec.mesh): spec.mesh for spec in specs}.values())
     if len(meshes) > 1:
         meshes = list(set(meshes))  # equal meshes may be distinct objects
-    placements = set(placements)
+    placements = set({id(spec.placements): spec.placements for spec in specs}.values())
     if any(p.is_partial() for placement in placements for p in placement):
         raise NotImplementedError("gradient clipping of DTensor grads with Partial placements "
                                   "is not supported (reduce the grads first)")
     shard_dims = {tuple(i for i, p in enumerate(placement) if p.is_shard()) for placement in placements}
-    if len(meshes) > 1 and len(set(meshes)) > 1 or len(shard_dims) > 1:
+    if len(meshes) > 1 or len(shard_dims) > 1:
         raise NotImplementedError("gradient clipping needs all DTensor grads on one mesh, sharded "
                                   "on the same mesh dims")
     return [meshes[0].get_group(dim) for dim in next(iter(shard_dims))]
@@ -127,11 +149,7 @@ def total_grad_norm(optimizer, norm_type: float, inv_scale: Optional[torch.Tenso
     are unscaled already), as a 0-dim fp32 tensor on the first grad's device, and the inf/NaN
     flag of each device's grads (1.0 or 0.0). No host sync. With DTensor grads the local values
     are combined over the mesh dims they are sharded on, so every rank gets the same norm."""
-    grads = _grads(optimizer)
-    groups = _shard_groups(grads)
-    per_device: Dict[torch.device, List[torch.Tensor]] = {}
-    for g in map(local_shard, grads):
-        per_device.setdefault(g.device, []).append(g)
+    per_device, groups, _refs = _grads_per_device(optimizer)  # (kept until the ops below have run)
     norm_type = float(norm_type)
     norms, found_infs = [], {}
     for device, device_grads in per_device.items():
