@@ -13,9 +13,10 @@ from typing import Any, Dict, List, Optional
 
 import torch
 from torch.amp.grad_scaler import OptState
+from torch.optim.optimizer import _global_optimizer_pre_hooks
 
 from fused_amp import _scaling, ops
-from fused_amp.optim._grad_norm import local_grads, total_grad_norm
+from fused_amp.optim._grad_norm import Gathered, gather, total_grad_norm
 
 try:  # torch builds without distributed support lack it
     from torch.distributed.optim import ZeroRedundancyOptimizer as _ZeroRedundancyOptimizer
@@ -161,6 +162,10 @@ class GradScaler(torch.amp.GradScaler):
     bound), track_overflows (default False), skip_on_host (default False).
     """
 
+    # inside step(): what its overflow check read, for the optimizer's step (else None; a class
+    # attribute, so that scalers pickled before it existed load)
+    _handed: Optional[List[Gathered]] = None
+
     def __init__(self, device: str = "cuda", init_scale: float = 2.0 ** 16,
                  growth_factor: float = 2.0, backoff_factor: float = 0.5,
                  growth_interval: int = 2000, enabled: bool = True, *, hysteresis: int = 1,
@@ -197,19 +202,17 @@ class GradScaler(torch.amp.GradScaler):
 
     # ---- unscaling and the overflow check ---------------------------------------------------
     @staticmethod
-    def _grads_per_device(optimizer):
-        """The grads to check, per device (local shards of DTensor grads), the process groups of
-        the DTensors' meshes, across which the overflow flag must be combined, and what to keep
-        while the check runs (``local_grads``)."""
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        grads, specs, _, device, refs = local_grads(params)
+    def _grads_per_device(gathered):
+        """The gathered grads to check, per device, and the process groups of the DTensors'
+        meshes, across which the overflow flag must be combined."""
+        params, grads = gathered.params, gathered.grads
         if not all(map(operator.is_not, grads, itertools.repeat(None))):
             params, grads = [p for p, g in zip(params, grads) if g is not None], [g for g in grads if g is not None]
         # FSDP2 and the like: the few distinct meshes of the grads' specs
-        meshes = {id(spec.mesh): spec.mesh for spec in specs}.values()
+        meshes = {id(spec.mesh): spec.mesh for spec in gathered.specs}.values()
         groups = list({id(pg): pg for mesh in meshes for pg in mesh.get_all_groups()}.values())
-        if device is not None:  # the usual case: dense grads on one device
-            return {device: grads}, groups, refs
+        if gathered.device is not None:  # the usual case: dense grads on one device
+            return {gathered.device: grads}, groups
         per_device = defaultdict(list)
         for param, grad in zip(params, grads):
             if grad.is_sparse:
@@ -219,7 +222,14 @@ class GradScaler(torch.amp.GradScaler):
                 per_device[grad.device].append(grad._values())
             else:
                 per_device[grad.device].append(grad)
-        return per_device, groups, refs
+        return per_device, groups
+
+    def _gather(self, optimizer) -> Gathered:
+        """The optimizer's grads, read once; inside ``step``, kept for the step (``_handed``)."""
+        gathered = gather(optimizer)
+        if self._handed is not None:
+            self._handed.append(gathered)
+        return gathered
 
     def _flags_per_device(self, optimizer, check) -> Dict[torch.device, torch.Tensor]:
         """Runs ``check(grads, found_inf)`` per device; with DTensor grads the flags are then
@@ -227,7 +237,8 @@ class GradScaler(torch.amp.GradScaler):
         unscale op does), so every rank skips or steps together. On the device with NCCL; on
         gloo/CPU the all-reduce is a wait, inherent to it."""
         per_device_found_inf = {}
-        grads_per_device, groups, _refs = self._grads_per_device(optimizer)  # (kept until checked)
+        gathered = self._gather(optimizer)  # (its refs kept until the check has run)
+        grads_per_device, groups = self._grads_per_device(gathered)
         with torch.no_grad():
             for device, grads in grads_per_device.items():
                 found = torch.zeros((), dtype=torch.float32, device=device)
@@ -257,7 +268,8 @@ class GradScaler(torch.amp.GradScaler):
         if not self._enabled or optimizer_state["stage"] is not OptState.READY:
             return total_grad_norm(optimizer, norm_type, None)[0]  # unscaled already
         self._check_scale_growth_tracker("clip_grad_norm_")
-        norm, found_infs = total_grad_norm(optimizer, norm_type, _scaling.inv_scale(self._scale))
+        norm, found_infs = total_grad_norm(optimizer, norm_type, _scaling.inv_scale(self._scale),
+                                           self._gather(optimizer))
         optimizer_state["found_inf_per_device"] = found_infs
         self._record_overflow_params(optimizer)
         return norm
@@ -315,11 +327,17 @@ class GradScaler(torch.amp.GradScaler):
                 "model's parameters (after scaler.unscale_) instead")
         # The step takes the scale and the overflow flag and skips on the device: no sync.
         _scaling.stepped(target, self)
+        handed = None
         if optimizer_state["stage"] is OptState.READY and not optimizer_state["found_inf_per_device"]:
-            # a norm pass for clipping (ours) doubles as the overflow check
-            clip = getattr(target, "_clip_before_step", None)
-            if target is not optimizer or clip is None or not clip(self):
-                self._check_inf_per_device(optimizer)
+            self._handed = []
+            try:
+                # a norm pass for clipping (ours) doubles as the overflow check
+                clip = getattr(target, "_clip_before_step", None)
+                if target is not optimizer or clip is None or not clip(self):
+                    self._check_inf_per_device(optimizer)
+                handed = self._handed
+            finally:
+                self._handed = None
         scale = self._get_scale_async()
         found_infs = list(optimizer_state["found_inf_per_device"].values())
         found_inf = (self._combined_found_inf(found_infs, scale.device) if found_infs
@@ -330,6 +348,11 @@ class GradScaler(torch.amp.GradScaler):
                              if optimizer_state["stage"] is OptState.UNSCALED
                              else scale * getattr(target, "grad_scale", 1))
         target.found_inf = found_inf
+        # the grads the check just read are the step's, unless a pre-hook runs in between (it
+        # may replace them): the optimizer takes them instead of reading every .grad again
+        if (handed and len(handed) == 1 and target is optimizer and hasattr(target, "_device_lists")
+                and not target._optimizer_step_pre_hooks and not _global_optimizer_pre_hooks):
+            target._scaler_grads = handed[0]
         try:
             if self._skip_on_host and found_inf.item() != 0:  # the one host sync of this mode
                 retval = None
@@ -340,6 +363,7 @@ class GradScaler(torch.amp.GradScaler):
         finally:
             del target.grad_scale
             del target.found_inf
+            target.__dict__.pop("_scaler_grads", None)
         optimizer_state["stage"] = OptState.STEPPED
         return retval
 

@@ -10,10 +10,12 @@ from collections import defaultdict
 
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import fused_amp
 from fused_amp import ops
-from fused_amp.optim import Adam, AdamW
+from fused_amp.optim import Adam, AdamW, _base, _grad_norm
+from fused_amp.optim._grad_norm import local_grads
 from helpers import assert_bitwise_equal
 from optim_registry import OPTIMIZERS, PARAM_DTYPES, PLAIN, PLAIN_IDS, STATEFUL, STATEFUL_IDS
 
@@ -128,6 +130,53 @@ def test_the_step_keeps_no_grad_alive(cls, torch_cls, kw, dtype, scaled):
         opt.zero_grad()
         gc.collect()
         assert [g() for g in grads] == [None] * len(params), make(params)
+
+
+@pytest.mark.parametrize("hook_kind", ["optimizer", "global"])
+@pytest.mark.parametrize("cls,torch_cls,kw", PLAIN, ids=PLAIN_IDS)
+def test_grads_a_step_pre_hook_sets_are_the_ones_stepped(cls, torch_cls, kw, hook_kind):
+    """GradScaler.step reads the grads for its overflow check and hands them to the step, which
+    then reads no .grad itself; a step pre-hook may replace grads in between, and then the step
+    reads the hook's, as torch's optimizers do."""
+    results = []
+    for hooked in (True, False):
+        params = make_params(torch.bfloat16)
+        opt = cls(params, **kw)
+        scaler = fused_amp.GradScaler("cpu", init_scale=4.0)
+        scaler.scale(torch.ones(()))
+        set_grads(params, 1, 4.0)
+        if hooked:
+            def hook(*args):
+                set_grads(params, 2, 4.0)
+            handle = (opt.register_step_pre_hook(hook) if hook_kind == "optimizer"
+                      else register_optimizer_step_pre_hook(hook))
+        else:
+            set_grads(params, 2, 4.0)
+        try:
+            scaler.step(opt)
+        finally:
+            if hooked:
+                handle.remove()
+        results.append(tensors_of(params, opt))
+    assert_all_equal(*results)
+
+
+@pytest.mark.parametrize("cls,torch_cls,kw", PLAIN, ids=PLAIN_IDS)
+def test_a_scaler_step_reads_the_grads_once(cls, torch_cls, kw, monkeypatch):
+    """The overflow check's read of every .grad serves the step too (no hook in between)."""
+    reads = []
+    counted = lambda params: reads.append(len(params)) or local_grads(params)  # noqa: E731
+    monkeypatch.setattr(_grad_norm, "local_grads", counted)
+    monkeypatch.setattr(_base, "local_grads", counted)
+    params = make_params(torch.bfloat16)
+    opt = cls(params, **kw)
+    scaler = fused_amp.GradScaler("cpu", init_scale=4.0)
+    for seed in (1, 2):
+        scaler.scale(torch.ones(()))
+        set_grads(params, seed, 4.0)
+        scaler.step(opt)
+        scaler.update()
+    assert reads == [len(params)] * 2
 
 
 @pytest.mark.parametrize("dtype", PARAM_DTYPES)

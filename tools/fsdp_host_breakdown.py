@@ -4,7 +4,7 @@ param, for each AdamW recipe on FSDP2 shards and on its plain-tensor twin.
 
     .venv/bin/python tools/fsdp_host_breakdown.py [REPS]
 
-Parts: the scaler's gathering of the grads (and, for DTensors, their local shards and meshes),
+Parts: the scaler's gathering of the grads (and, for DTensors, their local shards and specs),
 its overflow check (with clipping, the norm's pass, which is the check too), the flag's
 all-reduce, the optimizer's cached lists (their check and the grads), and the fused op. CPU
 time, not wall: gloo's all-reduce blocks the host while it waits for the other rank, which
@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from benchmarks import harness  # noqa: E402
 
-PARTS = ("grads_per_device", "check", "all_reduce", "device_lists", "op")
+PARTS = ("gather", "check", "all_reduce", "device_lists", "op")
 
 
 def _worker(rank, world, reps):
@@ -47,7 +47,7 @@ def _worker(rank, world, reps):
     ops.adam_step_ = timed("op", ops.adam_step_)
     ops.non_finite_check_ = timed("check", ops.non_finite_check_)
     ops.grad_norm_ = timed("check", ops.grad_norm_)  # with clipping, the check and the norm
-    GradScaler._grads_per_device = staticmethod(timed("grads_per_device", GradScaler._grads_per_device))
+    GradScaler._gather = timed("gather", GradScaler._gather)
     MasterWeightOptimizer._device_lists = timed("device_lists", MasterWeightOptimizer._device_lists)
     calls = [0]
     timed_step = distributed._timed

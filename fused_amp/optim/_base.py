@@ -224,7 +224,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         _GroupLists); otherwise only the grads are gathered anew. A step that torch.compile traces
         builds them and keeps nothing: the compiled step runs none of this again."""
         params = group["params"]
-        grads, _, _, _, grad_refs = local_grads(params)  # (local shards of DTensor grads)
+        grads, grad_refs = self._group_grads(index, params)  # (local shards of DTensor grads)
         keys = self._state_keys_for(group)
         options = (keys, group["master_weights"], group["state_dtype"], group["min_8bit_size"])
         keep = all(map(operator.is_not, grads, repeat(None))) and not torch.compiler.is_compiling()
@@ -275,6 +275,19 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 group, params, self.state, [self.state[p] for p in params], options,
                 keys + ("step",), dict(by_device), sharded)
         return {device: lists for device, (lists, _) in by_device.items()}
+
+    def _group_grads(self, index, params):
+        """(grads, refs) of a group's params as ``local_grads`` gives them: from what the
+        GradScaler's overflow check read just before this step, when it handed that over
+        (``_scaler_grads``, set by GradScaler.step), else read now."""
+        handed = self.__dict__.get("_scaler_grads")
+        if handed is not None and not torch.compiler.is_compiling():
+            start = sum(len(g["params"]) for g in self.param_groups[:index])
+            mine = handed.params[start:start + len(params)]
+            if len(mine) == len(params) and all(map(operator.is_, mine, params)):
+                return handed.grads[start:start + len(params)], handed.refs
+        grads, _, _, _, refs = local_grads(params)
+        return grads, refs
 
     def _plan_lists(self, lists) -> None:
         """Called on each device's lists when they are built; a subclass adds to them what

@@ -5,7 +5,7 @@ One read of every grad gives the norm and the GradScaler's inf/NaN flags togethe
 on the device, in the same multiply as the inverse loss scale."""
 import math
 import operator
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -70,23 +70,36 @@ def local_grads(params):
     return grads, specs, len(dtensors), present[0].device if one_device else None, None
 
 
-def _grads_per_device(optimizer) -> Tuple[Dict[torch.device, List[torch.Tensor]], list, Any]:
-    """The grads of the optimizer's params that have one (local shards of DTensor grads), per
-    device, the process groups over which their local norms add up, and what to keep while ops
-    run on them (``local_grads``)."""
-    grads, specs, sharded, device, refs = local_grads([p for group in optimizer.param_groups for p in group["params"]])
-    grads = [g for g in grads if g is not None]
+class Gathered(NamedTuple):
+    """The grads of an optimizer's params as one pass read them (``gather``): the params of all
+    its groups in order, and ``local_grads`` of them."""
+    params: list
+    grads: list
+    specs: list
+    sharded: int
+    device: Optional[torch.device]
+    refs: Any
+
+
+def gather(optimizer) -> Gathered:
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    return Gathered(params, *local_grads(params))
+
+
+def _grads_per_device(name: str, gathered: Gathered) -> Tuple[Dict[torch.device, List[torch.Tensor]], list]:
+    """The gathered grads that are there, per device, and the process groups over which their
+    local norms add up."""
+    grads = [g for g in gathered.grads if g is not None]
     for i, g in enumerate(grads):
         if g.is_sparse:
-            raise ValueError(f"{type(optimizer).__name__}: grad {i} is sparse; gradient clipping "
-                             "needs dense gradients")
-    groups = _shard_groups(specs, sharded, len(grads))
-    if device is not None:
-        return {device: grads}, groups, refs
+            raise ValueError(f"{name}: grad {i} is sparse; gradient clipping needs dense gradients")
+    groups = _shard_groups(gathered.specs, gathered.sharded, len(grads))
+    if gathered.device is not None:
+        return {gathered.device: grads}, groups
     per_device: Dict[torch.device, List[torch.Tensor]] = {}
     for g in grads:
         per_device.setdefault(g.device, []).append(g)
-    return per_device, groups, refs
+    return per_device, groups
 
 
 def _shard_groups(specs, sharded: int, count: int) -> list:
@@ -143,13 +156,15 @@ def _combined_over(groups, found, norm, norm_type):
     return found, pair[1] if additive else pair[1].pow(1.0 / norm_type)
 
 
-def total_grad_norm(optimizer, norm_type: float, inv_scale: Optional[torch.Tensor]
-                    ) -> Tuple[torch.Tensor, Dict[torch.device, torch.Tensor]]:
-    """The total ``norm_type``-norm of the optimizer's grads times ``inv_scale`` (None: the grads
-    are unscaled already), as a 0-dim fp32 tensor on the first grad's device, and the inf/NaN
-    flag of each device's grads (1.0 or 0.0). No host sync. With DTensor grads the local values
-    are combined over the mesh dims they are sharded on, so every rank gets the same norm."""
-    per_device, groups, _refs = _grads_per_device(optimizer)  # (kept until the ops below have run)
+def total_grad_norm(optimizer, norm_type: float, inv_scale: Optional[torch.Tensor],
+                    gathered: Optional[Gathered] = None) -> Tuple[torch.Tensor, Dict[torch.device, torch.Tensor]]:
+    """The total ``norm_type``-norm of the optimizer's grads (as ``gathered``, else read now)
+    times ``inv_scale`` (None: the grads are unscaled already), as a 0-dim fp32 tensor on the
+    first grad's device, and the inf/NaN flag of each device's grads (1.0 or 0.0). No host sync.
+    With DTensor grads the local values are combined over the mesh dims they are sharded on, so
+    every rank gets the same norm."""
+    gathered = gathered or gather(optimizer)  # (its refs kept until the ops below have run)
+    per_device, groups = _grads_per_device(type(optimizer).__name__, gathered)
     norm_type = float(norm_type)
     norms, found_infs = [], {}
     for device, device_grads in per_device.items():
