@@ -32,6 +32,7 @@ class Context:
         self.native = native.probe(device)  # dtype -> (matmul slowdown vs fp32, native?)
         self.skipped = []  # cases not run, with why
         self.notes = {}  # suite -> a line for the summary (the latest run's)
+        self.per_run = {}  # a suite's key -> what each run measured, for a note over every run
 
     def add_ceiling(self, measured):
         """Keep the best of every kernel over the repeats; the ceiling is the best of all."""

@@ -202,13 +202,31 @@ def test_distributed_suite_reports_time_per_rank_and_bytes_held(tmp_path):
     assert host["fused_amp"]["n_params"] == 200 * (64 * 64 + 64 * 3) // 2
     assert host["fused_amp[Muon, no Newton-Schulz]"]["n_params"] == 200 * 64 * 64 // 2
     assert all(r["host_cpu_us_per_param"] > 0 for r in host.values())
-    assert "800-params per param per rank (us), wall time: " in data["notes"]["distributed host time"]
-    assert "FSDP2 - plain tensors per param, wall: fp32 masters " in data["notes"]["distributed host time"]
+    assert "800-params per param per rank (us), median of 1 run(s), wall time: " in data["notes"]["distributed host time"]
+    assert "FSDP2 - plain tensors per param (range over the runs), wall: fp32 masters " in data["notes"]["distributed host time"]
     assert "; CPU time: fp32 masters " in data["notes"]["distributed host time"]
     note = data["notes"]["distributed"]
     for label in ("FSDP2 fp32 shards", "FSDP2 bf16 shards + fp32 masters", "ZeRO-1", "DDP", "6 + 12/d"):
         assert label in note
     assert "DDP bf16 + masters 16.0" in note  # replicated: 2 + 2 + 4 + 4 + 4 bytes per param
+
+
+def test_the_host_time_note_gives_medians_and_ranges_over_every_run():
+    from benchmarks.suites import distributed
+
+    def run(fused, plain, torch_fused):  # us per param; the other rows 1.0
+        wall = dict.fromkeys(distributed.host_rows(), 1.0)
+        wall.update({"fused_amp": fused, "fused_amp[plain tensors]": plain, "torch_fused": torch_fused})
+        return wall, dict(wall)
+    runs = [run(4.0, 2.0, 40.0), run(3.0, 2.5, 30.0), run(6.0, 2.0, 36.0)]
+    note = distributed._host_note(runs)
+    assert "median of 3 run(s), wall time: torch_fused 36.0, fused_amp 4.0, fused_amp[plain tensors] 2.0," in note
+    # gaps 2.0, 0.5, 4.0 and ratios 10, 10, 6 in each run: the medians of the runs, not of the rows
+    assert "wall: fp32 masters +2.0 (+0.5..+4.0), clip +0.0 (+0.0..+0.0)," in note
+    assert "CPU time: fp32 masters +2.0 (+0.5..+4.0)," in note
+    assert note.endswith("torch_fused / fused_amp: 10.0x (6.0-10.0x) wall, 10.0x (6.0-10.0x) CPU")
+    # Muon: its FSDP2 row less its plain row less the exchange's row
+    assert "Muon's gaps less the exchange -1.0 (-1.0..-1.0) wall" in note
 
 
 def test_fsdp_host_breakdown_splits_each_adamw_row_over_the_parts_of_its_step():

@@ -201,25 +201,42 @@ def run_host(ctx):
                    gparams_per_s=elements[rec["impl"]] / (rec["time_ms"] * 1e-3) / 1e9,
                    host_us_per_param=per_param[rec["impl"]], host_cpu_us_per_param=cpu_per_param[rec["impl"]])
 
-    def gaps(us):
-        return {recipe or "fp32 masters": us[a] - us[b] for recipe, (a, b) in ((r, row_names(r)) for r in RECIPES)}
-
-    def listed(values, fmt):
-        return ", ".join(f"{k} {v:{fmt}}" for k, v in values.items())
-    wall, cpu = gaps(per_param), gaps(cpu_per_param)
-    ctx.note("distributed host time", f"{HOST_CASE} per param per rank (us), wall time: "
-             + listed(per_param, ".1f") + "; the stepping thread's CPU time: " + listed(cpu_per_param, ".1f")
-             + "; FSDP2 - plain tensors per param, wall: " + listed(wall, "+.1f") + "; CPU time: "
-             + listed(cpu, "+.1f") + " us (wall time adds the waits in gloo's collectives for the other "
-             f"rank, which NCCL's stream-ordered ones do not make the host wait for); alone, the flag's "
-             f"all-reduce (once per step, whatever the param count) {per_param[FLAG_ROW]:.1f} "
-             f"wall, and Muon's exchange of whole matrices {per_param[MUON_EXCHANGE]:.1f} wall, "
-             f"{cpu_per_param[MUON_EXCHANGE]:.1f} CPU per matrix (DTensor's redistribution; Muon's gaps "
-             f"less it {wall['Muon, no Newton-Schulz'] - per_param[MUON_EXCHANGE]:+.1f} wall, "
-             f"{cpu['Muon, no Newton-Schulz'] - cpu_per_param[MUON_EXCHANGE]:+.1f} CPU); torch_fused / "
-             f"fused_amp: {per_param['torch_fused'] / per_param['fused_amp']:.1f}x wall, "
-             f"{cpu_per_param['torch_fused'] / cpu_per_param['fused_amp']:.1f}x CPU")
+    runs = ctx.per_run.setdefault(HOST_CASE, [])
+    runs.append((per_param, cpu_per_param))
+    ctx.note("distributed host time", _host_note(runs))
     return records
+
+
+def _host_note(runs):
+    """The summary's line on the host time per param: each row's median over the runs so far,
+    and each gap's (FSDP2 row less its plain row) and torch's ratio's median and range over
+    them, as the records report their medians."""
+    def over_runs(values):  # one value per run -> "median (low-high)"
+        m = statistics.median(values)
+        return f"{m:+.1f} ({min(values):+.1f}..{max(values):+.1f})" if len(values) > 1 else f"{m:+.1f}"
+
+    def rows(col):
+        return ", ".join(f"{k} {statistics.median(run[col][k] for run in runs):.1f}" for k in runs[0][col])
+
+    def gaps(col):
+        return ", ".join(f"{recipe or 'fp32 masters'} " + over_runs([run[col][a] - run[col][b] for run in runs])
+                         for recipe, (a, b) in ((r, row_names(r)) for r in RECIPES))
+
+    def muon_less_exchange(col):
+        fsdp, plain = row_names("Muon, no Newton-Schulz")
+        return over_runs([run[col][fsdp] - run[col][plain] - run[col][MUON_EXCHANGE] for run in runs])
+
+    def ratio(col):
+        values = [run[col]["torch_fused"] / run[col]["fused_amp"] for run in runs]
+        return f"{statistics.median(values):.1f}x" + (f" ({min(values):.1f}-{max(values):.1f}x)" if len(runs) > 1 else "")
+    return (f"{HOST_CASE} per param per rank (us), median of {len(runs)} run(s), wall time: {rows(0)}; the "
+            f"stepping thread's CPU time: {rows(1)}; FSDP2 - plain tensors per param (range over the runs), "
+            f"wall: {gaps(0)}; CPU time: {gaps(1)} us (wall time adds the waits in gloo's collectives for "
+            "the other rank, which NCCL's stream-ordered ones do not make the host wait for); alone, the "
+            "flag's all-reduce (once per step, whatever the param count) and Muon's exchange of whole "
+            "matrices (DTensor's redistribution, per matrix) are rows of their own; Muon's gaps less the "
+            f"exchange {muon_less_exchange(0)} wall, {muon_less_exchange(1)} CPU; torch_fused / fused_amp: "
+            f"{ratio(0)} wall, {ratio(1)} CPU")
 
 
 def _timed(fn):
