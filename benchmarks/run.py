@@ -31,7 +31,7 @@ class Context:
         self.ceiling = {}
         self.native = native.probe(device)  # dtype -> (matmul slowdown vs fp32, native?)
         self.skipped = []  # cases not run, with why
-        self.notes = {}  # suite -> a line for the summary (the latest run's)
+        self.notes = {}  # suite -> a line for the summary (as the latest run wrote it)
         self.per_run = {}  # a suite's key -> what each run measured, for a note over every run
 
     def add_ceiling(self, measured):

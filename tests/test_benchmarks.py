@@ -224,7 +224,7 @@ def test_the_host_time_note_gives_medians_and_ranges_over_every_run():
     # gaps 2.0, 0.5, 4.0 and ratios 10, 10, 6 in each run: the medians of the runs, not of the rows
     assert "wall: fp32 masters +2.0 (+0.5..+4.0), clip +0.0 (+0.0..+0.0)," in note
     assert "CPU time: fp32 masters +2.0 (+0.5..+4.0)," in note
-    assert note.endswith("torch_fused / fused_amp: 10.0x (6.0-10.0x) wall, 10.0x (6.0-10.0x) CPU")
+    assert note.endswith("torch_fused / fused_amp: 10.0x (6.0..10.0x) wall, 10.0x (6.0..10.0x) CPU")
     # Muon: its FSDP2 row less its plain row less the exchange's row
     assert "Muon's gaps less the exchange -1.0 (-1.0..-1.0) wall" in note
 

@@ -211,9 +211,9 @@ def _host_note(runs):
     """The summary's line on the host time per param: each row's median over the runs so far,
     and each gap's (FSDP2 row less its plain row) and torch's ratio's median and range over
     them, as the records report their medians."""
-    def over_runs(values):  # one value per run -> "median (low-high)"
-        m = statistics.median(values)
-        return f"{m:+.1f} ({min(values):+.1f}..{max(values):+.1f})" if len(values) > 1 else f"{m:+.1f}"
+    def over_runs(values, fmt="+.1f", unit=""):  # one value per run -> "median (low..high)"
+        m = f"{statistics.median(values):{fmt}}{unit}"
+        return f"{m} ({min(values):{fmt}}..{max(values):{fmt}}{unit})" if len(values) > 1 else m
 
     def rows(col):
         return ", ".join(f"{k} {statistics.median(run[col][k] for run in runs):.1f}" for k in runs[0][col])
@@ -227,8 +227,7 @@ def _host_note(runs):
         return over_runs([run[col][fsdp] - run[col][plain] - run[col][MUON_EXCHANGE] for run in runs])
 
     def ratio(col):
-        values = [run[col]["torch_fused"] / run[col]["fused_amp"] for run in runs]
-        return f"{statistics.median(values):.1f}x" + (f" ({min(values):.1f}-{max(values):.1f}x)" if len(runs) > 1 else "")
+        return over_runs([run[col]["torch_fused"] / run[col]["fused_amp"] for run in runs], ".1f", "x")
     return (f"{HOST_CASE} per param per rank (us), median of {len(runs)} run(s), wall time: {rows(0)}; the "
             f"stepping thread's CPU time: {rows(1)}; FSDP2 - plain tensors per param (range over the runs), "
             f"wall: {gaps(0)}; CPU time: {gaps(1)} us (wall time adds the waits in gloo's collectives for "
