@@ -1,43 +1,47 @@
-"""The CUDA launcher and kernels, run on the CPU through the host simulation of
-csrc/cuda/compat.cuh: tiny chunks (20 elements), blocks (2 threads) and metadata (3 tensors,
-5 blocks per launch; 6 and 10 in the "32 KB" variant) reach every boundary of the launch plan:
-flushes when tensors or blocks run out, a tensor continued in the next launch, empty tensors,
-chunk tails, aligned and unaligned vector paths. Results are compared with torch (unscale) and
-with the CPU ops (optimizers): an element skipped or updated twice shows up at once."""
+"""The CUDA launcher and kernels, run on the CPU by the emulator of csrc/cuda/emulator/ (every
+CUDA thread a fiber: real barriers, real warp exchanges, shared memory per block, with race,
+barrier, warp, init, bounds and alignment checks). Blocks have their real sizes (512 threads);
+the "plan" build cuts small chunks (2100 elements, 2560 for the 8-bit tiles) and launch metadata
+(3 tensors, 5 blocks per launch; 6 and 10 in the "32 KB" variant), so that every boundary of the
+launch plan is reached: flushes when tensors or blocks run out, a tensor continued in the next
+launch, empty tensors, chunk tails, threads that loop over a chunk more than once, aligned and
+unaligned vector paths. Results are compared with torch (unscale) and with the CPU ops
+(optimizers): an element skipped or updated twice shows up at once. Each test runs its threads
+in one of the emulator's schedules; test_every_schedule_gives_the_same_bits runs each kernel in
+all of them. The "real" build runs the kernels at the sizes a GPU does (chunks of 65536, the
+launch metadata of the 4 KB and 32 KB argument limits). tests/test_cuda_emulator.py checks the
+emulator itself."""
 import ctypes
 import math
-import os
-import shutil
-import subprocess
+import zlib
 
 import pytest
 import torch
 
 from fused_amp import ops
 from helpers import assert_bitwise_equal
+from cuda_sim.build import SCHEDULES, build_emulation
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CUDA_HOME = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
 DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
-SIZES = [0, 1, 3, 19, 20, 21, 39, 40, 41, 0, 100, 203, 4, 0, 77]
+CHUNK = 2100  # the plan build's elementwise chunk
+SIZES = [0, 1, 3, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK - 1, 2 * CHUNK, 2 * CHUNK + 1, 0, 5000, 6303, 4, 0, 77]
 P = ctypes.c_void_p
 
 
 @pytest.fixture(scope="module")
-def sim(tmp_path_factory):
-    if not os.path.exists(os.path.join(CUDA_HOME, "include", "cuda_fp16.h")):
-        pytest.skip(f"no CUDA headers under {CUDA_HOME} (set CUDA_HOME)")
-    cxx = shutil.which("g++") or shutil.which("c++")
-    out = str(tmp_path_factory.mktemp("sim") / "libfused_amp_sim.so")
-    # under make sanitize, with the sanitizers the extension was built with (setup.py)
-    sanitizers = (["-g", "-fsanitize=address,undefined,float-cast-overflow", "-fno-sanitize-recover=all"]
-                  if os.environ.get("FUSED_AMP_SANITIZE") == "1" else [])
-    subprocess.run([cxx, "-O1", *sanitizers, "-shared", "-fPIC", "-std=c++17", f"-I{ROOT}/csrc",
-                    f"-I{CUDA_HOME}/include", "-DFUSED_AMP_HOST_SIM",
-                    "-DFUSED_AMP_SIM_CHUNK_SIZE=20", "-DFUSED_AMP_SIM_BLOCK_SIZE=2",
-                    "-DFUSED_AMP_SIM_MAX_BLOCKS=5", "-DFUSED_AMP_SIM_MAX_TENSORS=3",
-                    f"{ROOT}/tests/cuda_sim/harness.cpp", "-o", out], check=True)
-    return ctypes.CDLL(out)
+def emulation(tmp_path_factory):
+    return build_emulation(tmp_path_factory.mktemp("emulation"), "plan")
+
+
+@pytest.fixture
+def sim(request, emulation):
+    """The plan build, its threads in one of the schedules, chosen by the test's name (each test
+    compares with the CPU ops bit for bit, so every schedule gives those bits; three times the
+    tests would take three times as long)."""
+    name = list(SCHEDULES)[zlib.crc32(request.node.nodeid.encode()) % len(SCHEDULES)]
+    emulation.set_schedule(name, seed=zlib.crc32(request.node.name.encode()))
+    yield emulation
+    emulation.set_schedule("in order")
 
 
 def ptr_array(rows):
@@ -295,7 +299,7 @@ NORM_KIND = {math.inf: 0, 1.0: 1, 2.0: 2}
 @pytest.mark.parametrize("aligned", [True, False])
 @pytest.mark.parametrize("norm_type", list(NORM_KIND))
 def test_grad_norm_is_as_close_to_the_exact_norm_as_torch(sim, large, dtype, aligned, norm_type):
-    """Chunks of 20 and blocks of 2 threads: every chunk tail, block tree and launch boundary of
+    """Chunks of 2100 and blocks of 512 threads: every chunk tail, block tree and launch boundary of
     the two-stage reduction. The rule of tests/test_clip.py: no further from the float64 norm
     than torch's own norms (or one fp32 ulp); the same bits on a second run; inf/NaN flagged."""
     gen = torch.Generator().manual_seed(DTYPE_CODE[dtype] + 7 * NORM_KIND[norm_type])
@@ -353,12 +357,12 @@ def test_clipped_adam_matches_cpu_op(sim, large, max_norm):
 
 
 # ---- 8-bit state: tiles of whole quant blocks (csrc/cuda/step_states.cuh) ----------------------
-# The simulated tile kernels run 128 threads per block (2 quant blocks of 256 per tile) over
-# chunks of 768 elements (3 quant blocks), so sizes around 256, 512 and 768 reach a quant
+# The tile kernels run 512 threads per block (tiles of 2048 elements, 8 quant blocks of 256) over
+# chunks of 2560 elements in the plan build, so sizes around 256, 2048 and 2560 reach a quant
 # block's tail, a tile that ends inside a chunk, a chunk that ends inside a tile and a tensor
 # continued in the next launch. Everything is compared bit for bit: the CPU loops of these
 # machines use fused multiply-adds as the kernels do (as in the tests above).
-Q8_SIZES = [0, 1, 255, 256, 257, 600, 767, 768, 769, 0, 1600, 2050, 4, 0, 300]
+Q8_SIZES = [0, 1, 255, 256, 257, 2047, 2048, 2049, 2560, 2561, 0, 5200, 7700, 4, 0, 300]
 Q8 = 4  # the state dtype code of 8-bit codes
 
 
@@ -533,3 +537,166 @@ def test_8bit_state_keeps_a_nan_as_a_nan_block(sim):
     assert (absmax[1] == 0).all()
     for k in range(2):
         assert_codes_match(codes[k][0], ref[2 + k][0], absmax[0][k], ref[4][0][k], f"state {k}")
+
+
+# ---- every schedule: the same bits ----------------------------------------------------------------
+
+def run_unscale(sim, gen):
+    tensors = [torch.randn(n, generator=gen).half() * 1000 for n in SIZES]
+    found = torch.zeros(1)
+    inv = torch.tensor([1 / 1024])
+    sim.fa_sim_unscale(DTYPE_CODE[torch.float16], len(tensors), ptr_array([[t] for t in tensors]),
+                       numel_array(tensors), fptr(found), fptr(inv), 0)
+    return tensors + [found]
+
+
+def run_grad_norm(sim, gen):
+    tensors = [torch.randn(n, generator=gen).bfloat16() for n in SIZES]
+    partials = torch.zeros(sum(sim.fa_sim_norm_chunks(ctypes.c_int64(t.numel())) for t in tensors) + 1,
+                           dtype=torch.float64)
+    found, norm, inv = torch.zeros(1), torch.zeros(1), torch.tensor([0.5])
+    sim.fa_sim_grad_norm(DTYPE_CODE[torch.bfloat16], len(tensors), ptr_array([[t] for t in tensors]),
+                         numel_array(tensors), fptr(partials), fptr(found), fptr(inv), NORM_KIND[2.0],
+                         fptr(norm), 1)
+    return [partials, norm, found]
+
+
+def run_adam(state_dtype, master, stochastic):
+    def run(sim, gen):
+        q8 = state_dtype == "8-bit"
+        params, grads, masters = (q8_lists if q8 else optimizer_lists)(torch.bfloat16, master, gen, True)
+        if q8:
+            codes, absmax = codes_and_absmax(params, 3)
+            rows = [list(r) for r in zip(params, grads, masters, *codes, [torch.zeros(1) for _ in params], absmax)]
+            k = q8_kind(torch.bfloat16, master)
+        else:
+            states = [[torch.zeros(p.shape, dtype=state_dtype) for p in params] for _ in range(3)]
+            rows = [list(r) for r in zip(params, grads, masters, *states, [torch.zeros(1) for _ in params])]
+            k = kind(torch.bfloat16, master, state_dtype)
+        inv = torch.tensor([0.5])  # held: a tensor made in the arguments is freed before the call
+        for _ in range(2):
+            sim.fa_sim_adam(k, len(params), ptr_array(rows), numel_array(params),
+                            (ctypes.c_double * 4)(0.9, 0.99, 1e-8, 0.01), (ctypes.c_int * 3)(1, 1, 0),
+                            ctypes.c_double(1e-2), None, fptr(inv), None, 1, None,
+                            ctypes.c_float(0), stochastic, ctypes.c_int64(9), 0)
+        return [t for r in rows for t in r if t is not None]
+    return run
+
+
+def run_sgd_8bit(sim, gen):
+    params, grads, masters = q8_lists(torch.bfloat16, True, gen, True)
+    codes, absmax = codes_and_absmax(params, 1)
+    rows = [list(r) for r in zip(params, grads, masters, codes[0], [torch.zeros(1) for _ in params], absmax)]
+    for _ in range(2):
+        sim.fa_sim_sgd(q8_kind(torch.bfloat16, True), len(params), ptr_array(rows), numel_array(params),
+                       (ctypes.c_double * 3)(0.9, 0.1, 1e-3), (ctypes.c_int * 2)(1, 0), ctypes.c_double(0.1),
+                       None, None, 0, None, ctypes.c_float(0), 0, ctypes.c_int64(0), 0)
+    return [t for r in rows for t in r]
+
+
+def run_lion(sim, gen):
+    params, grads, masters = optimizer_lists(torch.float16, True, gen, True)
+    rows = [list(r) for r in zip(params, grads, masters, [torch.zeros(p.shape, dtype=torch.bfloat16) for p in params],
+                                 [torch.zeros(1) for _ in params])]
+    sim.fa_sim_lion(kind(torch.float16, True, torch.bfloat16), len(params), ptr_array(rows), numel_array(params),
+                    (ctypes.c_double * 3)(0.9, 0.99, 0.1), (ctypes.c_int * 1)(0), ctypes.c_double(1e-2), None, None,
+                    0, None, ctypes.c_float(0), 1, ctypes.c_int64(5), 0)
+    return [t for r in rows for t in r]
+
+
+def run_muon_8bit(sim, gen):
+    params, grads, _ = q8_lists(torch.bfloat16, False, gen, True)
+    codes, absmax = codes_and_absmax(params, 1)
+    updates = [torch.zeros(p.shape, dtype=torch.bfloat16) for p in params]
+    rows = [list(r) for r in zip(params, grads, codes[0], updates, absmax)]
+    sim.fa_sim_muon(q8_kind(torch.bfloat16), len(params), ptr_array(rows), numel_array(params),
+                    (ctypes.c_double * 1)(0.95), (ctypes.c_int * 1)(1), None, None, 0, None, ctypes.c_float(0), 0)
+    return codes[0] + absmax + updates
+
+
+KERNELS = {"unscale": run_unscale, "grad norm": run_grad_norm,
+           "adam fp32 state": run_adam(torch.float32, True, 0), "adam bf16 state": run_adam(torch.bfloat16, "remainder", 1),
+           "adam 8-bit": run_adam("8-bit", "remainder8", 2), "sgd 8-bit": run_sgd_8bit, "lion": run_lion,
+           "muon 8-bit": run_muon_8bit}
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_every_schedule_gives_the_same_bits(emulation, kernel):
+    """Threads in order, reversed, and in two random orders (which also switch threads at every
+    shared-memory access), blocks likewise: bit for bit the same results, and no finding."""
+    results = []
+    for name, seed in (("in order", 0), ("reversed", 0), ("random", 1), ("random", 2)):
+        emulation.set_schedule(name, seed)
+        results.append(KERNELS[kernel](emulation, torch.Generator().manual_seed(21)))
+    emulation.set_schedule("in order")
+    for other in results[1:]:
+        for i, (a, b) in enumerate(zip(results[0], other)):
+            assert_bitwise_equal(a, b, f"output {i}")
+
+
+# ---- the sizes a GPU runs -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def real(tmp_path_factory):
+    return build_emulation(tmp_path_factory.mktemp("emulation"), "real")
+
+
+REAL_CHUNK = 65536
+# 130 small tensors pass the 4 KB plan's 120 tensors per launch (one list), and one of 321 chunks
+# its 320 blocks; the others sit at a chunk's boundaries
+REAL_SIZES = [0, 1, REAL_CHUNK - 1, REAL_CHUNK, REAL_CHUNK + 1, 2 * REAL_CHUNK + 4] + list(range(1, 131)) + [321 * REAL_CHUNK - 3]
+
+
+@pytest.mark.parametrize("large", [0, 1])
+def test_unscale_and_norm_at_the_real_sizes(real, large):
+    gen = torch.Generator().manual_seed(31)
+    tensors = [torch.randn(n, generator=gen).half() for n in REAL_SIZES]
+    expected = [t.clone() for t in tensors]
+    found, inv = torch.zeros(1), torch.tensor([0.25])
+    before = real.fa_sim_launches()
+    real.fa_sim_unscale(DTYPE_CODE[torch.float16], len(tensors), ptr_array([[t] for t in tensors]),
+                        numel_array(tensors), fptr(found), fptr(inv), large)
+    # the 4 KB plan flushes on tensors and on blocks; all of it fits one launch of the 32 KB plan
+    assert real.fa_sim_launches() - before == (1 if large else 3)
+    torch._amp_foreach_non_finite_check_and_unscale_(expected, torch.zeros(1), inv)
+    for i, (a, b) in enumerate(zip(tensors, expected)):
+        assert_bitwise_equal(a, b, f"tensor {i}")
+    real.fa_sim_norm_chunks.restype = ctypes.c_int64
+    partials = torch.zeros(sum(real.fa_sim_norm_chunks(ctypes.c_int64(t.numel())) for t in tensors) + 1,
+                           dtype=torch.float64)
+    norm = torch.zeros(1)
+    real.fa_sim_grad_norm(DTYPE_CODE[torch.float16], len(tensors), ptr_array([[t] for t in tensors]),
+                          numel_array(tensors), fptr(partials), fptr(found), None, NORM_KIND[2.0], fptr(norm), large)
+    exact = torch.linalg.vector_norm(torch.cat([t.double() for t in tensors]))
+    torch_error = max((torch.nn.utils.get_total_norm([t.float() for t in tensors if t.numel()], 2.0,
+                                                     foreach=f).double() - exact).abs().item() for f in (True, False))
+    assert (norm.double() - exact).abs().item() <= max(torch_error, torch.finfo(torch.float32).eps * exact.item())
+    assert found.item() == 0.0
+
+
+@pytest.mark.parametrize("large", [0, 1])
+def test_adam_with_8bit_state_at_the_real_sizes(real, large):
+    """Chunks of 65536 (32 tiles of 2048 elements), bit for bit the CPU op."""
+    sizes = [0, 1, REAL_CHUNK - 1, REAL_CHUNK, REAL_CHUNK + 1, 2 * REAL_CHUNK + 300, 300]
+    gen = torch.Generator().manual_seed(32)
+    params = [torch.randn(n, generator=gen).bfloat16() for n in sizes]
+    grads = [torch.randn(n, generator=gen).bfloat16() for n in sizes]
+    masters = [torch.randint(0, 256, (n,), generator=gen, dtype=torch.uint8) for n in sizes]
+    codes, absmax = codes_and_absmax(params, 2)
+    steps = [torch.zeros(1) for _ in params]
+    ref = [[t.clone() for t in ts] for ts in (params, grads, masters, *codes, absmax, steps)]
+    inv = torch.tensor([0.5])
+    for _ in range(2):
+        rows = [list(r) for r in zip(params, grads, masters, *codes, [None] * len(params), steps, absmax)]
+        real.fa_sim_adam(q8_kind(torch.bfloat16, "remainder8"), len(params), ptr_array(rows), numel_array(params),
+                         (ctypes.c_double * 4)(0.9, 0.99, 1e-8, 0.01), (ctypes.c_int * 3)(1, 0, 0),
+                         ctypes.c_double(1e-2), None, fptr(inv), None, 1, None, ctypes.c_float(0), 2,
+                         ctypes.c_int64(17), large)
+        ops.adam_step_(ref[0], ref[1], ref[2], ref[3], ref[4], [], ref[6], state_absmaxes=ref[5], lr=1e-2,
+                       beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.01, amsgrad=False, maximize=False,
+                       decoupled_weight_decay=True, inv_scale=inv, rounding_seed=17, stochastic_codes=True)
+    for i in range(len(params)):
+        for k in range(2):
+            assert_codes_match(codes[k][i], ref[3 + k][i], absmax[i][k], ref[5][i][k], f"tensor {i} state {k}")
+        for name, a, b in (("param", params, ref[0]), ("grad", grads, ref[1]), ("master", masters, ref[2])):
+            assert_bitwise_equal(a[i], b[i], f"{name} {i}")

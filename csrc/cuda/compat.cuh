@@ -1,11 +1,11 @@
 #pragma once
 // What the kernels need from CUDA. With FUSED_AMP_HOST_SIM the same kernel and launcher source
-// compiles with a host compiler and a launch runs as loops over blocks and threads: exact for
-// kernels whose threads never meet (no shared memory, no __syncthreads, no warp shuffles). The
-// two kinds whose threads do meet have a simulated form of that step: the block reductions
-// (multi_tensor_apply.cuh) and the tiles of 8-bit state (step_states.cuh), launched with
-// FA_LAUNCH_WHOLE_BLOCKS, which runs the kernel once per block and leaves the threads to it. The
-// tests use it to check the launcher's chunking on machines without a GPU (tests/test_cuda_sim.py).
+// compiles with a host compiler and runs on the emulator of csrc/cuda/emulator/ (the tests'
+// build only, tests/cuda_sim/): every CUDA thread of a block is an execution context of its own,
+// __syncthreads a real barrier, a warp shuffle a real exchange among 32 lanes, __shared__ storage
+// per block, and the emulator checks shared-memory races, barrier and warp divergence,
+// uninitialised shared reads, shared bounds and misaligned vector accesses on the way. The kernels
+// have one body: they spell CUDA's names (or the FA_* ones below), never the emulator's.
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -14,32 +14,30 @@
 #include <cuda_fp16.h>
 
 #ifdef FUSED_AMP_HOST_SIM
-#include <algorithm>
-struct FaDim3 { unsigned x = 0, y = 0, z = 0; };
-inline FaDim3 threadIdx, blockIdx, blockDim, gridDim;
-inline bool fused_amp_sim_large_args = false;  // which argument limit the simulated launches use
+#include "cuda/emulator/shared.h"
+inline bool fused_amp_sim_large_args = false;  // which argument limit the emulated launches use
 inline int fused_amp_sim_launches = 0;         // launches so far, for the tests
 #define FA_GLOBAL
 #define FA_DEVICE inline
 #define FA_GRID_CONSTANT
-#define FA_LAUNCH(kernel, grid, block, stream, ...)                          \
-  do {                                                                     \
-    ++fused_amp_sim_launches;                                              \
-    gridDim.x = (grid);                                                    \
-    blockDim.x = (block);                                                  \
-    for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x)             \
-      for (threadIdx.x = 0; threadIdx.x < blockDim.x; ++threadIdx.x)       \
-        kernel(__VA_ARGS__);                                               \
+#define FA_EMU_SITE (::fused_amp::emu::Site{__FILE__, __LINE__})
+#define FA_LAUNCH(kernel, grid, block, stream, ...)                                    \
+  do {                                                                               \
+    ++fused_amp_sim_launches;                                                        \
+    ::fused_amp::emu::launch((grid), (block), [&] { kernel(__VA_ARGS__); });         \
   } while (0)
-#define FA_LAUNCH_WHOLE_BLOCKS(kernel, grid, block, stream, ...)             \
-  do {                                                                     \
-    ++fused_amp_sim_launches;                                              \
-    gridDim.x = (grid);                                                    \
-    blockDim.x = (block);                                                  \
-    threadIdx.x = 0;                                                       \
-    for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x)             \
-      kernel(__VA_ARGS__);                                                 \
-  } while (0)
+// FA_SHARED(name, T[n]...): the block's __shared__ array `name`
+#define FA_SHARED(name, ...) const auto name = ::fused_amp::emu::shared<__VA_ARGS__>(#name, FA_EMU_SITE)
+#define __syncthreads() ::fused_amp::emu::syncthreads(FA_EMU_SITE)
+#define FA_EMU_SHUFFLE(op, mask, var, ...) \
+  ::fused_amp::emu::exchange(FA_EMU_SITE, ::fused_amp::emu::WarpOp::op, (mask), (var), __VA_ARGS__)
+#define __shfl_sync(mask, var, ...) FA_EMU_SHUFFLE(ShflIdx, mask, var, __VA_ARGS__)
+#define __shfl_up_sync(mask, var, ...) FA_EMU_SHUFFLE(ShflUp, mask, var, __VA_ARGS__)
+#define __shfl_down_sync(mask, var, ...) FA_EMU_SHUFFLE(ShflDown, mask, var, __VA_ARGS__)
+#define __shfl_xor_sync(mask, var, ...) FA_EMU_SHUFFLE(ShflXor, mask, var, __VA_ARGS__)
+#define __ballot_sync(mask, pred) ::fused_amp::emu::vote(FA_EMU_SITE, ::fused_amp::emu::WarpOp::Ballot, (mask), (pred))
+#define __any_sync(mask, pred) (::fused_amp::emu::vote(FA_EMU_SITE, ::fused_amp::emu::WarpOp::Any, (mask), (pred)) != 0)
+#define __all_sync(mask, pred) (::fused_amp::emu::vote(FA_EMU_SITE, ::fused_amp::emu::WarpOp::All, (mask), (pred)) != 0)
 #else
 #include <cuda_runtime_api.h>
 #define FA_GLOBAL __global__
@@ -54,10 +52,28 @@ inline int fused_amp_sim_launches = 0;         // launches so far, for the tests
                                cudaGetErrorString(fa_err));                              \
     }                                                                                    \
   } while (0)
-#define FA_LAUNCH_WHOLE_BLOCKS FA_LAUNCH
+#define FA_SHARED(name, ...) __shared__ ::fused_amp::cuda::shared_t<__VA_ARGS__> name
 #endif
 
 namespace fused_amp::cuda {
+
+// The type of a __shared__ declaration (FA_SHARED), an array type spelled as one argument.
+template <class T>
+using shared_t = T;
+
+// p as a pointer to a vector of elements (a Pack, multi_tensor_apply.cuh), which CUDA loads and
+// stores only at its alignment. x86 would serve a misaligned one silently: the emulator refuses it.
+template <class V, class T>
+FA_DEVICE V* vector_at(T* p) {
+#ifdef FUSED_AMP_HOST_SIM
+  if (reinterpret_cast<uintptr_t>(p) % alignof(V) != 0) {
+    ::fused_amp::emu::fail("misaligned: a vector access of " + std::to_string(sizeof(V)) + " bytes at an address " +
+                           std::to_string(reinterpret_cast<uintptr_t>(p) % alignof(V)) + " bytes past a multiple of " +
+                           std::to_string(alignof(V)));
+  }
+#endif
+  return reinterpret_cast<V*>(p);
+}
 
 // The value a kernel computes with: fp32 for half types; other types (fp32, fp64, and the
 // integers the inf/NaN check reads the bits as) as they are.

@@ -10,33 +10,31 @@
 
 namespace fused_amp::cuda {
 
+// Blocks have their real sizes in every build; the emulator's test build (tests/cuda_sim/) cuts
+// smaller chunks and launch metadata (FUSED_AMP_SIM_*) so that every boundary of the launch plan
+// is cheap to reach.
+constexpr int kBlockSize = 512;
+constexpr int kILP = 4;
 #ifndef FUSED_AMP_SIM_CHUNK_SIZE
 constexpr int64_t kChunkSize = 65536;
-constexpr int kBlockSize = 512;
-#else  // tiny sizes make every boundary of the plan cheap to reach in the host simulation
+#else
 constexpr int64_t kChunkSize = FUSED_AMP_SIM_CHUNK_SIZE;
-constexpr int kBlockSize = FUSED_AMP_SIM_BLOCK_SIZE;
 #endif
-constexpr int kILP = 4;
 
 // How a launch cuts its tensors: elements per chunk (one block of threads each) and threads per
 // block. Elementwise kernels use any; the kernels of 8-bit state (cuda/step_states.cuh) need
-// chunks and tiles of whole quant blocks, and their threads work together, so the host
-// simulation runs such a kernel once per block and its threads inside (kWholeBlock).
+// chunks and tiles of whole quant blocks.
 struct ElementwiseShape {
   static constexpr int64_t kChunk = kChunkSize;
   static constexpr int kThreads = kBlockSize;
-  static constexpr bool kWholeBlock = false;
 };
 struct TileShape {
-#ifndef FUSED_AMP_SIM_CHUNK_SIZE
-  static constexpr int64_t kChunk = 65536;
   static constexpr int kThreads = 512;
-#else  // 3 quant blocks per chunk, 2 per tile: chunks end inside a tile
-  static constexpr int64_t kChunk = 768;
-  static constexpr int kThreads = 128;
+#ifndef FUSED_AMP_SIM_TILE_CHUNK
+  static constexpr int64_t kChunk = 65536;
+#else  // e.g. 10 quant blocks of 256: a whole tile of 2048 elements and 512 of the next
+  static constexpr int64_t kChunk = FUSED_AMP_SIM_TILE_CHUNK;
 #endif
-  static constexpr bool kWholeBlock = true;
 };
 constexpr int kFunctorBytes = 256;  // room left in the argument for the functor
 
@@ -68,12 +66,10 @@ FA_GLOBAL void multi_tensor_kernel(const FA_GRID_CONSTANT Meta meta, const Funct
 
 // ---- reductions: each thread of a block computes a partial value (F::partial), the block
 // combines them in a fixed tree (v[i] = combine(v[i], v[i + s]) for s = blockDim/2, ..., 1) and
-// thread 0 hands the result on (F::finish). The order never changes between runs, and the host
-// simulation runs the same tree once all threads of a block have run.
-#ifndef FUSED_AMP_HOST_SIM
+// thread 0 hands the result on (F::finish). The order never changes between runs.
 template <class F>
 FA_GLOBAL void block_reduce_kernel(const FA_GRID_CONSTANT F f) {
-  __shared__ typename F::acc_t v[kBlockSize];
+  FA_SHARED(v, typename F::acc_t[kBlockSize]);
   v[threadIdx.x] = f.partial();
   for (int s = blockDim.x / 2; s > 0; s >>= 1) {
     __syncthreads();
@@ -86,23 +82,6 @@ template <class F>
 void launch_block_reduce(int blocks, const F& f, cudaStream_t stream) {
   FA_LAUNCH((block_reduce_kernel<F>), blocks, kBlockSize, stream, f);
 }
-#else
-template <class F>
-void launch_block_reduce(int blocks, const F& f, cudaStream_t) {
-  ++fused_amp_sim_launches;
-  gridDim.x = blocks;
-  blockDim.x = kBlockSize;
-  std::vector<typename F::acc_t> v(kBlockSize);
-  for (blockIdx.x = 0; blockIdx.x < gridDim.x; ++blockIdx.x) {
-    for (threadIdx.x = 0; threadIdx.x < blockDim.x; ++threadIdx.x) v[threadIdx.x] = f.partial();
-    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
-      for (unsigned i = 0; i < s; ++i) v[i] = f.combine(v[i], v[i + s]);
-    }
-    threadIdx.x = 0;
-    f.finish(v[0]);
-  }
-}
-#endif
 
 // A multi-tensor reduction: Functor::partial(meta, t, start, n) per thread of a chunk's block,
 // Functor::finish(meta, t, chunk, value) once per chunk.
@@ -131,8 +110,6 @@ template <bool kReduce, class Shape, class Meta, class Functor>
 void launch_meta(const Meta& meta, int blocks, const Functor& f, cudaStream_t stream) {
   if constexpr (kReduce) {
     launch_block_reduce(blocks, ChunkReduce<Meta, Functor>{meta, f}, stream);
-  } else if constexpr (Shape::kWholeBlock) {
-    FA_LAUNCH_WHOLE_BLOCKS((multi_tensor_kernel<Shape, Meta, Functor>), blocks, Shape::kThreads, stream, meta, f);
   } else {
     FA_LAUNCH((multi_tensor_kernel<Shape, Meta, Functor>), blocks, Shape::kThreads, stream, meta, f);
   }
@@ -205,7 +182,7 @@ FA_DEVICE bool is_aligned(const T* p) {
 template <typename R, typename T>
 FA_DEVICE void load_ilp(R (&r)[kILP], const T* p, const IlpIndex& x) {
   if (x.packed) {
-    const Pack<T> pk = *reinterpret_cast<const Pack<T>*>(p + x.base);
+    const Pack<T> pk = *vector_at<const Pack<T>>(p + x.base);
 #pragma unroll
     for (int j = 0; j < kILP; ++j) r[j] = widen(pk.v[j]);
   } else {
@@ -223,7 +200,7 @@ FA_DEVICE void store_ilp(T* p, const R (&r)[kILP], const IlpIndex& x) {
     Pack<T> pk;
 #pragma unroll
     for (int j = 0; j < kILP; ++j) pk.v[j] = from_float<T>(r[j]);
-    *reinterpret_cast<Pack<T>*>(p + x.base) = pk;
+    *vector_at<Pack<T>>(p + x.base) = pk;
   } else {
 #pragma unroll
     for (int j = 0; j < kILP; ++j) {

@@ -221,12 +221,11 @@ FA_DEVICE void for_each_step_ilp(int64_t n, bool aligned, const StepStates<state
   } else {
     constexpr int64_t kTile = TileShape::kThreads * kILP;
     const bool vec = aligned && states.aligned();
-#ifndef FUSED_AMP_HOST_SIM
     // each warp's absmax per state, by tile parity: a tile's writes never meet the reads of the
     // tile before, so one barrier per tile suffices
     constexpr int kWarps = TileShape::kThreads / 32, kWarpsPerQuantBlock = kThreadsPerQuantBlock / 32;
     static_assert(kThreadsPerQuantBlock % 32 == 0, "a quant block is whole warps");
-    __shared__ float warp_absmax[2][kStates][kWarps];
+    FA_SHARED(warp_absmax, float[2][kStates][kWarps]);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int parity = 0;
     for (int64_t tile = 0; tile < n; tile += kTile, parity ^= 1) {
@@ -252,34 +251,6 @@ FA_DEVICE void for_each_step_ilp(int64_t n, bool aligned, const StepStates<state
         states.store_codes(k, st[k], canonical_absmax(a), ix, rounding);
       }
     }
-#else  // the block's threads one after another, phase by phase (the kernel runs once per block)
-    struct Thread {
-      IlpIndex ix;
-      float st[kStates][kILP];
-    };
-    std::vector<Thread> threads(TileShape::kThreads);
-    for (int64_t tile = 0; tile < n; tile += kTile) {
-      for (threadIdx.x = 0; threadIdx.x < TileShape::kThreads; ++threadIdx.x) {
-        Thread& th = threads[threadIdx.x];
-        th.ix = tile_index(tile, threadIdx.x, n, vec);
-        states.load(th.st, th.ix);
-        if (th.ix.base < n) body(th.ix, th.st);
-      }
-      for (int k = 0; k < kStates; ++k) {
-        if (!states.codes[k]) continue;
-        for (int first = 0; first < TileShape::kThreads; first += kThreadsPerQuantBlock) {
-          float a = 0.f;
-          for (int i = first; i < first + kThreadsPerQuantBlock; ++i) {
-            a = absmax_combine(a, thread_absmax(threads[i].st[k], threads[i].ix));
-          }
-          for (int i = first; i < first + kThreadsPerQuantBlock; ++i) {
-            if (threads[i].ix.base < n) states.store_codes(k, threads[i].st[k], canonical_absmax(a), threads[i].ix, rounding);
-          }
-        }
-      }
-    }
-    threadIdx.x = 0;
-#endif
   }
 }
 

@@ -1,7 +1,11 @@
-// The CUDA launcher and kernels (csrc/cuda/*.cu) compiled for the host with the
-// simulation shim of csrc/cuda/compat.cuh, behind a C interface for ctypes. The test build sets
-// tiny chunk, block and metadata sizes (FUSED_AMP_SIM_*) so that every boundary of the launch
-// plan is reached with small tensors.
+// The CUDA launcher and kernels (csrc/cuda/*.cu) compiled for the host and run on the emulator
+// of csrc/cuda/emulator/ (FUSED_AMP_HOST_SIM), behind a C interface for ctypes. The tests build
+// it twice: with small chunk and metadata sizes (FUSED_AMP_SIM_*), so that every boundary of the
+// launch plan is reached with small tensors, and with the sizes a GPU runs. Every entry point
+// returns 0, or 1 after an error (a finding of the emulator, or a refused argument), whose text
+// fa_sim_error() then gives.
+#include <string>
+
 #include "cuda/amp.cu"
 #include "cuda/norm.cu"
 #include "cuda/adam.cu"
@@ -29,31 +33,56 @@ StepKind step_kind(const int* kind) {
 // An optimizer's lists per tensor: with 8-bit state its absmaxes follow (launch.h).
 int lists_of(int lists, const int* kind) { return lists + (static_cast<Dtype>(kind[2]) == Dtype::Byte); }
 
+std::string last_error;
+
+// Runs f, turning an exception into the return value 1 and last_error.
+template <class F>
+int guarded(F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return 1;
+  }
+}
+
 }  // namespace
 
 extern "C" {
 
 int fa_sim_launches() { return fused_amp_sim_launches; }
+const char* fa_sim_error() { return last_error.c_str(); }
 
-void fa_sim_unscale(int dtype, int n, void** ptrs, const int64_t* numels, float* found_inf,
-                    const float* inv_scale, int large) {
-  fused_amp_sim_large_args = large;
-  unscale(static_cast<Dtype>(dtype), tensors_of(n, 1, ptrs, numels), found_inf, inv_scale, nullptr);
+// The order of the threads between barriers and of the blocks of a launch: 0 in order, 1
+// reversed, 2 random from `seed` (emulator/block.h).
+void fa_sim_set_schedule(int schedule, uint64_t seed) {
+  fused_amp::emu::settings = {static_cast<fused_amp::emu::Schedule>(schedule), seed};
+}
+
+int fa_sim_unscale(int dtype, int n, void** ptrs, const int64_t* numels, float* found_inf,
+                   const float* inv_scale, int large) {
+  return guarded([&] {
+    fused_amp_sim_large_args = large;
+    unscale(static_cast<Dtype>(dtype), tensors_of(n, 1, ptrs, numels), found_inf, inv_scale, nullptr);
+  });
 }
 
 // grad_norm_ over tensors of one dtype; `partials` has room for every chunk of every tensor.
-void fa_sim_grad_norm(int dtype, int n, void** ptrs, const int64_t* numels, double* partials,
-                      float* found_inf, const float* inv_scale, int kind, float* norm, int large) {
-  fused_amp_sim_large_args = large;
-  auto list = tensors_of(n, 1, ptrs, numels);
-  double* slot = partials;
-  for (auto& t : list) {
-    t.p[1] = slot;
-    slot += norm_chunks(t.numel);
-  }
-  const auto k = static_cast<fused_amp::ops::NormKind>(kind);
-  grad_norm_partials(static_cast<Dtype>(dtype), list, found_inf, inv_scale, k, nullptr);
-  grad_norm_total(partials, slot - partials, norm, k, nullptr);
+int fa_sim_grad_norm(int dtype, int n, void** ptrs, const int64_t* numels, double* partials,
+                     float* found_inf, const float* inv_scale, int kind, float* norm, int large) {
+  return guarded([&] {
+    fused_amp_sim_large_args = large;
+    auto list = tensors_of(n, 1, ptrs, numels);
+    double* slot = partials;
+    for (auto& t : list) {
+      t.p[1] = slot;
+      slot += norm_chunks(t.numel);
+    }
+    const auto k = static_cast<fused_amp::ops::NormKind>(kind);
+    grad_norm_partials(static_cast<Dtype>(dtype), list, found_inf, inv_scale, k, nullptr);
+    grad_norm_total(partials, slot - partials, norm, k, nullptr);
+  });
 }
 
 int64_t fa_sim_norm_chunks(int64_t numel) { return norm_chunks(numel); }
@@ -61,67 +90,75 @@ int64_t fa_sim_norm_chunks(int64_t numel) { return norm_chunks(numel); }
 // `kind`: param dtype, master kind (0 none, 1 fp32, 2 remainder, 3 24-bit), state dtype (4: 8-bit
 // codes, with the absmaxes as an eighth list); `seed`
 // with `stochastic` 1 rounds bf16 state and 24-bit masters stochastically, 2 also 8-bit codes.
-void fa_sim_adam(const int* kind, int n, void** ptrs, const int64_t* numels,
-                 const double* hyper, const int* flags, double lr, const float* lr_ptr,
-                 const float* inv_scale, const float* found_inf, int write_grads,
-                 const float* grad_norm, float max_grad_norm, int stochastic, int64_t seed, int large) {
-  fused_amp_sim_large_args = large;
-  const fused_amp::ops::AdamHyper h{hyper[0], hyper[1], hyper[2], hyper[3],
-                                    flags[0] != 0, flags[1] != 0, flags[2] != 0};
-  const auto list = tensors_of(n, lists_of(7, kind), ptrs, numels);
-  adam(step_kind(kind), list, h,
-       {lr, lr_ptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
-        stochastic != 0, seed, stochastic == 2},
-       nullptr);
-  std::vector<TensorPtrs> steps(n);
-  for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kAdamStep]}, 1};
-  increment_steps(steps, found_inf, nullptr);
+int fa_sim_adam(const int* kind, int n, void** ptrs, const int64_t* numels,
+                const double* hyper, const int* flags, double lr, const float* lr_ptr,
+                const float* inv_scale, const float* found_inf, int write_grads,
+                const float* grad_norm, float max_grad_norm, int stochastic, int64_t seed, int large) {
+  return guarded([&] {
+    fused_amp_sim_large_args = large;
+    const fused_amp::ops::AdamHyper h{hyper[0], hyper[1], hyper[2], hyper[3],
+                                      flags[0] != 0, flags[1] != 0, flags[2] != 0};
+    const auto list = tensors_of(n, lists_of(7, kind), ptrs, numels);
+    adam(step_kind(kind), list, h,
+         {lr, lr_ptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
+          stochastic != 0, seed, stochastic == 2},
+         nullptr);
+    std::vector<TensorPtrs> steps(n);
+    for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kAdamStep]}, 1};
+    increment_steps(steps, found_inf, nullptr);
+  });
 }
 
-void fa_sim_sgd(const int* kind, int n, void** ptrs, const int64_t* numels,
-                const double* hyper, const int* flags, double lr, const float* inv_scale,
-                const float* found_inf, int write_grads, const float* grad_norm,
-                float max_grad_norm, int stochastic, int64_t seed, int large) {
-  fused_amp_sim_large_args = large;
-  const fused_amp::ops::SgdHyper h{hyper[0], hyper[1], hyper[2], flags[0] != 0, flags[1] != 0};
-  const auto list = tensors_of(n, lists_of(5, kind), ptrs, numels);
-  sgd(step_kind(kind), list, h,
-      {lr, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
-       stochastic != 0, seed, stochastic == 2},
-      nullptr);
-  std::vector<TensorPtrs> steps;  // given with momentum, optional without
-  for (int i = 0; i < n; ++i) {
-    if (list[i].p[kSgdStep]) steps.push_back(TensorPtrs{{list[i].p[kSgdStep]}, 1});
-  }
-  increment_steps(steps, found_inf, nullptr);
+int fa_sim_sgd(const int* kind, int n, void** ptrs, const int64_t* numels,
+               const double* hyper, const int* flags, double lr, const float* inv_scale,
+               const float* found_inf, int write_grads, const float* grad_norm,
+               float max_grad_norm, int stochastic, int64_t seed, int large) {
+  return guarded([&] {
+    fused_amp_sim_large_args = large;
+    const fused_amp::ops::SgdHyper h{hyper[0], hyper[1], hyper[2], flags[0] != 0, flags[1] != 0};
+    const auto list = tensors_of(n, lists_of(5, kind), ptrs, numels);
+    sgd(step_kind(kind), list, h,
+        {lr, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
+         stochastic != 0, seed, stochastic == 2},
+        nullptr);
+    std::vector<TensorPtrs> steps;  // given with momentum, optional without
+    for (int i = 0; i < n; ++i) {
+      if (list[i].p[kSgdStep]) steps.push_back(TensorPtrs{{list[i].p[kSgdStep]}, 1});
+    }
+    increment_steps(steps, found_inf, nullptr);
+  });
 }
 
 // Lion: hyper = (beta1, beta2, weight_decay), flags = (maximize).
-void fa_sim_lion(const int* kind, int n, void** ptrs, const int64_t* numels, const double* hyper,
-                 const int* flags, double lr, const float* inv_scale, const float* found_inf,
-                 int write_grads, const float* grad_norm, float max_grad_norm, int stochastic,
-                 int64_t seed, int large) {
-  fused_amp_sim_large_args = large;
-  const fused_amp::ops::LionHyper h{hyper[0], hyper[1], hyper[2], flags[0] != 0};
-  const auto list = tensors_of(n, lists_of(5, kind), ptrs, numels);
-  lion(step_kind(kind), list, h,
-       {lr, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
-        stochastic != 0, seed, stochastic == 2},
-       nullptr);
-  std::vector<TensorPtrs> steps(n);
-  for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kLionStep]}, 1};
-  increment_steps(steps, found_inf, nullptr);
+int fa_sim_lion(const int* kind, int n, void** ptrs, const int64_t* numels, const double* hyper,
+                const int* flags, double lr, const float* inv_scale, const float* found_inf,
+                int write_grads, const float* grad_norm, float max_grad_norm, int stochastic,
+                int64_t seed, int large) {
+  return guarded([&] {
+    fused_amp_sim_large_args = large;
+    const fused_amp::ops::LionHyper h{hyper[0], hyper[1], hyper[2], flags[0] != 0};
+    const auto list = tensors_of(n, lists_of(5, kind), ptrs, numels);
+    lion(step_kind(kind), list, h,
+         {lr, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
+          stochastic != 0, seed, stochastic == 2},
+         nullptr);
+    std::vector<TensorPtrs> steps(n);
+    for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kLionStep]}, 1};
+    increment_steps(steps, found_inf, nullptr);
+  });
 }
 
 // Muon's momentum pass: lists (param, grad, momentum buffer, bf16 update); kind as above
 // (master 0); hyper = (momentum), flags = (nesterov).
-void fa_sim_muon(const int* kind, int n, void** ptrs, const int64_t* numels, const double* hyper,
-                 const int* flags, const float* inv_scale, const float* found_inf, int write_grads,
-                 const float* grad_norm, float max_grad_norm, int large) {
-  fused_amp_sim_large_args = large;
-  const fused_amp::ops::MuonHyper h{hyper[0], flags[0] != 0};
-  muon(step_kind(kind), tensors_of(n, lists_of(4, kind), ptrs, numels), h,
-       {0.0, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm, false, 0, false}, nullptr);
+int fa_sim_muon(const int* kind, int n, void** ptrs, const int64_t* numels, const double* hyper,
+                const int* flags, const float* inv_scale, const float* found_inf, int write_grads,
+                const float* grad_norm, float max_grad_norm, int large) {
+  return guarded([&] {
+    fused_amp_sim_large_args = large;
+    const fused_amp::ops::MuonHyper h{hyper[0], flags[0] != 0};
+    muon(step_kind(kind), tensors_of(n, lists_of(4, kind), ptrs, numels), h,
+         {0.0, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm, false, 0, false}, nullptr);
+  });
 }
 
 }  // extern "C"
