@@ -2,7 +2,7 @@
 # make bench : set everything up in .venv, build the extension, run the benchmark suite
 # make docs  : set everything up in .venv, build the extension and the documentation (HTML in
 #              docs/_build/html; Sphinx, warnings as errors)
-# make sanitize : the CPU kernels and the CUDA host simulation under ASan + UBSan, over the
+# make sanitize : the CPU kernels and the CUDA kernels on the emulator under ASan + UBSan, over the
 #                 numerics tests (tools/sanitize.sh)
 # make gpu-check : on a machine with an NVIDIA GPU and its own torch: build for that GPU, run the
 #                  CUDA tests, the rest of the suite and the CUDA benchmarks (tools/gpu_check.py)
@@ -50,11 +50,11 @@ docs: build
 	$(PY) -m pip install -r requirements-docs.txt
 	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
 
-# The CPU kernels and the CUDA host simulation under AddressSanitizer + UndefinedBehaviorSanitizer
-# (tools/sanitize.sh: a separate build in build-sanitize/), over the numerics, property, bad-input
-# and simulation tests.
+# The CPU kernels and the CUDA kernels on the emulator under AddressSanitizer + UndefinedBehaviorSanitizer
+# (tools/sanitize.sh: a separate build in build-sanitize/), over the numerics, property, bad-input,
+# emulator and emulation tests.
 SANITIZE_TESTS ?= tests/test_unscale.py tests/test_bad_input.py tests/test_properties.py \
-                  tests/test_cuda_sim.py tests/test_optim.py tests/test_clip.py tests/test_memory_modes.py \
+                  tests/test_cuda_sim.py tests/test_cuda_emulator.py tests/test_optim.py tests/test_clip.py tests/test_memory_modes.py \
                   tests/test_quantized_state.py tests/test_master24.py tests/test_lion.py \
                   tests/test_checkpoint_fuzz.py tests/test_peer_checks.py tests/test_py_lists.py
 

@@ -122,6 +122,9 @@ MISTAKES = {  # the mistake -> what the report must say (its first word names th
                     r"lane 7 \(thread 7\) exited"],
     "read outside mask": ["^warp: lane 0 reads lane 16 in __shfl_xor_sync", "which the mask 0x0000ffff leaves out"],
     "mask past block": ["^warp: __shfl_xor_sync", "names lane 8, which a block of 40 threads does not have"],
+    "divergent exchange": ["^warp: __shfl_xor_sync at .*" + SOURCE, "waits for lanes that never arrive",
+                           r"lane \d+ \(thread \d+\) waits at __shfl_xor_sync .*" + SOURCE],
+    "bad width": ["^warp: __shfl_xor_sync at .*" + SOURCE + ": width 12 is not a power of 2 up to 32"],
     "exchange and barrier": ["^warp: __shfl_xor_sync", r"lane 0 \(thread 0\) waits at __syncthreads .*" + SOURCE],
 }
 

@@ -20,7 +20,7 @@ import torch
 
 from fused_amp import ops
 from helpers import assert_bitwise_equal
-from cuda_sim.build import SCHEDULES, build_emulation
+from cuda_sim.build import SCHEDULES, EmulatorError, build_emulation
 
 DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
 CHUNK = 2100  # the plan build's elementwise chunk
@@ -88,6 +88,48 @@ def test_unscale_matches_torch(sim, large, dtype, aligned):
     sim.fa_sim_unscale(DTYPE_CODE[dtype], len(tensors), ptr_array([[t] for t in tensors]),
                        numel_array(tensors), fptr(found), None, large)  # check only
     assert found.item() == 1.0
+
+
+@pytest.mark.parametrize("hysteresis,bounds", [(1, (math.nan, math.nan)), (2, (0.5, 2.0**18))])
+def test_update_scale_matches_torch_and_the_cpu_op(sim, hysteresis, bounds):
+    """The one-thread scale update over a run of clean steps and overflows: torch's
+    _amp_update_scale_ with the defaults, the CPU op with hysteresis and bounds; growth to inf
+    refused."""
+    found_seq = [0, 0, 1, 1, 0, 0, 0, 1, 0, 1, 1, 1, 0, 0, 0, 0]
+    for start in (2.0**16, 3.0e38):  # 3e38 * 2 overflows: no growth
+        scale, tracker, hyst = torch.tensor([start]), torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+        ref = [t.clone() for t in (scale, tracker, hyst)]
+        limits = (ctypes.c_float * 2)(*bounds)
+        for found in found_seq:
+            found_inf = torch.tensor([float(found)])
+            sim.fa_sim_update_scale(fptr(scale), fptr(tracker), fptr(hyst), fptr(found_inf), ctypes.c_double(2.0),
+                                    ctypes.c_double(0.5), 3, hysteresis, limits)
+            if hysteresis == 1:
+                torch._amp_update_scale_(ref[0], ref[1], found_inf, 2.0, 0.5, 3)
+            else:
+                ops.update_scale_(ref[0], ref[1], found_inf, 2.0, 0.5, 3, hysteresis=hysteresis,
+                                  hysteresis_tracker=ref[2], min_scale=bounds[0], max_scale=bounds[1])
+            assert_bitwise_equal(scale, ref[0])
+            assert_bitwise_equal(tracker, ref[1])
+
+
+def test_the_launchers_refuse_the_dtypes_they_have_no_kernel_for(sim):
+    """cuda_ops.cpp refuses them first; the launchers refuse them too, before any launch."""
+    t = torch.zeros(4, dtype=torch.float64)
+    found, inv = torch.zeros(1), torch.ones(1)
+    before = sim.fa_sim_launches()
+    with pytest.raises(EmulatorError, match="uint8 grads are not supported"):
+        sim.fa_sim_unscale(4, 1, ptr_array([[t]]), numel_array([t]), fptr(found), fptr(inv), 0)
+    with pytest.raises(EmulatorError, match="uint8 grads are not supported"):
+        sim.fa_sim_grad_norm(4, 1, ptr_array([[t]]), numel_array([t]), fptr(t), fptr(found), None, 2, fptr(found), 0)
+    with pytest.raises(EmulatorError, match="float64 and uint8 params are not supported"):
+        sim.fa_sim_adam(kind(torch.float64), 1, ptr_array([[t, t, None, t, t, None, found]]), numel_array([t]),
+                        (ctypes.c_double * 4)(0.9, 0.99, 1e-8, 0.0), (ctypes.c_int * 3)(0, 0, 0),
+                        ctypes.c_double(1e-3), None, None, None, 0, None, ctypes.c_float(0), 0, ctypes.c_int64(0), 0)
+    with pytest.raises(EmulatorError, match="float64 and uint8 params are not supported"):
+        sim.fa_sim_muon(kind(torch.float64), 1, ptr_array([[t, t, t, t]]), numel_array([t]), (ctypes.c_double * 1)(0.9),
+                        (ctypes.c_int * 1)(0), None, None, 0, None, ctypes.c_float(0), 0)
+    assert sim.fa_sim_launches() == before
 
 
 MASTER_KIND = {False: 0, True: 1, "remainder": 2, "remainder8": 3}

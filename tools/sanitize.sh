@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make sanitize: the CPU kernels and the CUDA launcher's host simulation built with
+# make sanitize: the CPU kernels and the CUDA kernels on the emulator (csrc/cuda/emulator/) built with
 # AddressSanitizer and UndefinedBehaviorSanitizer (FUSED_AMP_SANITIZE=1, see setup.py), and the
 # tests given as arguments run against that build. The build goes to build-sanitize/ (with a
 # copy of the Python package), so the regular build stays as it is.
@@ -25,15 +25,20 @@ rm -f "$OUT"/report.*
 export LD_PRELOAD="$($CXX -print-file-name=libasan.so) $($CXX -print-file-name=libubsan.so)"
 export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1:log_path=$OUT/report.asan
 export UBSAN_OPTIONS=print_stacktrace=1:log_path=$OUT/report.ubsan
-export FUSED_AMP_SANITIZE=1  # tests/test_cuda_sim.py builds the simulation with the sanitizers too
+export FUSED_AMP_SANITIZE=1  # tests/cuda_sim/build.py builds the emulation with the sanitizers too
 cd "$OUT"  # so that `import fused_amp` finds the sanitizer build first
 "$PY" -c "import fused_amp, sys; print('sanitizer build:', fused_amp.__file__); sys.exit(0 if '$OUT' in fused_amp.__file__ else 1)"
 args=()
 for a in "$@"; do [[ $a == -* ]] && args+=("$a") || args+=("$ROOT/$a"); done
 status=0
 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" "${args[@]}" || status=$?
+# The CUDA emulator switches fibers with swapcontext, announcing each switch to ASan
+# (__sanitizer_start/finish_switch_fiber, csrc/cuda/emulator/fiber.h); ASan still warns once that
+# it "doesn't fully support makecontext/swapcontext". That warning alone is no finding.
+CONTEXT_WARNING="WARNING: ASan doesn't fully support makecontext/swapcontext"
 for report in "$OUT"/report.*; do
   [[ -e $report ]] || continue
+  grep -v -e "$CONTEXT_WARNING" "$report" | grep -q . || continue
   echo "=== $report"; cat "$report"; status=1
 done
 exit $status

@@ -6,8 +6,8 @@ Configurations:
 - "checks": emulator_checks.cpp, the small kernels of the emulator's own tests.
 Under `make sanitize` (FUSED_AMP_SANITIZE=1) the build has AddressSanitizer and UBSan too.
 FUSED_AMP_EMULATION_CSRC builds another copy of csrc/ (tools/mutate_device_code.py's mutants);
-FUSED_AMP_EMULATION_COVERAGE=DIR builds with gcov instrumentation, its notes and data in DIR
-(tools/emulation_coverage.sh).
+FUSED_AMP_EMULATION_COVERAGE=DIR builds into DIR with gcov's instrumentation, and the runs
+leave their line counts there (tools/emulation_coverage.py).
 """
 import ctypes
 import os
@@ -25,7 +25,7 @@ CONFIGS = {  # the source and its defines
     "checks": ("emulator_checks.cpp", []),  # the emulator's own tests
 }
 # the entry points that return 1 on an error (harness.cpp)
-CHECKED = {"fa_sim_unscale", "fa_sim_grad_norm", "fa_sim_adam", "fa_sim_sgd", "fa_sim_lion", "fa_sim_muon",
+CHECKED = {"fa_sim_unscale", "fa_sim_grad_norm", "fa_sim_update_scale", "fa_sim_adam", "fa_sim_sgd", "fa_sim_lion", "fa_sim_muon",
            "fa_check_exchange", "fa_check_order", "fa_check_mistake"}
 SCHEDULES = {"in order": 0, "reversed": 1, "random": 2}
 
@@ -69,16 +69,16 @@ def build_emulation(tmp_dir, config):
         pytest.skip(f"no CUDA headers under {CUDA_HOME} (set CUDA_HOME)")
     cxx = shutil.which("g++") or shutil.which("c++")
     csrc = os.environ.get("FUSED_AMP_EMULATION_CSRC") or os.path.join(ROOT, "csrc")
-    out = os.path.join(str(tmp_dir), f"libfused_amp_emulation_{config}.so")
+    coverage = os.environ.get("FUSED_AMP_EMULATION_COVERAGE")
+    out = os.path.join(coverage or str(tmp_dir), f"libfused_amp_emulation_{config}.so")
     flags = ["-O1", "-g"]  # -g: the race reports name source lines (addr2line)
     if os.environ.get("FUSED_AMP_SANITIZE") == "1":  # as setup.py builds the extension for make sanitize
         flags += ["-fsanitize=address,undefined,float-cast-overflow", "-fno-sanitize-recover=all"]
-    coverage = os.environ.get("FUSED_AMP_EMULATION_COVERAGE")
     if coverage:
-        flags = ["-O0", "-g", "--coverage", f"-fprofile-dir={coverage}"]
+        flags = ["-O0", "-g", "--coverage"]
     source, defines = CONFIGS[config]
     subprocess.run([cxx, *flags, "-shared", "-fPIC", "-std=c++17", f"-I{csrc}", f"-I{CUDA_HOME}/include",
                     "-DFUSED_AMP_HOST_SIM", *defines, os.path.join(ROOT, "tests", "cuda_sim", source),
-                    "-o", out], check=True, cwd=coverage or None)
+                    "-o", out], check=True)
     _built[config] = Emulation(ctypes.CDLL(out), "fa_check" if config == "checks" else "fa_sim")
     return _built[config]

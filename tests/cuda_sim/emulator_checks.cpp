@@ -102,6 +102,14 @@ FA_GLOBAL void lane_exited_kernel() {  // lane 7 exits before the exchange its m
 FA_GLOBAL void full_warp_kernel() {  // launched with 40 threads: warp 1 has 8 lanes
   __shfl_xor_sync(0xffffffffu, 1, 1);
 }
+FA_GLOBAL void divergent_exchange_kernel() {  // the half-warps call two different shuffles
+  if (threadIdx.x % warpSize < 16) {
+    __shfl_xor_sync(0xffffffffu, 1, 1);
+  } else {
+    __shfl_xor_sync(0xffffffffu, 2, 1);
+  }
+}
+FA_GLOBAL void bad_width_kernel() { __shfl_xor_sync(0xffffffffu, 1, 1, 12); }
 FA_GLOBAL void read_outside_mask_kernel() {  // lanes 0-15 read lanes 16-31
   if (threadIdx.x % warpSize < 16) __shfl_xor_sync(0x0000ffffu, 1, 16);
 }
@@ -146,6 +154,8 @@ int fa_check_mistake(const char* name, float* data) {
     if (m == "lane exited") FA_LAUNCH(lane_exited_kernel, 1, warpSize, nullptr);
     if (m == "read outside mask") FA_LAUNCH(read_outside_mask_kernel, 1, warpSize, nullptr);
     if (m == "mask past block") FA_LAUNCH(full_warp_kernel, 1, 40, nullptr);
+    if (m == "divergent exchange") FA_LAUNCH(divergent_exchange_kernel, 1, warpSize, nullptr);
+    if (m == "bad width") FA_LAUNCH(bad_width_kernel, 1, warpSize, nullptr);
     if (m == "exchange and barrier") FA_LAUNCH(exchange_and_barrier_kernel, 1, 64, nullptr);
   });
 }

@@ -87,6 +87,18 @@ int fa_sim_grad_norm(int dtype, int n, void** ptrs, const int64_t* numels, doubl
 
 int64_t fa_sim_norm_chunks(int64_t numel) { return norm_chunks(numel); }
 
+// update_scale_: `bounds` = (min_scale, max_scale), each used when not NaN; `hysteresis_tracker`
+// may be null.
+int fa_sim_update_scale(float* scale, int* growth_tracker, int* hysteresis_tracker, const float* found_inf,
+                        double growth_factor, double backoff_factor, int growth_interval, int hysteresis,
+                        const float* bounds) {
+  return guarded([&] {
+    const fused_amp::ops::ScaleUpdateArgs args{growth_factor, backoff_factor, growth_interval, hysteresis,
+                                               bounds[0] == bounds[0], bounds[1] == bounds[1], bounds[0], bounds[1]};
+    update_scale(scale, growth_tracker, hysteresis_tracker, found_inf, args, nullptr);
+  });
+}
+
 // `kind`: param dtype, master kind (0 none, 1 fp32, 2 remainder, 3 24-bit), state dtype (4: 8-bit
 // codes, with the absmaxes as an eighth list); `seed`
 // with `stochastic` 1 rounds bf16 state and 24-bit masters stochastically, 2 also 8-bit codes.

@@ -37,6 +37,7 @@ inline std::string source_of(const void* pc) {
     while (std::fgets(buf, sizeof buf, p)) {
       line = buf;
       if (!line.empty() && line.back() == '\n') line.pop_back();
+      line = line.substr(0, line.find(" (discriminator"));
       if (line.find("emulator/shared.h") == std::string::npos && out.empty()) out = line;
     }
     pclose(p);
