@@ -38,11 +38,9 @@ class EmulatorError(AssertionError):
 class Emulation:
     """The harness library; a checked entry point that returns 1 raises EmulatorError."""
 
-    def __init__(self, lib, prefix):
+    def __init__(self, lib):
         self._lib = lib
-        self._error = getattr(lib, f"{prefix}_error")
-        self._error.restype = ctypes.c_char_p
-        self._set_schedule = getattr(lib, f"{prefix}_set_schedule")
+        lib.fa_sim_error.restype = ctypes.c_char_p
 
     def __getattr__(self, name):
         fn = getattr(self._lib, name)
@@ -51,11 +49,11 @@ class Emulation:
 
         def call(*args):
             if fn(*args):
-                raise EmulatorError(self._error().decode())
+                raise EmulatorError(self._lib.fa_sim_error().decode())
         return call
 
     def set_schedule(self, name, seed=0):
-        self._set_schedule(SCHEDULES[name], ctypes.c_uint64(seed))
+        self._lib.fa_sim_set_schedule(SCHEDULES[name], ctypes.c_uint64(seed))
 
 
 _built = {}
@@ -80,5 +78,5 @@ def build_emulation(tmp_dir, config):
     subprocess.run([cxx, *flags, "-shared", "-fPIC", "-std=c++17", f"-I{csrc}", f"-I{CUDA_HOME}/include",
                     "-DFUSED_AMP_HOST_SIM", *defines, os.path.join(ROOT, "tests", "cuda_sim", source),
                     "-o", out], check=True)
-    _built[config] = Emulation(ctypes.CDLL(out), "fa_check" if config == "checks" else "fa_sim")
+    _built[config] = Emulation(ctypes.CDLL(out))
     return _built[config]

@@ -1,27 +1,15 @@
 // Small kernels for the emulator's own tests (tests/test_cuda_emulator.py), written as device code
 // is (CUDA's names through cuda/compat.cuh): what each warp exchange hands each lane, the order
 // of the schedules, and one kernel per mistake each check must report. Every entry point returns
-// 0, or 1 after an error whose text fa_check_error() gives.
+// 0, or 1 after an error whose text fa_sim_error() gives (entry.h).
 #include <string>
 
 #include "cuda/multi_tensor_apply.cuh"
+#include "entry.h"
 
 using namespace fused_amp::cuda;
 
 namespace {
-
-std::string last_error;
-
-template <class F>
-int guarded(F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-    return 1;
-  }
-}
 
 enum Exchange { kShfl, kShflUp, kShflDown, kShflXor, kBallot, kAny, kAll };
 
@@ -125,11 +113,6 @@ FA_GLOBAL void exchange_and_barrier_kernel() {  // warp 0's lane 0 waits at a ba
 }  // namespace
 
 extern "C" {
-
-const char* fa_check_error() { return last_error.c_str(); }
-void fa_check_set_schedule(int schedule, uint64_t seed) {
-  fused_amp::emu::settings = {static_cast<fused_amp::emu::Schedule>(schedule), seed};
-}
 
 int fa_check_exchange(int kind, unsigned mask, int arg, int width, int threads, int64_t* out) {
   return guarded([&] { FA_LAUNCH(exchange_kernel, 1, threads, nullptr, kind, mask, arg, width, out); });

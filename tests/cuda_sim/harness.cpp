@@ -3,15 +3,14 @@
 // it twice: with small chunk and metadata sizes (FUSED_AMP_SIM_*), so that every boundary of the
 // launch plan is reached with small tensors, and with the sizes a GPU runs. Every entry point
 // returns 0, or 1 after an error (a finding of the emulator, or a refused argument), whose text
-// fa_sim_error() then gives.
-#include <string>
-
+// fa_sim_error() then gives (entry.h).
 #include "cuda/amp.cu"
 #include "cuda/norm.cu"
 #include "cuda/adam.cu"
 #include "cuda/sgd.cu"
 #include "cuda/lion.cu"
 #include "cuda/muon.cu"
+#include "entry.h"
 
 using namespace fused_amp::cuda;
 
@@ -33,32 +32,11 @@ StepKind step_kind(const int* kind) {
 // An optimizer's lists per tensor: with 8-bit state its absmaxes follow (launch.h).
 int lists_of(int lists, const int* kind) { return lists + (static_cast<Dtype>(kind[2]) == Dtype::Byte); }
 
-std::string last_error;
-
-// Runs f, turning an exception into the return value 1 and last_error.
-template <class F>
-int guarded(F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-    return 1;
-  }
-}
-
 }  // namespace
 
 extern "C" {
 
 int fa_sim_launches() { return fused_amp_sim_launches; }
-const char* fa_sim_error() { return last_error.c_str(); }
-
-// The order of the threads between barriers and of the blocks of a launch: 0 in order, 1
-// reversed, 2 random from `seed` (emulator/block.h).
-void fa_sim_set_schedule(int schedule, uint64_t seed) {
-  fused_amp::emu::settings = {static_cast<fused_amp::emu::Schedule>(schedule), seed};
-}
 
 int fa_sim_unscale(int dtype, int n, void** ptrs, const int64_t* numels, float* found_inf,
                    const float* inv_scale, int large) {
