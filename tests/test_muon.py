@@ -5,7 +5,9 @@ Muon + AdamW recipe with one scaler, and DDP.
 
 Muon only takes 2-D params, so it is not in optim_registry (whose generic tests use 1-D and 4-D
 params too); what those tests check for every optimizer is checked here for Muon."""
+import copy
 import inspect
+import pickle
 
 import pytest
 import torch
@@ -461,6 +463,29 @@ def test_checkpoints_load_both_ways_with_torchs_muon():
     reference, spread = torch_spread(init, grads, dict(lr=0.02))
     assert max_distance(crossed_torch, reference) <= spread
     assert max_distance(crossed_ours, reference) <= spread
+
+
+@pytest.mark.parametrize("copy_by", ["deepcopy", "pickle", "load_state_dict"])
+def test_a_copied_or_reloaded_muon_loads_its_own_checkpoint(copy_by):
+    """torch's Optimizer adds differentiable=False to `defaults` whenever it sets its state again
+    (deepcopy, unpickling, load_state_dict); Muon's groups have no such key, in torch's
+    checkpoints or ours, and must load all the same (found by torch's OptimizerInfo tests)."""
+    init, grads = data(torch.float32, steps=2)
+    _, opt = run_ours(init, grads)
+    saved = opt.state_dict()
+    if copy_by == "deepcopy":
+        other = copy.deepcopy(opt)
+    elif copy_by == "pickle":
+        other = pickle.loads(pickle.dumps(opt))
+    else:
+        other = opt
+        other.load_state_dict(saved)
+    other.load_state_dict(saved)
+    torch_opt = torch.optim.Muon([torch.nn.Parameter(p.detach().clone()) for p in init], lr=0.02)
+    torch_opt.load_state_dict(saved)
+    other.load_state_dict(torch_opt.state_dict())
+    for p, q in zip(other.param_groups[0]["params"], torch_opt.param_groups[0]["params"]):
+        assert_bitwise_equal(other.state[p]["momentum_buffer"], torch_opt.state[q]["momentum_buffer"])
 
 
 def test_a_checkpoint_holds_fp32_masters_and_the_momentum_in_its_state_dtype():

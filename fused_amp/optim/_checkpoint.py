@@ -21,6 +21,10 @@ _SQUARES = ("exp_avg_sq", "max_exp_avg_sq")
 _MAY_BE_NONE = ("momentum_buffer",)
 # group options of ours that a torch checkpoint lacks: this optimizer's stay
 _OURS = ("rounding_seed",) + CLIP_OPTIONS
+# what torch's Optimizer puts into `defaults` itself whenever it sets its state (deepcopy,
+# unpickling, load_state_dict): a checkpoint whose groups lack it (Muon's, torch's and ours)
+# loads all the same, as into torch's
+_ADDED_BY_TORCH = ("differentiable",)
 
 
 def check_loadable(optimizer, state_dict, name: str) -> Tuple[List[Dict], Mapping]:
@@ -144,7 +148,7 @@ def _loaded_options(optimizer, saved, group, where):
         raise type(e)(f"{where}: {e}") from None
     options["grad_norm_type"] = float(options["grad_norm_type"])
     # the options of torch's constructor (ours, clip options included, stay when missing)
-    missing = [k for k in optimizer.defaults if k not in options and k not in _OURS]
+    missing = [k for k in optimizer.defaults if k not in options and k not in _OURS + _ADDED_BY_TORCH]
     if missing:
         raise KeyError(f"{where} has no {missing[0]!r}")
     try:
