@@ -17,6 +17,7 @@
 // launch and is thrown to the host as emu::Error, with the threads and source lines involved.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -41,7 +42,9 @@ struct Site {
   int line;
 };
 inline std::string to_string(const Site& s) { return std::string(s.file) + ":" + std::to_string(s.line); }
-inline bool operator==(const Site& a, const Site& b) { return a.line == b.line && std::strcmp(a.file, b.file) == 0; }
+inline bool operator==(const Site& a, const Site& b) {
+  return a.line == b.line && (a.file == b.file || std::strcmp(a.file, b.file) == 0);
+}
 
 // What the tests see of a finding: the first line names its kind (race, barrier, warp, ...).
 struct Error : std::runtime_error {
@@ -58,6 +61,13 @@ inline std::string ranges(const std::vector<unsigned>& v) {
     out += std::to_string(v[i]) + (j > i ? "-" + std::to_string(v[j]) : "");
     i = j + 1;
   }
+  return out;
+}
+
+// "0x0000ffff": a warp mask, for the reports.
+inline std::string hex(unsigned mask) {
+  char out[16];
+  std::snprintf(out, sizeof out, "0x%08x", mask);
   return out;
 }
 
@@ -269,9 +279,7 @@ inline void Block::stalled() const {
       if (!(t.mask >> j & 1u) || (o.state == Thread::State::InExchange && o.site == t.site)) continue;
       missing += "\n  lane " + std::to_string(j) + " (thread " + std::to_string(warp0 + j) + ") " + state_of(warp0 + j);
     }
-    char mask[16];
-    std::snprintf(mask, sizeof mask, "0x%08x", t.mask);
-    throw Error(std::string("warp: ") + name_of(t.op) + " at " + to_string(t.site) + " with mask " + mask +
+    throw Error(std::string("warp: ") + name_of(t.op) + " at " + to_string(t.site) + " with mask " + hex(t.mask) +
                 " in block " + std::to_string(index_) + " waits for lanes that never arrive:" + missing);
   }
   throw Error("emulator: no thread can run");
@@ -279,11 +287,9 @@ inline void Block::stalled() const {
 
 inline uint64_t Block::exchange(Site site, WarpOp op, unsigned mask, uint64_t value, int arg, int width) {
   const unsigned lane = running_ % warpSize, warp0 = running_ - lane;
-  char hex[16];
-  std::snprintf(hex, sizeof hex, "0x%08x", mask);
   if (!(mask >> lane & 1u)) {
     fail(std::string("warp: lane ") + std::to_string(lane) + " calls " + name_of(op) + " at " + to_string(site) +
-         " with mask " + hex + ", which leaves it out");
+         " with mask " + hex(mask) + ", which leaves it out");
   }
   if (width <= 0 || width > warpSize || (width & (width - 1))) {
     fail(std::string("warp: ") + name_of(op) + " at " + to_string(site) + ": width " + std::to_string(width) +
@@ -291,7 +297,7 @@ inline uint64_t Block::exchange(Site site, WarpOp op, unsigned mask, uint64_t va
   }
   for (unsigned j = 0; j < warpSize; ++j) {
     if ((mask >> j & 1u) && warp0 + j >= threads_.size()) {
-      fail(std::string("warp: ") + name_of(op) + " at " + to_string(site) + ": mask " + hex + " names lane " +
+      fail(std::string("warp: ") + name_of(op) + " at " + to_string(site) + ": mask " + hex(mask) + " names lane " +
            std::to_string(j) + ", which a block of " + std::to_string(threads_.size()) + " threads does not have");
     }
   }
@@ -346,10 +352,8 @@ inline bool Block::try_complete_exchange(unsigned warp0, const Thread& caller) {
       default: {
         const unsigned src = source_lane(o.op, j, o.arg, o.width);
         if (!(mask >> src & 1u)) {
-          char hex[16];
-          std::snprintf(hex, sizeof hex, "0x%08x", mask);
           fail(std::string("warp: lane ") + std::to_string(j) + " reads lane " + std::to_string(src) + " in " +
-               name_of(o.op) + " at " + to_string(o.site) + ", which the mask " + hex + " leaves out");
+               name_of(o.op) + " at " + to_string(o.site) + ", which the mask " + hex(mask) + " leaves out");
         }
         o.result = threads_[warp0 + src].value;
       }

@@ -36,6 +36,9 @@ class Stack {
   Stack(const Stack&) = delete;
   Stack& operator=(const Stack&) = delete;
   void* bottom() const { return static_cast<char*>(mem_) + page_; }
+  // false while a fiber runs on it, true once one has finished: a fiber abandoned mid-kernel
+  // (after an error) leaves its frames' redzones poisoned under AddressSanitizer
+  bool clean = true;
 
  private:
   size_t page_;
@@ -50,9 +53,9 @@ class Fiber {
   void start(Stack& stack, void (*entry)()) {
     stack_ = &stack;
 #if defined(__SANITIZE_ADDRESS__)
-    // a fiber abandoned mid-kernel (after an error) leaves its frames' redzones poisoned
-    __asan_unpoison_memory_region(stack.bottom(), Stack::kBytes);
+    if (!stack.clean) __asan_unpoison_memory_region(stack.bottom(), Stack::kBytes);
 #endif
+    stack.clean = false;
     getcontext(&ctx_);
     ctx_.uc_stack.ss_sp = stack.bottom();
     ctx_.uc_stack.ss_size = Stack::kBytes;
@@ -84,6 +87,7 @@ class Fiber {
   }
   // The fiber's last switch: it is never resumed again (until start()).
   [[noreturn]] void finish() {
+    stack_->clean = true;
 #if defined(__SANITIZE_ADDRESS__)
     __sanitizer_start_switch_fiber(nullptr, caller_bottom_, caller_size_);
 #endif
