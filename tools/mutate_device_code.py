@@ -42,11 +42,12 @@ def line_of(text, pos):
 
 def mutants():
     """(name, file, mutated text) for every mutant."""
-    for name, text in sources():
+    texts = dict(sources())
+    for name, text in texts.items():
         for m in re.finditer(r"__syncthreads\(\);", text):
             yield (f"barrier removed ({name}:{line_of(text, m.start())})", name,
                    text[:m.start()] + ";" + text[m.end():])
-        for m in re.finditer(r"__shfl_\w+_sync\(([^,]+),\s*([^,]+),[^)]*\)", text):
+        for m in re.finditer(r"__shfl(?:_\w+)?_sync\(([^,]+),\s*([^,]+),[^)]*\)", text):
             yield (f"shuffle returns the lane's own value ({name}:{line_of(text, m.start())})", name,
                    text[:m.start()] + m.group(2) + text[m.end():])
     fixed = {  # (file, exact text, replacement, name)
@@ -63,7 +64,6 @@ def mutants():
          "      if (ix.base >= n) continue;\n      __syncthreads();\n",
          "tile barrier skipped by the threads past the chunk's end"),
     }
-    texts = dict(sources())
     for name, old, new, what in sorted(fixed):
         assert texts[name].count(old) == 1, f"{name}: the text of mutant '{what}' is not there once"
         yield f"{what} ({name}:{line_of(texts[name], texts[name].index(old))})", name, texts[name].replace(old, new)

@@ -109,8 +109,9 @@ class Block {
  public:
   static inline Block* current = nullptr;  // the block being run
 
-  // Runs fn(arg) as each of `threads` threads of block `index`, in the schedule's order.
-  static void run(unsigned index, unsigned threads, void (*fn)(const void*), const void* arg);
+  // Runs fn(arg) as each of `threads` threads of block `index`, in the schedule's order (its
+  // random orders drawn from the launch's seed).
+  static void run(unsigned index, unsigned threads, uint64_t launch_seed, void (*fn)(const void*), const void* arg);
 
   unsigned barriers_passed() const { return epoch_; }
   unsigned running() const { return running_; }
@@ -174,12 +175,13 @@ inline Stack& stack(unsigned i) {
   return *pool[i];
 }
 
-inline void Block::run(unsigned index, unsigned threads, void (*fn)(const void*), const void* arg) {
+inline void Block::run(unsigned index, unsigned threads, uint64_t launch_seed, void (*fn)(const void*),
+                       const void* arg) {
   Block b;
   b.index_ = index;
   b.fn_ = fn;
   b.arg_ = arg;
-  b.rng_.seed((settings.seed * 0x2545f4914f6cdd1dull + settings.launches) * 0x9e3779b97f4a7c15ull + index);
+  b.rng_.seed(launch_seed * 0x9e3779b97f4a7c15ull + index);
   b.threads_.resize(threads);
   for (unsigned i = 0; i < threads; ++i) b.threads_[i].fiber.start(stack(i), &Block::entry);
   struct Current {
@@ -371,10 +373,11 @@ template <class K>
 void launch(unsigned grid, unsigned block, const K& kernel_call) {
   gridDim = {grid, 1, 1};
   blockDim = {block, 1, 1};
-  std::mt19937_64 rng(settings.seed * 0x2545f4914f6cdd1dull + settings.launches++);
+  const uint64_t seed = settings.seed * 0x2545f4914f6cdd1dull + settings.launches++;
+  std::mt19937_64 rng(seed);
   for (unsigned b : schedule_order(grid, rng)) {
     blockIdx = {b, 0, 0};
-    Block::run(b, block, [](const void* k) { (*static_cast<const K*>(k))(); }, &kernel_call);
+    Block::run(b, block, seed, [](const void* k) { (*static_cast<const K*>(k))(); }, &kernel_call);
   }
 }
 

@@ -48,12 +48,11 @@ inline std::string source_of(const void* pc) {
 // What the checks remember of one element: its last write and the reads since the last barrier.
 struct Access {
   static constexpr unsigned kNone = ~0u;
-  unsigned epoch = kNone;  // barriers passed when it happened
+  unsigned epoch = kNone;  // barriers passed when it happened; kNone: never (a write: not written)
   unsigned thread = 0;
   const void* pc = nullptr;
 };
 struct Shadow {
-  bool written = false;
   Access write, read, other_read;  // other_read: a reader other than `read`'s, in the same epoch
 };
 
@@ -87,7 +86,7 @@ struct SharedArray : SharedVariable {
     b.maybe_yield();
     Shadow& s = shadow[i];
     const unsigned t = b.running(), e = b.barriers_passed();
-    if (!s.written) fail("init: shared " + element(i) + " read before any thread of the block wrote it, at " + source_of(pc));
+    if (s.write.epoch == Access::kNone) fail("init: shared " + element(i) + " read before any thread of the block wrote it, at " + source_of(pc));
     if (s.write.epoch == e && s.write.thread != t) race("read-after-write", i, s.write, "written", pc, "read");
     if (s.read.epoch != e) {
       s.read = {e, t, pc};
@@ -104,9 +103,9 @@ struct SharedArray : SharedVariable {
     Shadow& s = shadow[i];
     const unsigned t = b.running(), e = b.barriers_passed();
     if (s.write.epoch == e && s.write.thread != t) race("write-after-write", i, s.write, "written", pc, "written");
-    if (s.read.epoch == e && s.read.thread != t) race("write-after-read", i, s.read, "read", pc, "written");
-    if (s.other_read.epoch == e && s.other_read.thread != t) race("write-after-read", i, s.other_read, "read", pc, "written");
-    s.written = true;
+    for (const Access* r : {&s.read, &s.other_read}) {
+      if (r->epoch == e && r->thread != t) race("write-after-read", i, *r, "read", pc, "written");
+    }
     s.write = {e, t, pc};
     data[i] = v;
   }
