@@ -6,9 +6,7 @@
 //   static void grad_norm(at::TensorList, const at::Tensor& found_inf, const at::Tensor& norm,
 //                         const at::Tensor* inv_scale, ops::NormKind kind);
 //   static void update_scale(const core::ScaleTensors&, const ops::ScaleUpdateArgs&);
-//   static void adam(const core::AdamArgs&);
-//   static void sgd(const core::SgdArgs&);
-//   static void lion(const core::LionArgs&);
+//   static void step(const core::StepArgs&);   (any optimizer of optimizers.h)
 //   static void muon(const core::MuonArgs&);
 // register.cpp registers Entry<cpu::Device> for CPU, cuda/cuda_ops.cpp Entry<cuda::Device> for
 // CUDA. Argument meanings: the schemas in register.cpp.
@@ -17,10 +15,15 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/library.h>
 
+#include <c10/util/StringUtil.h>
+
+#include <iterator>
 #include <optional>
+#include <string>
 
 #include "core/step_args.h"
 #include "core/validate.h"
+#include "optimizers.h"
 
 namespace fused_amp {
 
@@ -52,15 +55,21 @@ inline void bump_versions(const c10::List<std::optional<at::Tensor>>& tensors) {
 // What every optimizer step writes: params, masters, state, step counts, absmaxes; the grads
 // when it leaves them unscaled.
 inline void bump_step_versions(const core::StepTensors& s, at::TensorList params, at::TensorList grads,
-                               const c10::List<std::optional<at::Tensor>>& masters,
-                               std::initializer_list<at::TensorList> states,
+                               const c10::List<std::optional<at::Tensor>>& masters, at::TensorList states,
                                const c10::List<std::optional<at::Tensor>>& absmaxes, at::TensorList steps) {
   bump_versions(params);
   if (s.write_grads) bump_versions(grads);
   bump_versions(masters);
-  for (at::TensorList state : states) bump_versions(state);
+  bump_versions(states);
   bump_versions(absmaxes);
   bump_versions(steps);
+}
+
+// The optimizers' names, for the message that refuses another.
+inline std::string optimizer_names() {
+  std::vector<std::string> names;
+  Optimizers::for_each([&]<class Opt>() { names.push_back(Opt::kName); });
+  return c10::Join(", ", names);
 }
 
 template <class Device>
@@ -108,87 +117,40 @@ struct Entry {
     if (!scale.is_inference()) scale.unsafeGetTensorImpl()->bump_version();
   }
 
-  static void adam_step_(at::TensorList params, at::TensorList grads,
-                         const c10::List<std::optional<at::Tensor>>& master_params,
-                         at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                         at::TensorList max_exp_avg_sqs, at::TensorList steps,
-                         const c10::List<std::optional<at::Tensor>>& state_absmaxes, double lr,
-                         const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,
-                         double eps, double weight_decay, bool amsgrad, bool maximize,
-                         bool decoupled_weight_decay, const std::optional<at::Tensor>& inv_scale,
-                         const std::optional<at::Tensor>& found_inf,
-                         const std::optional<at::Tensor>& grad_norm,
-                         std::optional<double> max_grad_norm,
-                         std::optional<int64_t> rounding_seed, bool stochastic_codes, bool unscale_grads,
-                         bool check_only) {
+  // One step of the optimizer named `optimizer` (optimizers.h): its states one list after
+  // another, its hyperparameters in its descriptor's order (ops/optimizer.h).
+  static void step_(c10::string_view optimizer, at::TensorList params, at::TensorList grads,
+                    const c10::List<std::optional<at::Tensor>>& master_params, at::TensorList states,
+                    at::TensorList steps, const c10::List<std::optional<at::Tensor>>& state_absmaxes,
+                    c10::ArrayRef<double> hyper, double lr, const std::optional<at::Tensor>& lr_tensor,
+                    const std::optional<at::Tensor>& inv_scale, const std::optional<at::Tensor>& found_inf,
+                    const std::optional<at::Tensor>& grad_norm, std::optional<double> max_grad_norm,
+                    std::optional<int64_t> rounding_seed, bool stochastic_codes, bool unscale_grads,
+                    bool check_only) {
     BelowAutograd below;
     core::Staging staging;
-    const core::AdamArgs a{
-        core::validate_step("adam_step_", params, grads, master_params, exp_avgs, "exp_avgs",
-                            exp_avg_sqs, "exp_avg_sqs", max_exp_avg_sqs, "max_exp_avg_sqs", amsgrad,
-                            state_absmaxes, steps, true, lr, lr_tensor, inv_scale, found_inf, grad_norm,
-                            max_grad_norm, rounding_seed, stochastic_codes, unscale_grads,
-                            check_only ? nullptr : &staging),
-        {beta1, beta2, eps, weight_decay, decoupled_weight_decay, amsgrad, maximize}};
+    const std::string name(optimizer);
+    const std::string op = "step_(" + name + ")";
+    std::optional<core::StepArgs> a;
+    const bool known = Optimizers::find(name.c_str(), [&]<class Opt>() {
+      TORCH_CHECK_VALUE(hyper.size() == Opt::kHyper, op, ": hyper has ", hyper.size(), " values, expected ",
+                        Opt::kHyper, " (", c10::Join(", ", std::vector<std::string>(std::begin(Opt::kHyperNames),
+                                                                                  std::end(Opt::kHyperNames))),
+                        ")");
+      const typename Opt::Hyper h = Opt::hyper_of(hyper.data());
+      a = core::StepArgs{Opt::kName,
+                         core::validate_step(op.c_str(), params, grads, master_params,
+                                             {states, Opt::kStateInfo, Opt::kStates, Opt::state_mask(h)},
+                                             state_absmaxes, steps, Opt::steps_required(h), lr, lr_tensor,
+                                             inv_scale, found_inf, grad_norm, max_grad_norm, rounding_seed,
+                                             stochastic_codes, unscale_grads, check_only ? nullptr : &staging),
+                         hyper.vec()};
+    });
+    TORCH_CHECK_VALUE(known, "step_: unknown optimizer '", name, "'; known: ", optimizer_names());
     if (check_only || params.empty()) return;
-    Device::adam(a);
+    Device::step(*a);
     staging.copy_back();
-    bump_step_versions(a.tensors, params, grads, master_params, {exp_avgs, exp_avg_sqs, max_exp_avg_sqs},
-                       state_absmaxes, steps);
-  }
-
-  static void sgd_step_(at::TensorList params, at::TensorList grads,
-                        const c10::List<std::optional<at::Tensor>>& master_params,
-                        at::TensorList momentum_buffers, at::TensorList steps,
-                        const c10::List<std::optional<at::Tensor>>& state_absmaxes, double lr,
-                        const std::optional<at::Tensor>& lr_tensor, double momentum,
-                        double dampening, double weight_decay, bool nesterov, bool maximize,
-                        const std::optional<at::Tensor>& inv_scale,
-                        const std::optional<at::Tensor>& found_inf,
-                        const std::optional<at::Tensor>& grad_norm,
-                        std::optional<double> max_grad_norm,
-                        std::optional<int64_t> rounding_seed, bool stochastic_codes, bool unscale_grads,
-                        bool check_only) {
-    BelowAutograd below;
-    core::Staging staging;
-    const bool has_momentum = momentum != 0.0;
-    const core::SgdArgs a{
-        core::validate_step("sgd_step_", params, grads, master_params, {}, nullptr, {}, nullptr,
-                            momentum_buffers, "momentum_buffers", has_momentum, state_absmaxes, steps,
-                            has_momentum || !steps.empty(),
-                            lr, lr_tensor, inv_scale, found_inf, grad_norm, max_grad_norm,
-                            rounding_seed, stochastic_codes, unscale_grads, check_only ? nullptr : &staging),
-        {momentum, dampening, weight_decay, nesterov, maximize},
-        has_momentum};
-    if (check_only || params.empty()) return;
-    Device::sgd(a);
-    staging.copy_back();
-    bump_step_versions(a.tensors, params, grads, master_params, {momentum_buffers}, state_absmaxes, steps);
-  }
-
-  static void lion_step_(at::TensorList params, at::TensorList grads,
-                         const c10::List<std::optional<at::Tensor>>& master_params,
-                         at::TensorList exp_avgs, at::TensorList steps,
-                         const c10::List<std::optional<at::Tensor>>& state_absmaxes, double lr,
-                         const std::optional<at::Tensor>& lr_tensor, double beta1, double beta2,
-                         double weight_decay, bool maximize, const std::optional<at::Tensor>& inv_scale,
-                         const std::optional<at::Tensor>& found_inf,
-                         const std::optional<at::Tensor>& grad_norm,
-                         std::optional<double> max_grad_norm,
-                         std::optional<int64_t> rounding_seed, bool stochastic_codes, bool unscale_grads,
-                         bool check_only) {
-    BelowAutograd below;
-    core::Staging staging;
-    const core::LionArgs a{
-        core::validate_step("lion_step_", params, grads, master_params, exp_avgs, "exp_avgs", {}, nullptr,
-                            {}, nullptr, false, state_absmaxes, steps, true, lr, lr_tensor, inv_scale,
-                            found_inf, grad_norm, max_grad_norm, rounding_seed, stochastic_codes, unscale_grads,
-                            check_only ? nullptr : &staging),
-        {beta1, beta2, weight_decay, maximize}};
-    if (check_only || params.empty()) return;
-    Device::lion(a);
-    staging.copy_back();
-    bump_step_versions(a.tensors, params, grads, master_params, {exp_avgs}, state_absmaxes, steps);
+    bump_step_versions(a->tensors, params, grads, master_params, states, state_absmaxes, steps);
   }
 
   static void muon_momentum_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
@@ -220,9 +182,7 @@ void register_entries(torch::Library& m) {
   m.impl("non_finite_check_", &Entry<Device>::non_finite_check_);
   m.impl("grad_norm_", &Entry<Device>::grad_norm_);
   m.impl("update_scale_", &Entry<Device>::update_scale_);
-  m.impl("adam_step_", &Entry<Device>::adam_step_);
-  m.impl("sgd_step_", &Entry<Device>::sgd_step_);
-  m.impl("lion_step_", &Entry<Device>::lion_step_);
+  m.impl("step_", &Entry<Device>::step_);
   m.impl("muon_momentum_", &Entry<Device>::muon_momentum_);
 }
 
@@ -232,9 +192,7 @@ struct Device {
   static void grad_norm(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor& norm,
                         const at::Tensor* inv_scale, ops::NormKind kind);
   static void update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args);
-  static void adam(const core::AdamArgs& a);
-  static void sgd(const core::SgdArgs& a);
-  static void lion(const core::LionArgs& a);
+  static void step(const core::StepArgs& a);
   static void muon(const core::MuonArgs& a);
 };
 }  // namespace cpu
@@ -247,9 +205,7 @@ struct Device {
   static void grad_norm(at::TensorList, const at::Tensor&, const at::Tensor&, const at::Tensor*,
                         ops::NormKind) {}
   static void update_scale(const core::ScaleTensors&, const ops::ScaleUpdateArgs&) {}
-  static void adam(const core::AdamArgs&) {}
-  static void sgd(const core::SgdArgs&) {}
-  static void lion(const core::LionArgs&) {}
+  static void step(const core::StepArgs&) {}
   static void muon(const core::MuonArgs&) {}
 };
 }  // namespace meta
@@ -260,9 +216,7 @@ struct Device {
   static void grad_norm(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor& norm,
                         const at::Tensor* inv_scale, ops::NormKind kind);
   static void update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args);
-  static void adam(const core::AdamArgs& a);
-  static void sgd(const core::SgdArgs& a);
-  static void lion(const core::LionArgs& a);
+  static void step(const core::StepArgs& a);
   static void muon(const core::MuonArgs& a);
 };
 }  // namespace cuda

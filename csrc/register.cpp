@@ -25,38 +25,19 @@ constexpr const char* kSchemas[] = {
     "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor found_inf, "
     "float growth_factor, float backoff_factor, int growth_interval, int hysteresis=1, "
     "Tensor(c!)? hysteresis_tracker=None, float? min_scale=None, float? max_scale=None) -> ()",
-    "adam_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
-    "Tensor(c!)[] exp_avgs, Tensor(d!)[] exp_avg_sqs, Tensor(e!)[] max_exp_avg_sqs, "
-    "Tensor(f!)[] steps, *, Tensor(h!)?[] state_absmaxes, float lr, Tensor? lr_tensor=None, "
-    "float beta1, float beta2, "
-    "float eps, float weight_decay, bool amsgrad, bool maximize, bool decoupled_weight_decay, "
-    "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
+    "step_(str optimizer, Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
+    "Tensor(c!)[] states, Tensor(d!)[] steps, *, Tensor(h!)?[] state_absmaxes, float[] hyper, float lr, "
+    "Tensor? lr_tensor=None, Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
     "float? max_grad_norm=None, int? rounding_seed=None, bool stochastic_codes=False, "
-    "bool unscale_grads=True, "
-    "bool check_only=False) -> ()",
-    "sgd_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
-    "Tensor(c!)[] momentum_buffers, Tensor(d!)[] steps, *, Tensor(h!)?[] state_absmaxes, float lr, "
-    "Tensor? lr_tensor=None, "
-    "float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
-    "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
-    "float? max_grad_norm=None, int? rounding_seed=None, bool stochastic_codes=False, "
-    "bool unscale_grads=True, "
-    "bool check_only=False) -> ()",
-    "lion_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
-    "Tensor(c!)[] exp_avgs, Tensor(d!)[] steps, *, Tensor(h!)?[] state_absmaxes, float lr, "
-    "Tensor? lr_tensor=None, float beta1, float beta2, float weight_decay, bool maximize, "
-    "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
-    "float? max_grad_norm=None, int? rounding_seed=None, bool stochastic_codes=False, "
-    "bool unscale_grads=True, "
-    "bool check_only=False) -> ()",
+    "bool unscale_grads=True, bool check_only=False) -> ()",
     "muon_momentum_(Tensor[] params, Tensor(g!)[] grads, Tensor(c!)[] momentum_buffers, "
     "Tensor(u!)[] updates, *, Tensor(h!)?[] state_absmaxes, float momentum, bool nesterov, "
     "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
     "float? max_grad_norm=None, bool unscale_grads=True, bool check_only=False) -> ()"};
 
 // The ops' names, in the order of kSchemas.
-constexpr const char* kOps[] = {"unscale_",   "non_finite_check_", "grad_norm_", "update_scale_",
-                                "adam_step_", "sgd_step_",         "lion_step_", "muon_momentum_"};
+constexpr const char* kOps[] = {"unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_",
+                                "muon_momentum_"};
 static_assert(std::size(kOps) == std::size(kSchemas));
 
 void define_ops(torch::Library& m) {
@@ -117,6 +98,25 @@ PyObject* build_info(PyObject*, PyObject*) {
                        fused_amp::cpu::loops().isa);
 }
 
+// The optimizers of step_ (optimizers.h), for the Python layer:
+// {name: {"states": [(state key, op list name, signed 8-bit map), ...], "hyper": [name, ...]}}.
+PyObject* optimizers(PyObject*, PyObject*) {
+  PyObject* table = PyDict_New();
+  fused_amp::Optimizers::for_each([&]<class Opt>() {
+    PyObject* states = PyList_New(Opt::kStates);
+    for (int k = 0; k < Opt::kStates; ++k) {
+      const fused_amp::ops::StateInfo& info = Opt::kStateInfo[k];
+      PyList_SET_ITEM(states, k, Py_BuildValue("(ssO)", info.key, info.name, info.is_signed ? Py_True : Py_False));
+    }
+    PyObject* hyper = PyList_New(Opt::kHyper);
+    for (int k = 0; k < Opt::kHyper; ++k) PyList_SET_ITEM(hyper, k, PyUnicode_FromString(Opt::kHyperNames[k]));
+    PyObject* entry = Py_BuildValue("{s:N,s:N}", "states", states, "hyper", hyper);
+    PyDict_SetItemString(table, Opt::kName, entry);
+    Py_DECREF(entry);
+  });
+  return table;
+}
+
 // For the CUDA tests: force the 4 KB or the 32 KB kernel-argument plan (0: automatic).
 PyObject* set_kernel_arg_bytes(PyObject*, PyObject* arg) {
   const long bytes = PyLong_AsLong(arg);
@@ -155,6 +155,8 @@ namespace {
 
 PyMethodDef methods[] = {
     {"build_info", build_info, METH_NOARGS, "How this extension was built and what it runs."},
+    {"optimizers", optimizers, METH_NOARGS,
+     "The optimizers of the step_ op: their states (key, list name, signed 8-bit map) and hyperparameters."},
     {"hold_refs", fused_amp::hold_refs, METH_O,
      "C++ references to a sequence of tensors (None skipped), held by the object returned."},
     {"local_grads", fused_amp::local_grads, METH_VARARGS,

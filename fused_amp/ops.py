@@ -1,12 +1,12 @@
 """Functional API over ``torch.ops.fused_amp``; registers fake kernels for ``torch.compile``."""
-from typing import List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import torch
 
-from fused_amp import _fake
+from fused_amp import _C, _fake
 
-__all__ = ["unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "adam_step_", "sgd_step_",
-           "lion_step_", "muon_momentum_"]
+__all__ = ["unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_", "muon_momentum_",
+           "optimizers"]
 
 _ops = torch.ops.fused_amp
 
@@ -84,19 +84,32 @@ def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: 
                        growth_interval, hysteresis, hysteresis_tracker, min_scale, max_scale)
 
 
-def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
-               master_params: List[Optional[torch.Tensor]], exp_avgs: List[torch.Tensor],
-               exp_avg_sqs: List[torch.Tensor], max_exp_avg_sqs: List[torch.Tensor],
-               steps: List[torch.Tensor], *, lr: float, lr_tensor: Optional[torch.Tensor] = None,
-               state_absmaxes: Optional[List[Optional[torch.Tensor]]] = None, beta1: float, beta2: float, eps: float, weight_decay: float, amsgrad: bool,
-               maximize: bool, decoupled_weight_decay: bool,
-               inv_scale: Optional[torch.Tensor] = None,
-               found_inf: Optional[torch.Tensor] = None, grad_norm: Optional[torch.Tensor] = None,
-               max_grad_norm: Optional[float] = None, rounding_seed: Optional[int] = None,
-               stochastic_codes: bool = False, unscale_grads: bool = True,
-               check_only: bool = False) -> None:
-    """One fused Adam/AdamW step over all params; see ``fused_amp.optim.Adam`` for the rule.
+def optimizers() -> Dict[str, Dict]:
+    """The optimizers :func:`step_` runs, from the C++ table (csrc/optimizers.h): for each name,
+    ``"states"``, its per-element states as ``(state key, list name, signed)`` (signed: the 8-bit
+    map of the state), and ``"hyper"``, the names of its hyperparameters."""
+    return _OPTIMIZERS
 
+
+_OPTIMIZERS = _C.optimizers()
+
+
+def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
+          master_params: List[Optional[torch.Tensor]], states: Sequence[List[torch.Tensor]],
+          steps: List[torch.Tensor], *, hyper: Mapping[str, float], lr: float,
+          lr_tensor: Optional[torch.Tensor] = None,
+          state_absmaxes: Optional[List[Optional[torch.Tensor]]] = None,
+          inv_scale: Optional[torch.Tensor] = None, found_inf: Optional[torch.Tensor] = None,
+          grad_norm: Optional[torch.Tensor] = None, max_grad_norm: Optional[float] = None,
+          rounding_seed: Optional[int] = None, stochastic_codes: bool = False,
+          unscale_grads: bool = True, check_only: bool = False) -> None:
+    """One fused step of ``optimizer`` (a name of :func:`optimizers`: ``"adam"``, ``"sgd"``,
+    ``"lion"``, ...) over all params; see its class in ``fused_amp.optim`` for the rule.
+
+    ``states`` holds the lists of the states the step keeps, in the optimizer's order (Adam:
+    ``exp_avgs``, ``exp_avg_sqs``, and ``max_exp_avg_sqs`` with ``amsgrad``; SGD:
+    ``momentum_buffers`` with momentum; Lion: ``exp_avgs``), one tensor per param each;
+    ``hyper`` maps each of its hyperparameter names (booleans as bools) to its value.
     ``master_params[i]`` (fp32) holds the value of a half ``params[i]``, which receives
     ``master.to(dtype)``; an int16 ``master_params[i]`` is the remainder of a bf16 param: the
     param and it hold the fp32 master exactly (its high and low 16 bits, the param rounded to
@@ -108,140 +121,59 @@ def adam_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
     nearest even, or stochastically with ``rounding_seed``: the random bits depend on the seed,
     the step and the element's index only, the same on every device and thread count), or all
     uint8: 8-bit codes in blocks of 256 elements of their memory order (laid out as the param),
-    whose fp32 absmax per block ``state_absmaxes[i]`` holds, one row per state list in use
-    (exp_avg, exp_avg_sq, max_exp_avg_sq), one column per block (None for a param whose state is
-    not 8-bit). The maps (exp_avg signed: ``absmax * sign(c) (c/127)^2``; exp_avg_sq and
-    max_exp_avg_sq unsigned: ``absmax * (c/255)^2``) are those of ``fused_amp.optim``'s
-    ``state_dtype=torch.uint8``; the update dequantizes, computes as with fp32 state, and
-    requantizes with the block's new absmax: to nearest, or with ``stochastic_codes`` (which needs
-    ``rounding_seed``) stochastically, up with the probability that makes the value unbiased (the
-    random bits as for bf16 state). Grads are
-    multiplied by ``inv_scale`` when given and, with ``unscale_grads``, left unscaled in place
-    (as torch's fused optimizers leave them). When ``found_inf`` is nonzero nothing is written
-    and ``steps`` stay as they are; otherwise each step is incremented. With ``grad_norm`` (the
-    total norm of the unscaled grads, from :func:`grad_norm_`) and ``max_grad_norm`` the grads
-    are also clipped, as ``torch.nn.utils.clip_grad_norm_`` clips them: multiplied by
-    ``min(1, max_grad_norm / (grad_norm + 1e-6))``, which the kernels form on the device; with
-    ``unscale_grads`` they are left so in place. ``check_only`` validates
+    whose fp32 absmax per block ``state_absmaxes[i]`` holds, one row per state list kept, one
+    column per block (None for a param whose state is not 8-bit). The maps (signed states, such
+    as moments: ``absmax * sign(c) (c/127)^2``; unsigned ones, such as second moments:
+    ``absmax * (c/255)^2``) are those of ``fused_amp.optim``'s ``state_dtype=torch.uint8``; the
+    update dequantizes, computes as with fp32 state, and requantizes with the block's new absmax:
+    to nearest, or with ``stochastic_codes`` (which needs ``rounding_seed``) stochastically, up
+    with the probability that makes the value unbiased (the random bits as for bf16 state).
+    Grads are multiplied by ``inv_scale`` when given and, with ``unscale_grads``, left unscaled
+    in place (as torch's fused optimizers leave them). When ``found_inf`` is nonzero nothing is
+    written and ``steps`` stay as they are; otherwise each step is incremented. With
+    ``grad_norm`` (the total norm of the unscaled grads, from :func:`grad_norm_`) and
+    ``max_grad_norm`` the grads are also clipped, as ``torch.nn.utils.clip_grad_norm_`` clips
+    them: multiplied by ``min(1, max_grad_norm / (grad_norm + 1e-6))``, which the kernels form
+    on the device; with ``unscale_grads`` they are left so in place. ``check_only`` validates
     the arguments and returns, so that a caller can check several calls before running any.
     Tensors in other layouts than their param (or not dense) are handled through copies.
 
     Args:
+        optimizer: the optimizer's name.
         params, grads, master_params: the params (updated in place), their grads, their masters.
-        exp_avgs, exp_avg_sqs, max_exp_avg_sqs: the moments (``max_exp_avg_sqs`` with
-            ``amsgrad`` only, else empty), one per param.
-        steps: one-element fp32 step counts, one per param, on the params' device.
+        states: the lists of the states kept, as described above.
+        steps: one-element fp32 step counts, one per param, on the params' device (SGD without
+            momentum: optional, for the random bits of stochastic rounding).
+        hyper: the optimizer's hyperparameters by name, as its torch.optim class takes them.
         lr, lr_tensor: the learning rate, or a one-element tensor holding it (then ``lr`` is
             ignored).
-        beta1, beta2, eps, weight_decay, amsgrad, maximize, decoupled_weight_decay: Adam's
-            hyperparameters, as :class:`torch.optim.Adam` takes them.
         state_absmaxes, inv_scale, found_inf, grad_norm, max_grad_norm: as described above.
         rounding_seed, stochastic_codes, unscale_grads, check_only: as described above.
 
     Raises:
         ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
     """
-    op = "adam_step_"
+    op = f"step_({optimizer})"
+    if optimizer not in _OPTIMIZERS:
+        raise ValueError(f"step_: unknown optimizer {optimizer!r}; known: {', '.join(_OPTIMIZERS)}")
+    names = _OPTIMIZERS[optimizer]["hyper"]
+    if set(hyper) != set(names):
+        raise ValueError(f"{op}: hyper has {sorted(hyper)}, expected the hyperparameters {names}")
     lists = [_tensors(op, "params", params), _tensors(op, "grads", grads),
-             _tensors(op, "master_params", master_params), _tensors(op, "exp_avgs", exp_avgs),
-             _tensors(op, "exp_avg_sqs", exp_avg_sqs), _tensors(op, "max_exp_avg_sqs", max_exp_avg_sqs),
-             _tensors(op, "steps", steps)]
+             _tensors(op, "master_params", master_params)]
+    state_lists = [_tensors(op, f"states[{k}]", s) for k, s in enumerate(states)]
+    for k, s in enumerate(state_lists):
+        if len(s) != len(lists[0]):
+            raise ValueError(f"{op}: states[{k}] has {len(s)} tensors but params has {len(lists[0])}")
+    steps = _tensors(op, "steps", steps)
     absmaxes = _tensors(op, "state_absmaxes", state_absmaxes or [])
-    if _no_tensors(*lists, absmaxes, lr_tensor, inv_scale, found_inf, grad_norm):
+    if _no_tensors(*lists, *state_lists, steps, absmaxes, lr_tensor, inv_scale, found_inf, grad_norm):
         return
-    _ops.adam_step_(*lists, state_absmaxes=absmaxes, lr=lr, lr_tensor=lr_tensor, beta1=beta1,
-                    beta2=beta2, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
-                    decoupled_weight_decay=decoupled_weight_decay, inv_scale=inv_scale,
-                    found_inf=found_inf, grad_norm=grad_norm, max_grad_norm=max_grad_norm,
-                    rounding_seed=rounding_seed, stochastic_codes=stochastic_codes,
-                    unscale_grads=unscale_grads, check_only=check_only)
-
-
-def sgd_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
-              master_params: List[Optional[torch.Tensor]], momentum_buffers: List[torch.Tensor],
-              steps: List[torch.Tensor], *, lr: float, lr_tensor: Optional[torch.Tensor] = None,
-              state_absmaxes: Optional[List[Optional[torch.Tensor]]] = None, momentum: float, dampening: float, weight_decay: float, nesterov: bool,
-              maximize: bool, inv_scale: Optional[torch.Tensor] = None,
-              found_inf: Optional[torch.Tensor] = None, grad_norm: Optional[torch.Tensor] = None,
-              max_grad_norm: Optional[float] = None, rounding_seed: Optional[int] = None,
-              stochastic_codes: bool = False, unscale_grads: bool = True,
-              check_only: bool = False) -> None:
-    """One fused SGD step over all params; see ``fused_amp.optim.SGD`` for the rule.
-
-    With ``momentum != 0``, ``momentum_buffers`` and ``steps`` are required: a param whose step
-    is 0 starts its buffer from its gradient, as torch does (without momentum ``steps`` may be
-    given, and are counted: stochastic rounding's bits change with them); an 8-bit (uint8) buffer has its absmax
-    in ``state_absmaxes`` (one row), with the signed map of :func:`adam_step_`. Masters, ``inv_scale``,
-    ``found_inf``, ``grad_norm``, ``max_grad_norm``, ``rounding_seed``, ``stochastic_codes``,
-    ``unscale_grads`` and ``check_only`` as in :func:`adam_step_`.
-
-    Args:
-        params, grads, master_params: the params (updated in place), their grads, their masters.
-        momentum_buffers, steps: one per param (see above).
-        lr, lr_tensor: the learning rate, or a one-element tensor holding it.
-        momentum, dampening, weight_decay, nesterov, maximize: SGD's hyperparameters, as
-            :class:`torch.optim.SGD` takes them.
-        state_absmaxes, inv_scale, found_inf, grad_norm, max_grad_norm: as for :func:`adam_step_`.
-        rounding_seed, stochastic_codes, unscale_grads, check_only: as for :func:`adam_step_`.
-
-    Raises:
-        ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
-    """
-    op = "sgd_step_"
-    lists = [_tensors(op, "params", params), _tensors(op, "grads", grads),
-             _tensors(op, "master_params", master_params),
-             _tensors(op, "momentum_buffers", momentum_buffers), _tensors(op, "steps", steps)]
-    absmaxes = _tensors(op, "state_absmaxes", state_absmaxes or [])
-    if _no_tensors(*lists, absmaxes, lr_tensor, inv_scale, found_inf, grad_norm):
-        return
-    _ops.sgd_step_(*lists, state_absmaxes=absmaxes, lr=lr, lr_tensor=lr_tensor, momentum=momentum,
-                   dampening=dampening, weight_decay=weight_decay, nesterov=nesterov, maximize=maximize,
-                   inv_scale=inv_scale, found_inf=found_inf, grad_norm=grad_norm,
-                   max_grad_norm=max_grad_norm, rounding_seed=rounding_seed,
-                   stochastic_codes=stochastic_codes, unscale_grads=unscale_grads, check_only=check_only)
-
-
-
-def lion_step_(params: List[torch.Tensor], grads: List[torch.Tensor],
-               master_params: List[Optional[torch.Tensor]], exp_avgs: List[torch.Tensor],
-               steps: List[torch.Tensor], *, lr: float, lr_tensor: Optional[torch.Tensor] = None,
-               state_absmaxes: Optional[List[Optional[torch.Tensor]]] = None, beta1: float,
-               beta2: float, weight_decay: float, maximize: bool,
-               inv_scale: Optional[torch.Tensor] = None, found_inf: Optional[torch.Tensor] = None,
-               grad_norm: Optional[torch.Tensor] = None, max_grad_norm: Optional[float] = None,
-               rounding_seed: Optional[int] = None, stochastic_codes: bool = False,
-               unscale_grads: bool = True, check_only: bool = False) -> None:
-    """One fused Lion step over all params; see ``fused_amp.optim.Lion`` for the rule.
-
-    ``exp_avgs`` (fp32, bf16, or uint8 codes with the signed map and one absmax row in
-    ``state_absmaxes``) and ``steps`` (counted; stochastic rounding's bits follow them) are
-    required. Masters, ``inv_scale``, ``found_inf``, ``grad_norm``, ``max_grad_norm``,
-    ``rounding_seed``, ``stochastic_codes``, ``unscale_grads`` and ``check_only`` as in
-    :func:`adam_step_`.
-
-    Args:
-        params, grads, master_params: the params (updated in place), their grads, their masters.
-        exp_avgs, steps: one per param (see above).
-        lr, lr_tensor: the learning rate, or a one-element tensor holding it.
-        beta1, beta2, weight_decay, maximize: Lion's hyperparameters (:class:`fused_amp.optim.Lion`).
-        state_absmaxes, inv_scale, found_inf, grad_norm, max_grad_norm: as for :func:`adam_step_`.
-        rounding_seed, stochastic_codes, unscale_grads, check_only: as for :func:`adam_step_`.
-
-    Raises:
-        ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
-    """
-    op = "lion_step_"
-    lists = [_tensors(op, "params", params), _tensors(op, "grads", grads),
-             _tensors(op, "master_params", master_params), _tensors(op, "exp_avgs", exp_avgs),
-             _tensors(op, "steps", steps)]
-    absmaxes = _tensors(op, "state_absmaxes", state_absmaxes or [])
-    if _no_tensors(*lists, absmaxes, lr_tensor, inv_scale, found_inf, grad_norm):
-        return
-    _ops.lion_step_(*lists, state_absmaxes=absmaxes, lr=lr, lr_tensor=lr_tensor, beta1=beta1,
-                    beta2=beta2, weight_decay=weight_decay, maximize=maximize, inv_scale=inv_scale,
-                    found_inf=found_inf, grad_norm=grad_norm, max_grad_norm=max_grad_norm,
-                    rounding_seed=rounding_seed, stochastic_codes=stochastic_codes,
-                    unscale_grads=unscale_grads, check_only=check_only)
+    _ops.step_(optimizer, *lists, [t for s in state_lists for t in s], steps, state_absmaxes=absmaxes,
+               hyper=[float(hyper[n]) for n in names], lr=lr, lr_tensor=lr_tensor,
+               inv_scale=inv_scale, found_inf=found_inf, grad_norm=grad_norm,
+               max_grad_norm=max_grad_norm, rounding_seed=rounding_seed,
+               stochastic_codes=stochastic_codes, unscale_grads=unscale_grads, check_only=check_only)
 
 
 def muon_momentum_(params: List[torch.Tensor], grads: List[torch.Tensor],
@@ -267,8 +199,8 @@ def muon_momentum_(params: List[torch.Tensor], grads: List[torch.Tensor],
             ``state_absmaxes``), shaped like the params.
         updates: bf16 tensors shaped like the params, written.
         momentum, nesterov: Muon's hyperparameters (:class:`fused_amp.optim.Muon`).
-        state_absmaxes, inv_scale, found_inf, grad_norm, max_grad_norm: as for :func:`adam_step_`.
-        unscale_grads, check_only: as for :func:`adam_step_`.
+        state_absmaxes, inv_scale, found_inf, grad_norm, max_grad_norm: as for :func:`step_`.
+        unscale_grads, check_only: as for :func:`step_`.
 
     Raises:
         ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
@@ -284,4 +216,4 @@ def muon_momentum_(params: List[torch.Tensor], grads: List[torch.Tensor],
                         max_grad_norm=max_grad_norm, unscale_grads=unscale_grads, check_only=check_only)
 
 
-_fake.register(__all__)
+_fake.register([op for op in __all__ if op != "optimizers"])

@@ -56,3 +56,31 @@ def rounding_key(seed: int, step: int) -> int:
 def rounding_bits(key: int, n: int) -> torch.Tensor:
     """The 32 random bits of elements 0..n-1 (int64)."""
     return mix32(torch.arange(n, dtype=torch.int64) ^ key)
+
+
+# ---- the step op in the argument shape of Adam's and SGD's own lists --------------------------
+def adam_step_(params, grads, master_params, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, *, beta1, beta2,
+               eps, weight_decay, amsgrad, maximize, decoupled_weight_decay, **kwargs):
+    """fused_amp.ops.step_("adam", ...) with Adam's state lists and hyperparameters as arguments."""
+    from fused_amp import ops
+    states = [exp_avgs, exp_avg_sqs] + ([max_exp_avg_sqs] if amsgrad or max_exp_avg_sqs else [])
+    ops.step_("adam", params, grads, master_params, states, steps,
+              hyper=dict(beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                         maximize=maximize, decoupled_weight_decay=decoupled_weight_decay), **kwargs)
+
+
+def sgd_step_(params, grads, master_params, momentum_buffers, steps, *, momentum, dampening, weight_decay,
+              nesterov, maximize, **kwargs):
+    """fused_amp.ops.step_("sgd", ...) with SGD's buffer list and hyperparameters as arguments."""
+    from fused_amp import ops
+    states = [momentum_buffers] if momentum != 0 or momentum_buffers else []
+    ops.step_("sgd", params, grads, master_params, states, steps,
+              hyper=dict(momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
+                         maximize=maximize), **kwargs)
+
+
+def lion_step_(params, grads, master_params, exp_avgs, steps, *, beta1, beta2, weight_decay, maximize, **kwargs):
+    """fused_amp.ops.step_("lion", ...) with Lion's state list and hyperparameters as arguments."""
+    from fused_amp import ops
+    ops.step_("lion", params, grads, master_params, [exp_avgs], steps,
+              hyper=dict(beta1=beta1, beta2=beta2, weight_decay=weight_decay, maximize=maximize), **kwargs)

@@ -1,5 +1,6 @@
 """Every optimizer fused_amp ships, with its torch counterpart and the option sets that the
 generic tests run it with. A new optimizer is covered by every generic test by adding one entry."""
+import inspect
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
@@ -39,6 +40,15 @@ OPTIMIZERS: List[OptimEntry] = [
         dict(lr=1e-3, betas=(0.95, 0.98), weight_decay=0.1, maximize=True),
     )),
 ]
+
+def torch_impls(theirs):
+    """The flags of the two implementations of ``theirs`` the parity tests compare with: torch's
+    fused one (the reference) and its foreach one where it has a fused one, else its for-loop
+    (the reference) and its foreach one."""
+    if "fused" in inspect.signature(theirs).parameters:
+        return dict(fused=True), dict(foreach=True)
+    return dict(foreach=False), dict(foreach=True)
+
 
 # (ours, theirs, options) for every option set of every optimizer, and readable test ids
 CASES = [(e.ours, e.theirs, kw) for e in OPTIMIZERS for kw in e.options]

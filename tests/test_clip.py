@@ -10,7 +10,7 @@ import torch
 import fused_amp
 from fused_amp import ops
 from helpers import assert_bitwise_equal
-from optim_registry import CASES, IDS, PARAM_DTYPES
+from optim_registry import CASES, IDS, PARAM_DTYPES, torch_impls
 
 NORM_TYPES = [2.0, 1.0, math.inf]
 SIZES = [1, 7, 1000, 65535, 65536, 65537, 300001]
@@ -138,8 +138,7 @@ def run_recipe(kind, cls, torch_cls, kw, dtype, steps=30, overflow_at=7):
         scaler = (torch.amp if scaler_module == "torch_scaler" else fused_amp).GradScaler(
             "cpu", init_scale=SCALE, growth_interval=1000)
     else:
-        fused = kind == "torch_fused"
-        opt = torch_cls(params, **kw, fused=fused, foreach=not fused)
+        opt = torch_cls(params, **kw, **torch_impls(torch_cls)[0 if kind == "torch_fused" else 1])
         scaler = torch.amp.GradScaler("cpu", init_scale=SCALE, growth_interval=1000)
     norms, exact, grads_after = [], [], None
     for step in range(steps):
@@ -234,11 +233,11 @@ def test_clip_without_a_scaler_matches_torch(cls, torch_cls, kw, dtype):
     gen = torch.Generator().manual_seed(0)
     init = [torch.randn(s, generator=gen).to(dtype) for s in SHAPES]
     finals = []
-    for fused in (True, False):
+    for flags in torch_impls(torch_cls):
         g2 = torch.Generator().manual_seed(0)
         [torch.randn(s, generator=g2) for s in SHAPES]
         params = [torch.nn.Parameter(x.float()) for x in init]
-        opt = torch_cls(params, **kw, fused=fused, foreach=not fused)
+        opt = torch_cls(params, **kw, **flags)
         for step in range(30):
             grads = [(g.float() / SCALE).to(dtype) for g in grads_for(step, dtype, g2)]
             if step == 7:

@@ -6,7 +6,7 @@ import torch
 
 import fused_amp
 from fused_amp import ops
-from helpers import assert_bitwise_equal
+from helpers import assert_bitwise_equal, adam_step_, sgd_step_
 from optim_registry import PLAIN, PLAIN_IDS, STATEFUL, STATEFUL_IDS
 
 TORCH_VERSION = tuple(int(x) for x in torch.__version__.split(".")[:2])
@@ -47,7 +47,7 @@ def adam(params, grads, exp_avgs=None, masters=(), steps=None, **kw):
     args = dict(lr=1e-3, beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.0, amsgrad=False,
                 maximize=False, decoupled_weight_decay=False)
     args.update(kw)
-    ops.adam_step_(params, grads, list(masters), exp_avgs,
+    adam_step_(params, grads, list(masters), exp_avgs,
                    [torch.zeros_like(p, dtype=torch.float32) for p in params], [], steps, **args)
 
 
@@ -59,7 +59,7 @@ BAD_CALLS = {
     "fewer grads": lambda: adam([torch.zeros(3), torch.zeros(2)], [torch.zeros(3)]),
     "steps of two elements": lambda: adam([torch.zeros(3)], [torch.zeros(3)], steps=[torch.zeros(2)]),
     "grad_norm without max_grad_norm": lambda: adam([torch.zeros(3)], [torch.zeros(3)], grad_norm=torch.ones(())),
-    "sgd momentum without buffers": lambda: ops.sgd_step_(
+    "sgd momentum without buffers": lambda: sgd_step_(
         [torch.zeros(3)], [torch.zeros(3)], [], [], [torch.zeros(())], lr=0.1, momentum=0.9,
         dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False),
     "unscale of int tensors": lambda: ops.unscale_([torch.zeros(3, dtype=torch.int32)], torch.zeros(()),

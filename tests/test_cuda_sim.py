@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fused_amp import ops
-from helpers import assert_bitwise_equal
+from helpers import adam_step_, assert_bitwise_equal, lion_step_, sgd_step_
 from cuda_sim.build import SCHEDULES, EmulatorError, build_emulation
 
 DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
@@ -123,7 +123,7 @@ def test_the_launchers_refuse_the_dtypes_they_have_no_kernel_for(sim):
     with pytest.raises(EmulatorError, match="uint8 grads are not supported"):
         sim.fa_sim_grad_norm(4, 1, ptr_array([[t]]), numel_array([t]), fptr(t), fptr(found), None, 2, fptr(found), 0)
     with pytest.raises(EmulatorError, match="float64 and uint8 params are not supported"):
-        sim.fa_sim_adam(kind(torch.float64), 1, ptr_array([[t, t, None, t, t, None, found]]), numel_array([t]),
+        sim.step("adam", 7, kind(torch.float64), 1, ptr_array([[t, t, None, t, t, None, found]]), numel_array([t]),
                         (ctypes.c_double * 4)(0.9, 0.99, 1e-8, 0.0), (ctypes.c_int * 3)(0, 0, 0),
                         ctypes.c_double(1e-3), None, None, None, 0, None, ctypes.c_float(0), 0, ctypes.c_int64(0), 0)
     with pytest.raises(EmulatorError, match="float64 and uint8 params are not supported"):
@@ -183,11 +183,11 @@ def test_adam_matches_cpu_op(sim, large, dtype, master, state_dtype, stochastic,
     for _ in range(3):
         rows = [[p, g, m, ma, va, vm, s] for p, g, m, ma, va, vm, s in zip(
             params, grads, masters, state["m"], state["v"], state["vmax"], state["step"])]
-        sim.fa_sim_adam(kind(dtype, master, state_dtype), len(params), ptr_array(rows),
+        sim.step("adam", 7, kind(dtype, master, state_dtype), len(params), ptr_array(rows),
                         numel_array(params), hyper, flags, ctypes.c_double(1e-2), None,
                         fptr(inv), None, 1, None, ctypes.c_float(0), int(seed is not None),
                         ctypes.c_int64(seed or 0), large)
-        ops.adam_step_(ref_params, ref_grads, ref_masters if master else [], ref["m"], ref["v"],
+        adam_step_(ref_params, ref_grads, ref_masters if master else [], ref["m"], ref["v"],
                        ref["vmax"] if amsgrad else [], ref["step"], lr=1e-2, beta1=0.9, beta2=0.99,
                        eps=1e-8, weight_decay=0.01, amsgrad=amsgrad, maximize=False,
                        decoupled_weight_decay=True, inv_scale=inv, rounding_seed=seed)
@@ -229,10 +229,10 @@ def test_sgd_matches_cpu_op(sim, large, momentum, nesterov, master, state_dtype,
     flags = (ctypes.c_int * 2)(int(nesterov), 0)
     for _ in range(3):
         rows = [[p, g, m, b, s] for p, g, m, b, s in zip(params, grads, masters, bufs, steps)]
-        sim.fa_sim_sgd(kind(torch.bfloat16, master, state_dtype), len(params), ptr_array(rows),
-                       numel_array(params), hyper, flags, ctypes.c_double(0.1), None, None, 0, None,
+        sim.step("sgd", 5, kind(torch.bfloat16, master, state_dtype), len(params), ptr_array(rows),
+                       numel_array(params), hyper, flags, ctypes.c_double(0.1), None, None, None, 0, None,
                        ctypes.c_float(0), int(seed is not None), ctypes.c_int64(seed or 0), large)
-        ops.sgd_step_(ref_params, grads, ref_masters, ref_bufs, ref_steps, lr=0.1,
+        sgd_step_(ref_params, grads, ref_masters, ref_bufs, ref_steps, lr=0.1,
                       momentum=momentum, dampening=0.1, weight_decay=1e-3, nesterov=nesterov,
                       maximize=False, rounding_seed=seed)
     for i in range(len(params)):
@@ -270,10 +270,10 @@ def test_lion_matches_cpu_op(sim, large, dtype, master, state_dtype, stochastic,
     for maximize in (0, 1, 0):
         flags = (ctypes.c_int * 1)(maximize)
         rows = [[p, g, x, a, s] for p, g, x, a, s in zip(params, grads, masters, m, steps)]
-        sim.fa_sim_lion(kind(dtype, master, state_dtype), len(params), ptr_array(rows), numel_array(params),
-                        hyper, flags, ctypes.c_double(1e-2), fptr(inv), None, 1, None, ctypes.c_float(0),
+        sim.step("lion", 5, kind(dtype, master, state_dtype), len(params), ptr_array(rows), numel_array(params),
+                        hyper, flags, ctypes.c_double(1e-2), None, fptr(inv), None, 1, None, ctypes.c_float(0),
                         int(stochastic), ctypes.c_int64(seed or 0), large)
-        ops.lion_step_(ref_params, ref_grads, ref_masters if master else [], ref_m, ref_steps, lr=1e-2,
+        lion_step_(ref_params, ref_grads, ref_masters if master else [], ref_m, ref_steps, lr=1e-2,
                        beta1=0.9, beta2=0.99, weight_decay=0.1, maximize=bool(maximize), inv_scale=inv,
                        rounding_seed=seed)
     for i in range(len(params)):
@@ -325,7 +325,7 @@ def test_overflow_step_changes_nothing(sim):
     # held in names: a tensor made in the call's arguments would be freed before the kernel
     # reads it (AddressSanitizer found that use after free)
     inv_scale, found_inf, norm = torch.tensor([0.5]), torch.ones(1), torch.tensor([3.0])
-    sim.fa_sim_adam(kind(torch.float16, True), len(params), ptr_array(rows), numel_array(params),
+    sim.step("adam", 7, kind(torch.float16, True), len(params), ptr_array(rows), numel_array(params),
                     hyper, flags, ctypes.c_double(1e-3), None, fptr(inv_scale),
                     fptr(found_inf), 1, fptr(norm), ctypes.c_float(1.0), 0,
                     ctypes.c_int64(0), 0)
@@ -386,10 +386,10 @@ def test_clipped_adam_matches_cpu_op(sim, large, max_norm):
     rows = [[p, g, m, a, b, None, s] for p, g, m, a, b, s in zip(params, grads, masters, *state, steps)]
     hyper = (ctypes.c_double * 4)(0.9, 0.999, 1e-8, 0.0)
     flags = (ctypes.c_int * 3)(0, 0, 0)
-    sim.fa_sim_adam(kind(torch.bfloat16, True), len(params), ptr_array(rows), numel_array(params),
+    sim.step("adam", 7, kind(torch.bfloat16, True), len(params), ptr_array(rows), numel_array(params),
                     hyper, flags, ctypes.c_double(1e-3), None, fptr(inv), None, 1, fptr(norm),
                     ctypes.c_float(max_norm), 0, ctypes.c_int64(0), large)
-    ops.adam_step_(ref[0], ref[1], ref[2], ref[3], ref[4], [], ref[5], lr=1e-3, beta1=0.9,
+    adam_step_(ref[0], ref[1], ref[2], ref[3], ref[4], [], ref[5], lr=1e-3, beta1=0.9,
                    beta2=0.999, eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False,
                    decoupled_weight_decay=False, inv_scale=inv, grad_norm=norm.reshape(()),
                    max_grad_norm=max_norm)
@@ -465,10 +465,10 @@ def test_adam_with_8bit_state_matches_cpu_op(sim, large, dtype, master, stochast
     for found in (0.0, 0.0, 0.0, 1.0):
         found_inf = torch.tensor([found])
         rows_ = [list(r) for r in zip(params, grads, masters, *codes, steps, absmax)]
-        sim.fa_sim_adam(q8_kind(dtype, master), len(params), ptr_array(rows_), numel_array(params), hyper,
+        sim.step("adam", 7, q8_kind(dtype, master), len(params), ptr_array(rows_), numel_array(params), hyper,
                         flags, ctypes.c_double(1e-2), None, fptr(inv), fptr(found_inf), 1, None,
                         ctypes.c_float(0), stochastic, ctypes.c_int64(seed or 0), large)
-        ops.adam_step_(ref[0], ref[1], ref[2] if master else [], ref[3], ref[4], ref[5] if amsgrad else [],
+        adam_step_(ref[0], ref[1], ref[2] if master else [], ref[3], ref[4], ref[5] if amsgrad else [],
                        ref[7], state_absmaxes=ref[6], lr=1e-2, beta1=0.9, beta2=0.99, eps=1e-8,
                        weight_decay=0.01, amsgrad=amsgrad, maximize=False, decoupled_weight_decay=True,
                        inv_scale=inv, found_inf=found_inf, rounding_seed=seed,
@@ -499,10 +499,10 @@ def test_sgd_with_8bit_momentum_matches_cpu_op(sim, large, momentum, nesterov, m
     flags = (ctypes.c_int * 2)(int(nesterov), 0)
     for _ in range(3):
         rows = [list(r) for r in zip(params, grads, masters, codes[0], steps, absmax)]
-        sim.fa_sim_sgd(q8_kind(torch.bfloat16, master), len(params), ptr_array(rows), numel_array(params),
-                       hyper, flags, ctypes.c_double(0.1), None, None, 0, None, ctypes.c_float(0), stochastic,
+        sim.step("sgd", 5, q8_kind(torch.bfloat16, master), len(params), ptr_array(rows), numel_array(params),
+                       hyper, flags, ctypes.c_double(0.1), None, None, None, 0, None, ctypes.c_float(0), stochastic,
                        ctypes.c_int64(55), large)
-        ops.sgd_step_(ref[0], grads, ref[1], ref[2], ref[4], state_absmaxes=ref[3], lr=0.1, momentum=momentum,
+        sgd_step_(ref[0], grads, ref[1], ref[2], ref[4], state_absmaxes=ref[3], lr=0.1, momentum=momentum,
                       dampening=0.1, weight_decay=1e-3, nesterov=nesterov, maximize=False,
                       rounding_seed=55 if stochastic else None, stochastic_codes=stochastic == 2)
     for i in range(len(params)):
@@ -526,10 +526,10 @@ def test_lion_with_8bit_state_matches_cpu_op(sim, large, dtype, master, aligned,
     flags = (ctypes.c_int * 1)(0)
     for _ in range(3):
         rows = [list(r) for r in zip(params, grads, masters, codes[0], steps, absmax)]
-        sim.fa_sim_lion(q8_kind(dtype, master), len(params), ptr_array(rows), numel_array(params), hyper, flags,
-                        ctypes.c_double(1e-2), None, None, 0, None, ctypes.c_float(0), stochastic,
+        sim.step("lion", 5, q8_kind(dtype, master), len(params), ptr_array(rows), numel_array(params), hyper, flags,
+                        ctypes.c_double(1e-2), None, None, None, 0, None, ctypes.c_float(0), stochastic,
                         ctypes.c_int64(66), large)
-        ops.lion_step_(ref[0], grads, ref[1] if master else [], ref[2], ref[4], state_absmaxes=ref[3], lr=1e-2,
+        lion_step_(ref[0], grads, ref[1] if master else [], ref[2], ref[4], state_absmaxes=ref[3], lr=1e-2,
                        beta1=0.9, beta2=0.99, weight_decay=0.1, maximize=False,
                        rounding_seed=66 if stochastic else None, stochastic_codes=stochastic == 2)
     for i in range(len(params)):
@@ -570,9 +570,9 @@ def test_8bit_state_keeps_a_nan_as_a_nan_block(sim):
     hyper = (ctypes.c_double * 4)(0.9, 0.999, 1e-8, 0.0)
     flags = (ctypes.c_int * 3)(0, 0, 0)
     rows = [list(r) for r in zip(params, grads, [None, None], *codes, [None, None], steps, absmax)]
-    sim.fa_sim_adam(q8_kind(torch.float32), 2, ptr_array(rows), numel_array(params), hyper, flags,
+    sim.step("adam", 7, q8_kind(torch.float32), 2, ptr_array(rows), numel_array(params), hyper, flags,
                     ctypes.c_double(1e-3), None, None, None, 0, None, ctypes.c_float(0), 0, ctypes.c_int64(0), 0)
-    ops.adam_step_(ref[0], ref[1], [], ref[2], ref[3], [], ref[5], state_absmaxes=ref[4], lr=1e-3, beta1=0.9,
+    adam_step_(ref[0], ref[1], [], ref[2], ref[3], [], ref[5], state_absmaxes=ref[4], lr=1e-3, beta1=0.9,
                    beta2=0.999, eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False,
                    decoupled_weight_decay=False)
     assert absmax[0][:, 1].isnan().all() and (codes[0][0][256:512] == 0).all()
@@ -617,7 +617,7 @@ def run_adam(state_dtype, master, stochastic):
             k = kind(torch.bfloat16, master, state_dtype)
         inv = torch.tensor([0.5])  # held: a tensor made in the arguments is freed before the call
         for _ in range(2):
-            sim.fa_sim_adam(k, len(params), ptr_array(rows), numel_array(params),
+            sim.step("adam", 7, k, len(params), ptr_array(rows), numel_array(params),
                             (ctypes.c_double * 4)(0.9, 0.99, 1e-8, 0.01), (ctypes.c_int * 3)(1, 1, 0),
                             ctypes.c_double(1e-2), None, fptr(inv), None, 1, None,
                             ctypes.c_float(0), stochastic, ctypes.c_int64(9), 0)
@@ -630,8 +630,8 @@ def run_sgd_8bit(sim, gen):
     codes, absmax = codes_and_absmax(params, 1)
     rows = [list(r) for r in zip(params, grads, masters, codes[0], [torch.zeros(1) for _ in params], absmax)]
     for _ in range(2):
-        sim.fa_sim_sgd(q8_kind(torch.bfloat16, True), len(params), ptr_array(rows), numel_array(params),
-                       (ctypes.c_double * 3)(0.9, 0.1, 1e-3), (ctypes.c_int * 2)(1, 0), ctypes.c_double(0.1),
+        sim.step("sgd", 5, q8_kind(torch.bfloat16, True), len(params), ptr_array(rows), numel_array(params),
+                       (ctypes.c_double * 3)(0.9, 0.1, 1e-3), (ctypes.c_int * 2)(1, 0), ctypes.c_double(0.1), None,
                        None, None, 0, None, ctypes.c_float(0), 0, ctypes.c_int64(0), 0)
     return [t for r in rows for t in r]
 
@@ -640,8 +640,8 @@ def run_lion(sim, gen):
     params, grads, masters = optimizer_lists(torch.float16, True, gen, True)
     rows = [list(r) for r in zip(params, grads, masters, [torch.zeros(p.shape, dtype=torch.bfloat16) for p in params],
                                  [torch.zeros(1) for _ in params])]
-    sim.fa_sim_lion(kind(torch.float16, True, torch.bfloat16), len(params), ptr_array(rows), numel_array(params),
-                    (ctypes.c_double * 3)(0.9, 0.99, 0.1), (ctypes.c_int * 1)(0), ctypes.c_double(1e-2), None, None,
+    sim.step("lion", 5, kind(torch.float16, True, torch.bfloat16), len(params), ptr_array(rows), numel_array(params),
+                    (ctypes.c_double * 3)(0.9, 0.99, 0.1), (ctypes.c_int * 1)(0), ctypes.c_double(1e-2), None, None, None,
                     0, None, ctypes.c_float(0), 1, ctypes.c_int64(5), 0)
     return [t for r in rows for t in r]
 
@@ -730,11 +730,11 @@ def test_adam_with_8bit_state_at_the_real_sizes(real, large):
     inv = torch.tensor([0.5])
     for _ in range(2):
         rows = [list(r) for r in zip(params, grads, masters, *codes, [None] * len(params), steps, absmax)]
-        real.fa_sim_adam(q8_kind(torch.bfloat16, "remainder8"), len(params), ptr_array(rows), numel_array(params),
+        real.step("adam", 7, q8_kind(torch.bfloat16, "remainder8"), len(params), ptr_array(rows), numel_array(params),
                          (ctypes.c_double * 4)(0.9, 0.99, 1e-8, 0.01), (ctypes.c_int * 3)(1, 0, 0),
                          ctypes.c_double(1e-2), None, fptr(inv), None, 1, None, ctypes.c_float(0), 2,
                          ctypes.c_int64(17), large)
-        ops.adam_step_(ref[0], ref[1], ref[2], ref[3], ref[4], [], ref[6], state_absmaxes=ref[5], lr=1e-2,
+        adam_step_(ref[0], ref[1], ref[2], ref[3], ref[4], [], ref[6], state_absmaxes=ref[5], lr=1e-2,
                        beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.01, amsgrad=False, maximize=False,
                        decoupled_weight_decay=True, inv_scale=inv, rounding_seed=17, stochastic_codes=True)
     for i in range(len(params)):

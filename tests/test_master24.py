@@ -13,7 +13,7 @@ import fused_amp
 from fused_amp import ops
 from fused_amp.optim import SGD, Adam, AdamW, export_fp32
 from fused_amp.optim._memory import join_master24, round_to_24, split_master, split_master24
-from helpers import assert_bitwise_equal
+from helpers import assert_bitwise_equal, sgd_step_
 from optim_registry import CASES, IDS, STATEFUL, STATEFUL_IDS
 
 SHAPES = [(64, 33), (1000,), (7,), (3, 5, 9), (1,)]
@@ -280,7 +280,7 @@ def test_24_bit_masters_need_bf16_params(dtype):
     if dtype == torch.float32:
         return  # the op refuses any master of an fp32 param (test_bad_input)
     with pytest.raises(TypeError, match=r"master_params\[0\] is a uint8 remainder but params\[0\] is Half"):
-        ops.sgd_step_(params, [torch.zeros_like(params[0])], [torch.zeros(4, dtype=torch.uint8)], [], [],
+        sgd_step_(params, [torch.zeros_like(params[0])], [torch.zeros(4, dtype=torch.uint8)], [], [],
                       lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False)
 
 

@@ -12,7 +12,7 @@ import fused_amp
 from fused_amp import ops
 from fused_amp.optim import SGD, Adam, AdamW, export_fp32
 from fused_amp.optim._memory import _int16, join_master, split_master
-from helpers import assert_bitwise_equal, bf16_ties_away
+from helpers import assert_bitwise_equal, bf16_ties_away, sgd_step_
 from optim_registry import CASES, IDS, STATEFUL, STATEFUL_IDS
 
 SHAPES = [(64, 33), (1000,), (7,), (3, 5, 9), (1,)]
@@ -164,7 +164,7 @@ def test_remainder_needs_bf16_params(dtype):
 def test_remainder_op_refuses_a_remainder_for_a_half_param():
     p = torch.randn(10).half()
     with pytest.raises(TypeError, match=r"master_params\[0\] is an int16 remainder but params\[0\] is Half"):
-        ops.sgd_step_([p], [p.clone()], [torch.zeros(10, dtype=torch.int16)], [], [], lr=0.1,
+        sgd_step_([p], [p.clone()], [torch.zeros(10, dtype=torch.int16)], [], [], lr=0.1,
                       momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False)
 
 

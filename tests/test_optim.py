@@ -7,8 +7,8 @@ import torch
 
 import fused_amp
 from fused_amp.optim import SGD, Adam, AdamW, export_fp32
-from helpers import assert_bitwise_equal
-from optim_registry import CASES, IDS
+from helpers import assert_bitwise_equal, adam_step_, sgd_step_
+from optim_registry import CASES, IDS, torch_impls
 
 SHAPES = [(64, 33), (1000,), (7,), (3, 5, 9), (1,)]
 
@@ -26,8 +26,9 @@ def run_parity(cls, torch_cls, kw, dtype, device, steps=120):
     fused = [torch.nn.Parameter(x.clone()) for x in ref_init]
     foreach = [torch.nn.Parameter(x.clone()) for x in ref_init]
     opt = cls(groups_of(ours, kw), **kw)
-    opt_fused = torch_cls(groups_of(fused, kw), fused=True, **kw)
-    opt_foreach = torch_cls(groups_of(foreach, kw), foreach=True, **kw)
+    reference, other = torch_impls(torch_cls)  # fused and foreach, or for-loop and foreach
+    opt_fused = torch_cls(groups_of(fused, kw), **reference, **kw)
+    opt_foreach = torch_cls(groups_of(foreach, kw), **other, **kw)
     for _ in range(steps):
         grads = [torch.randn(s, generator=gen).to(device, dtype) for s in SHAPES]
         for p, g in zip(ours, grads):
@@ -346,7 +347,7 @@ def test_adam_op_refuses_bad_lists_before_any_update(key, index, bad, exc, match
     before = [t.clone() for t in lists["params"] + lists["exp_avgs"] + lists["steps"]
               if t.device.type == "cpu"]
     with pytest.raises(exc, match=match):
-        fused_amp.ops.adam_step_(**lists, lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8,
+        adam_step_(**lists, lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8,
                                  weight_decay=0.0, amsgrad=False, maximize=False,
                                  decoupled_weight_decay=False)
     after = [t for t in lists["params"] + lists["exp_avgs"] + lists["steps"] if t.device.type == "cpu"]
@@ -357,8 +358,8 @@ def test_adam_op_refuses_bad_lists_before_any_update(key, index, bad, exc, match
 def test_adam_op_refuses_mismatched_list_lengths():
     lists = adam_lists()
     lists["exp_avgs"].pop()
-    with pytest.raises(ValueError, match="exp_avgs has 2 tensors but params has 3"):
-        fused_amp.ops.adam_step_(**lists, lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8,
+    with pytest.raises(ValueError, match=r"states\[0\] has 2 tensors but params has 3"):
+        adam_step_(**lists, lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8,
                                  weight_decay=0.0, amsgrad=False, maximize=False,
                                  decoupled_weight_decay=False)
 
@@ -402,11 +403,11 @@ def test_results_do_not_depend_on_param_alignment(dtype, op):
         master, a, b, step = values.float(), torch.zeros(n), torch.zeros(n), torch.zeros(())
         for _ in range(3):
             if op == "adam":
-                fused_amp.ops.adam_step_([param], [grad], [master], [a], [b], [], [step], lr=1e-2,
+                adam_step_([param], [grad], [master], [a], [b], [], [step], lr=1e-2,
                                          beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1,
                                          amsgrad=False, maximize=False, decoupled_weight_decay=True)
             else:
-                fused_amp.ops.sgd_step_([param], [grad], [master], [a], [step], lr=0.1, momentum=0.9,
+                sgd_step_([param], [grad], [master], [a], [step], lr=0.1, momentum=0.9,
                                         dampening=0.0, weight_decay=0.0, nesterov=True, maximize=False)
         results.append((param.clone(), master.clone()))
     for param, master in results[1:]:

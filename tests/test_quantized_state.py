@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import fused_amp
 from fused_amp.optim import Adam, AdamW
 from fused_amp.optim._quantize import ABSMAX, QUANT_BLOCK, _sqrt, dequantize, quantize
-from helpers import assert_bitwise_equal, rounding_bits, rounding_key
+from helpers import assert_bitwise_equal, rounding_bits, rounding_key, adam_step_
 from optim_registry import CASES, IDS, PARAM_DTYPES
 
 # sizes around the block: a tail alone, one block, blocks and a tail, a 3-d param
@@ -427,17 +427,17 @@ def test_bad_input_is_refused_naming_the_argument():
                        (state[ABSMAX].double(), "state_absmaxes\\[0\\] has dtype"),
                        (state[ABSMAX].t().contiguous().t(), "must be contiguous")]:
         with pytest.raises(ValueError if "dtype" not in match else TypeError, match=match):
-            fused_amp.ops.adam_step_([p], [p.grad], [state["master_param"]], [state["exp_avg"]],
+            adam_step_([p], [p.grad], [state["master_param"]], [state["exp_avg"]],
                                      [state["exp_avg_sq"]], [], [state["step"]], state_absmaxes=[bad],
                                      lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
                                      amsgrad=False, maximize=False, decoupled_weight_decay=False)
     with pytest.raises(ValueError, match="stochastic_codes=True rounds 8-bit codes with rounding_seed"):
-        fused_amp.ops.adam_step_([p], [p.grad], [state["master_param"]], [state["exp_avg"]],
+        adam_step_([p], [p.grad], [state["master_param"]], [state["exp_avg"]],
                                  [state["exp_avg_sq"]], [], [state["step"]], state_absmaxes=[state[ABSMAX]],
                                  lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, amsgrad=False,
                                  maximize=False, decoupled_weight_decay=False, stochastic_codes=True)
     with pytest.raises(ValueError, match="state_absmaxes\\[0\\] is missing"):
-        fused_amp.ops.adam_step_([p], [p.grad], [state["master_param"]], [state["exp_avg"]],
+        adam_step_([p], [p.grad], [state["master_param"]], [state["exp_avg"]],
                                  [state["exp_avg_sq"]], [], [state["step"]], state_absmaxes=[None],
                                  lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
                                  amsgrad=False, maximize=False, decoupled_weight_decay=False)

@@ -9,7 +9,7 @@ import torch
 
 import fused_amp
 from fused_amp import ops
-from helpers import assert_bitwise_equal
+from helpers import assert_bitwise_equal, adam_step_
 
 
 def train(seed, steps=30, opt_cls=fused_amp.optim.AdamW, **opt_kw):
@@ -109,7 +109,7 @@ def test_the_kernels_release_the_gil():
     spinner.start()
     start = time.perf_counter()
     for _ in range(3):
-        ops.adam_step_(p, g, m, a, b, [], s, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
+        adam_step_(p, g, m, a, b, [], s, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0,
                        amsgrad=False, maximize=False, decoupled_weight_decay=False)
     took = time.perf_counter() - start
     done.set()

@@ -4,7 +4,7 @@ import torch
 
 import fused_amp
 from fused_amp import ops
-from helpers import assert_bitwise_equal
+from helpers import assert_bitwise_equal, adam_step_, sgd_step_
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 # Around every vector width (8/16/32 lanes), the CPU grain and the CUDA chunk (65536).
@@ -105,11 +105,11 @@ def test_every_bf16_grad_is_left_unscaled_as_torch_unscales_it(inv_scale, step):
     kw = dict(inv_scale=torch.tensor([inv_scale]), found_inf=torch.zeros(1), lr=1e-3, weight_decay=0.0,
               maximize=False)
     if step == "adam_step_":
-        ops.adam_step_([param], [grad], [master], [torch.zeros_like(master)], [torch.zeros_like(master)], [],
+        adam_step_([param], [grad], [master], [torch.zeros_like(master)], [torch.zeros_like(master)], [],
                        [steps], beta1=0.9, beta2=0.999, eps=1e-8, amsgrad=False, decoupled_weight_decay=False,
                        **kw)
     else:
-        ops.sgd_step_([param], [grad], [master], [torch.zeros_like(master)], [steps], momentum=0.9,
+        sgd_step_([param], [grad], [master], [torch.zeros_like(master)], [steps], momentum=0.9,
                       dampening=0.0, nesterov=False, **kw)
     assert_bitwise_equal(grad, expected, f"{step}, inv_scale {inv_scale}")
 
@@ -181,7 +181,7 @@ def test_empty_list_is_a_no_op():
 
 def test_cuda_kernels_registered_when_built():
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    for op in ("unscale_", "non_finite_check_", "update_scale_", "adam_step_", "sgd_step_"):
+    for op in ("unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_", "muon_momentum_"):
         assert has(f"fused_amp::{op}", "CPU")
         assert has(f"fused_amp::{op}", "CUDA") == fused_amp.build_info()["cuda"]
 

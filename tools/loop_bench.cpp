@@ -63,16 +63,18 @@ double ns_per_element(const Mode& mode, int64_t n, int reps) {
   const bool quantized = mode.state == kUInt8State;
   const UpdateRange<BF16> range{param.data(), grad.data(), mode.remainder ? nullptr : master.data(),
                                 mode.remainder == 16 ? remainder.data() : nullptr,
-                                mode.remainder == 8 ? remainder8.data() : nullptr, state,
-                                static_cast<char*>(state) + n * state_bytes, nullptr,
+                                mode.remainder == 8 ? remainder8.data() : nullptr,
+                                {state, static_cast<char*>(state) + n * state_bytes, nullptr},
                                 quantized ? absmax.data() : nullptr, quantized ? blocks : 0, n, 0, 12345u,
                                 mode.stochastic, mode.stochastic_codes, true};
   const fused_amp::ops::AdamHyper hyper{0.9, 0.999, 1e-8, 0.0, false, false, false};
   // 1/scale alternates between 2^-10 and 2^10, so that the grads left unscaled stay where they were
   const fused_amp::ops::AdamCoeffs down = fused_amp::ops::adam_coeffs(hyper, 1e-3, 10.0, 1.f / 1024.f);
   const fused_amp::ops::AdamCoeffs up = fused_amp::ops::adam_coeffs(hyper, 1e-3, 10.0, 1024.f);
-  const auto step = fused_amp::cpu::CPU_CAPABILITY::loops().adam_bfloat16[mode.state];
-  return median_ns_per_element(n, reps, [&](int r) { step(range, r % 2 ? up : down); });
+  using fused_amp::Optimizers;
+  const auto step = fused_amp::cpu::CPU_CAPABILITY::loops().step[Optimizers::index<fused_amp::ops::Adam>()]
+                        .on_bfloat16[mode.state];
+  return median_ns_per_element(n, reps, [&](int r) { step(range, r % 2 ? &up : &down); });
 }
 
 // The parts of the 8-bit state's cost, ns per element of one state in cache (8,192 elements of

@@ -22,7 +22,7 @@ trap 'rm -rf "$WORK"' EXIT
 read -r -a INCLUDES <<< "$("$PY" -c 'from torch.utils.cpp_extension import include_paths; print(" ".join("-I" + p for p in include_paths()))' 2>/dev/null)"
 LIB="$("$PY" -c 'from torch.utils.cpp_extension import library_paths; print(library_paths()[0])' 2>/dev/null)"
 # the extension's flags (setup.py): contraction off, so that each fma_ is one and nothing else fuses
-g++ -O3 -std=c++17 -ffp-contract=off -Wno-psabi -Icsrc "${INCLUDES[@]}" -DLOOPS_FILE="\"cpu/loops_${ISA}.cpp\"" \
+g++ -O3 -std=c++20 -ffp-contract=off -Wno-psabi -Icsrc "${INCLUDES[@]}" -DLOOPS_FILE="\"cpu/loops_${ISA}.cpp\"" \
   tools/loop_bench.cpp -o "$WORK/loop_bench" -L"$LIB" -lc10 -Wl,-rpath,"$LIB"
 echo "tools/loop_bench.cpp built with the ${ISA} loops"
 if [[ "$BUILD_ONLY" == 0 ]]; then "$WORK/loop_bench" "${@:2}"; fi

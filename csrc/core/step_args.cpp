@@ -2,6 +2,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <string>
+
 #include "core/validate.h"
 #include "ops/quantize.h"
 
@@ -11,15 +13,8 @@ namespace {
 
 // A state list: fp32 or bf16 tensors shaped like the params; with `first` (the op's first state
 // list, already checked) each tensor has the dtype of the first list's for its param.
-void check_states(const char* op, const char* name, at::TensorList list, bool needed,
-                  at::TensorList params, std::vector<at::Tensor>& out,
-                  const std::vector<at::Tensor>* first = nullptr) {
-  if (!needed) {
-    TORCH_CHECK_VALUE(list.empty(), op, ": ", name, " must be empty here, got ", list.size(),
-                      " tensors");
-    return;
-  }
-  check_length(op, name, list.size(), params.size(), false);
+void check_states(const char* op, const char* name, at::TensorList list, at::TensorList params,
+                  std::vector<at::Tensor>& out, const std::vector<at::Tensor>* first) {
   const bool follows_first = first && !first->empty();
   for (size_t i = 0; i < list.size(); ++i) {
     const at::ScalarType dtype = list[i].defined() ? list[i].scalar_type() : at::kFloat;
@@ -36,8 +31,8 @@ void check_states(const char* op, const char* name, at::TensorList list, bool ne
 void check_absmaxes(const char* op, const c10::List<std::optional<at::Tensor>>& absmaxes, StepTensors& s) {
   const size_t n = s.params.size();
   check_length(op, "state_absmaxes", absmaxes.size(), n, true);
-  const int64_t rows = static_cast<int64_t>(!s.states_a.empty()) + static_cast<int64_t>(!s.states_b.empty()) +
-                       static_cast<int64_t>(!s.aux.empty());
+  int64_t rows = 0;
+  for (const auto& list : s.states) rows += !list.empty();
   s.absmaxes.resize(absmaxes.empty() ? 0 : n);
   for (size_t i = 0; i < n; ++i) {
     const std::optional<at::Tensor> a = absmaxes.empty() ? std::nullopt : absmaxes[i];
@@ -73,15 +68,32 @@ void check_lr_tensor(const char* op, const at::Tensor& t, const at::Device& devi
                     t.device(), " but params are on ", device);
 }
 
+// Splits the kept states' list into their lists (s.states) and checks each.
+void check_state_lists(const char* op, const StateLists& st, at::TensorList params, StepTensors& s) {
+  const size_t n = params.size();
+  int kept = 0;
+  std::string names;
+  for (int k = 0; k < st.count; ++k) {
+    if (!(st.mask >> k & 1u)) continue;
+    names += (kept++ ? ", " : "") + std::string(st.info[k].name);
+  }
+  TORCH_CHECK_VALUE(st.list.size() == kept * n, op, ": states has ", st.list.size(), " tensors, expected ",
+                    kept, " lists of ", n, " (one tensor per param", kept ? ": " : "", names, ")");
+  const std::vector<at::Tensor>* first = nullptr;
+  int j = 0;
+  for (int k = 0; k < st.count; ++k) {
+    if (!(st.mask >> k & 1u)) continue;
+    check_states(op, st.info[k].name, st.list.slice(j++ * n, n), params, s.states[k], first);
+    first = &s.states[k];
+  }
+}
+
 }  // namespace
 
 StepTensors validate_step(const char* op, at::TensorList params, at::TensorList grads,
-                          const c10::List<std::optional<at::Tensor>>& master_params,
-                          at::TensorList states_a, const char* states_a_name,
-                          at::TensorList states_b, const char* states_b_name,
-                          at::TensorList aux, const char* aux_name, bool need_aux,
+                          const c10::List<std::optional<at::Tensor>>& master_params, const StateLists& states,
                           const c10::List<std::optional<at::Tensor>>& state_absmaxes,
-                          at::TensorList steps, bool need_steps, double lr,
+                          at::TensorList steps, bool steps_required, double lr,
                           const std::optional<at::Tensor>& lr_tensor,
                           const std::optional<at::Tensor>& inv_scale,
                           const std::optional<at::Tensor>& found_inf,
@@ -94,9 +106,7 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
   check_length(op, "grads", grads.size(), params.size(), false);
   check_length(op, "master_params", master_params.size(), params.size(), true);
   if (params.empty()) {  // nothing to update; the other lists must be empty too
-    check_states(op, states_a_name, states_a, false, params, s.states_a);
-    check_states(op, states_b_name, states_b, false, params, s.states_b);
-    check_states(op, aux_name, aux, false, params, s.aux);
+    TORCH_CHECK_VALUE(states.list.empty(), op, ": states has ", states.list.size(), " tensors but params has 0");
     check_length(op, "state_absmaxes", state_absmaxes.size(), 0, true);
     TORCH_CHECK_VALUE(steps.empty(), op, ": steps has ", steps.size(), " tensors but params has 0");
     return s;
@@ -150,18 +160,14 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
     check_partner(op, "master_params", i, *m, params[i], remainder ? dtype : at::kFloat, true);
     s.masters[i] = *m;
   }
-  check_states(op, states_a_name, states_a, states_a_name != nullptr, params, s.states_a);
-  check_states(op, states_b_name, states_b, states_b_name != nullptr, params, s.states_b, &s.states_a);
-  check_states(op, aux_name, aux, need_aux, params, s.aux, s.states_a.empty() ? nullptr : &s.states_a);
+  check_state_lists(op, states, params, s);
   check_absmaxes(op, state_absmaxes, s);
-  if (need_steps) {
+  if (steps_required || !steps.empty()) {
     check_length(op, "steps", steps.size(), params.size(), false);
     for (size_t i = 0; i < steps.size(); ++i) {
       check_scalar(op, ("steps[" + std::to_string(i) + "]").c_str(), steps[i], device);
     }
     s.steps = steps.vec();
-  } else {
-    TORCH_CHECK_VALUE(steps.empty(), op, ": steps must be empty here, got ", steps.size());
   }
   if (staging) stage_step(op, s, staging);
   return s;
@@ -172,7 +178,9 @@ void stage_step(const char* op, StepTensors& s, Staging* staging) {
     s.params[i] = staging->dense(s.params[i], true);
     const at::Tensor& param = s.params[i];
     s.grads[i] = staging->like(s.grads[i], param, s.write_grads);
-    for (auto* list : {&s.masters, &s.states_a, &s.states_b, &s.aux}) {
+    std::vector<std::vector<at::Tensor>*> partners{&s.masters};
+    for (auto& list : s.states) partners.push_back(&list);
+    for (auto* list : partners) {
       if (list->empty() || !(*list)[i].defined()) continue;
       // 8-bit codes are not staged: their blocks follow their own memory order, which must be the
       // order in which the kernels walk the param
@@ -192,8 +200,9 @@ StepTensors validate_muon(const char* op, at::TensorList params, at::TensorList 
                           const std::optional<at::Tensor>& grad_norm,
                           std::optional<double> max_grad_norm, bool unscale_grads, Staging* staging) {
   const c10::List<std::optional<at::Tensor>> no_masters;
-  StepTensors s = validate_step(op, params, grads, no_masters, momentum_buffers, "momentum_buffers", {}, nullptr, {},
-                                nullptr, false, state_absmaxes, {}, false, 0.0, std::nullopt, inv_scale,
+  static constexpr ops::StateInfo kBuffer{"momentum_buffers", "momentum_buffer", true, false};
+  StepTensors s = validate_step(op, params, grads, no_masters, {momentum_buffers, &kBuffer, 1, 1u}, state_absmaxes,
+                                {}, false, 0.0, std::nullopt, inv_scale,
                                 found_inf, grad_norm, max_grad_norm, std::nullopt, false, unscale_grads, nullptr);
   check_length(op, "updates", updates.size(), params.size(), false);
   for (size_t i = 0; i < updates.size(); ++i) {

@@ -1,5 +1,5 @@
 #pragma once
-// The arguments of one optimizer step (adam_step_, sgd_step_), validated once for both devices.
+// The arguments of one optimizer step (step_, muon_momentum_), validated once for both devices.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/List.h>
 
@@ -7,26 +7,24 @@
 #include <vector>
 
 #include "core/validate.h"
-#include "ops/adam.h"
-#include "ops/lion.h"
 #include "ops/muon.h"
-#include "ops/sgd.h"
+#include "ops/optimizer.h"
 #include "ops/update_scale.h"
 
 namespace fused_amp::core {
 
 struct StepTensors {
-  std::vector<at::Tensor> params, grads, masters, states_a, states_b, aux, steps;
-  // With 8-bit state (uint8 codes in states_a/b and aux, ops/quantize.h), absmaxes[i] holds the
-  // fp32 absmax of every block of param i's states: one row per state, in the order exp_avg,
-  // exp_avg_sq, max_exp_avg_sq (Adam) or momentum_buffer (SGD); undefined for other state.
+  std::vector<at::Tensor> params, grads, masters, steps;
+  // states[k]: the optimizer's state k of every param (ops/optimizer.h), empty where the step
+  // keeps no such state. A param's state tensors are all fp32, all bf16 or all 8-bit codes.
+  std::vector<at::Tensor> states[ops::kMaxStates];
+  // With 8-bit state (uint8 codes, ops/quantize.h), absmaxes[i] holds the fp32 absmax of every
+  // block of param i's states: one row per state kept, in state order; undefined for other state.
   std::vector<at::Tensor> absmaxes;
   // muon_momentum_ only: the bf16 tensors it writes its Newton-Schulz inputs to, shaped like params
   std::vector<at::Tensor> updates;
   // masters[i] is undefined where params[i] is updated in place, fp32 for a master, int16 for the
-  // remainder of a bf16 param, uint8 for the byte of a 24-bit master (ops/rounding.h); states_*
-  // and aux follow the op: Adam: exp_avgs, exp_avg_sqs, max_exp_avg_sqs (amsgrad); SGD:
-  // momentum_buffers in aux; Lion: exp_avgs. A param's state tensors are all fp32 or all bf16.
+  // remainder of a bf16 param, uint8 for the byte of a 24-bit master (ops/rounding.h).
   std::optional<at::Tensor> lr_tensor, inv_scale, found_inf;
   // With grad_norm (the total norm of the unscaled grads) the grads are clipped in the step:
   // multiplied by ops::clip_coef(grad_norm, max_grad_norm) on top of inv_scale.
@@ -52,23 +50,31 @@ struct StepTensors {
   bool is_quantized(size_t i) const { return !absmaxes.empty() && absmaxes[i].defined(); }
   // The dtype of param i's state (all of it has one); fp32 when it has none (SGD without momentum).
   at::ScalarType state_dtype(size_t i) const {
-    if (!states_a.empty()) return states_a[i].scalar_type();
-    return aux.empty() ? at::kFloat : aux[i].scalar_type();
+    for (const auto& list : states) {
+      if (!list.empty()) return list[i].scalar_type();
+    }
+    return at::kFloat;
   }
 };
 
+// The states of an optimizer as the step op takes them: `list` holds the states kept (bit k of
+// `mask`: state k, whose list name is info[k].name), one after another, each one tensor per param.
+struct StateLists {
+  at::TensorList list;
+  const ops::StateInfo* info;
+  int count;
+  unsigned mask;
+};
+
 // Checks every list against params (length, device, shape, dtype) and the scalars (lr_tensor,
-// inv_scale, found_inf, grad_norm) and, for 8-bit state, its absmaxes (one row per state list in
-// use, one column per block); raises before anything is touched. `need_*` says which lists the
-// update reads: a list that is not needed must be empty. With `staging`, tensors whose layout
-// the kernels cannot walk are replaced by staged copies (core::Staging); without, only checks.
+// inv_scale, found_inf, grad_norm) and, for 8-bit state, its absmaxes (one row per state kept,
+// one column per block); raises before anything is touched. `steps` must be given when
+// `steps_required`, else may be. With `staging`, tensors whose layout the kernels cannot walk are
+// replaced by staged copies (core::Staging); without, only checks.
 StepTensors validate_step(const char* op, at::TensorList params, at::TensorList grads,
-                          const c10::List<std::optional<at::Tensor>>& master_params,
-                          at::TensorList states_a, const char* states_a_name,
-                          at::TensorList states_b, const char* states_b_name,
-                          at::TensorList aux, const char* aux_name, bool need_aux,
+                          const c10::List<std::optional<at::Tensor>>& master_params, const StateLists& states,
                           const c10::List<std::optional<at::Tensor>>& state_absmaxes,
-                          at::TensorList steps, bool need_steps, double lr,
+                          at::TensorList steps, bool steps_required, double lr,
                           const std::optional<at::Tensor>& lr_tensor,
                           const std::optional<at::Tensor>& inv_scale,
                           const std::optional<at::Tensor>& found_inf,
@@ -81,22 +87,15 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
 // walk as they are (core::Staging).
 void stage_step(const char* op, StepTensors& s, Staging* staging);
 
-// The validated arguments of adam_step_ and sgd_step_, as the devices take them (ops_impl.h).
-struct AdamArgs {
+// The validated arguments of step_, as the devices take them (ops_impl.h): the optimizer's name
+// and its hyperparameter list, in the order of its descriptor's kHyperNames.
+struct StepArgs {
+  const char* optimizer;
   StepTensors tensors;
-  ops::AdamHyper hyper;
-};
-struct SgdArgs {
-  StepTensors tensors;
-  ops::SgdHyper hyper;
-  bool has_momentum;  // momentum buffers and step counts are kept only with momentum
-};
-struct LionArgs {
-  StepTensors tensors;
-  ops::LionHyper hyper;
+  std::vector<double> hyper;
 };
 // muon_momentum_: params are read for their shapes and layouts only; momentum buffers in
-// states_a; the bf16 outputs in `updates`.
+// states[0]; the bf16 outputs in `updates`.
 struct MuonArgs {
   StepTensors tensors;
   ops::MuonHyper hyper;

@@ -112,28 +112,26 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
   void* master = at_b(s.masters, remainder ? 2 : (remainder8 ? 1 : 4));
   const bool quantized = s.is_quantized(t);
   UpdateRange<T> r{static_cast<T*>(s.params[t].data_ptr()) + b,
-                        static_cast<T*>(s.grads[t].data_ptr()) + b,
-                        remainder || remainder8 ? nullptr : static_cast<float*>(master),
-                        remainder ? static_cast<c10::BFloat16*>(master) : nullptr,
-                        remainder8 ? static_cast<uint8_t*>(master) : nullptr,
-                        at_b(s.states_a, state_bytes), at_b(s.states_b, state_bytes),
-                        at_b(s.aux, state_bytes),
-                        quantized ? static_cast<float*>(s.absmaxes[t].data_ptr()) : nullptr,
-                        quantized ? s.absmaxes[t].stride(0) : 0, e - b, b, round_key,
-                        s.rounding_seed.has_value(), s.stochastic_codes, write_grads};
+                    static_cast<T*>(s.grads[t].data_ptr()) + b,
+                    remainder || remainder8 ? nullptr : static_cast<float*>(master),
+                    remainder ? static_cast<c10::BFloat16*>(master) : nullptr,
+                    remainder8 ? static_cast<uint8_t*>(master) : nullptr,
+                    {},
+                    quantized ? static_cast<float*>(s.absmaxes[t].data_ptr()) : nullptr,
+                    quantized ? s.absmaxes[t].stride(0) : 0, e - b, b, round_key,
+                    s.rounding_seed.has_value(), s.stochastic_codes, write_grads};
+  for (int k = 0; k < ops::kMaxStates; ++k) r.state[k] = at_b(s.states[k], state_bytes);
   if (!s.updates.empty()) r.update = static_cast<c10::BFloat16*>(s.updates[t].data_ptr()) + b;
   return r;
 }
 
 // Runs the loop of each param's dtype and state dtype over every param, with that param's
-// coefficients (`coeffs[t]`) and rounding key (`round_keys[t]`). Grads multiplied by 1 keep their
-// value: they are written back only when `grad_mult` changes them.
+// coefficients (`coeffs[t]`, the loops' Coeffs) and rounding key (`round_keys[t]`). Grads
+// multiplied by 1 keep their value: they are written back only when `grad_mult` changes them.
 template <class Coeffs>
 void update_all(const core::StepTensors& s, float grad_mult, const std::vector<Coeffs>& coeffs,
-                const std::vector<uint32_t>& round_keys,
-                void (*const (&on_float)[kStateTypes])(const UpdateRange<float>&, const Coeffs&),
-                void (*const (&on_half)[kStateTypes])(const UpdateRange<c10::Half>&, const Coeffs&),
-                void (*const (&on_bfloat16)[kStateTypes])(const UpdateRange<c10::BFloat16>&, const Coeffs&)) {
+                const std::vector<uint32_t>& round_keys, const Loops::Step& loops) {
+  const auto& [on_float, on_half, on_bfloat16] = loops;
   const bool w = s.write_grads && grad_mult != 1.f;
   parallel_over(core::flat_offsets(numels_of(s.params)), [&](size_t t, int64_t b, int64_t e) {
     const at::ScalarType state = s.state_dtype(t);
@@ -146,9 +144,9 @@ void update_all(const core::StepTensors& s, float grad_mult, const std::vector<C
     }
     const uint32_t key = round_keys[t];
     switch (s.params[t].scalar_type()) {
-      case at::kFloat: on_float[st](range_of<float>(s, t, b, e, w, key), coeffs[t]); break;
-      case at::kHalf: on_half[st](range_of<c10::Half>(s, t, b, e, w, key), coeffs[t]); break;
-      case at::kBFloat16: on_bfloat16[st](range_of<c10::BFloat16>(s, t, b, e, w, key), coeffs[t]); break;
+      case at::kFloat: on_float[st](range_of<float>(s, t, b, e, w, key), &coeffs[t]); break;
+      case at::kHalf: on_half[st](range_of<c10::Half>(s, t, b, e, w, key), &coeffs[t]); break;
+      case at::kBFloat16: on_bfloat16[st](range_of<c10::BFloat16>(s, t, b, e, w, key), &coeffs[t]); break;
       default: TORCH_INTERNAL_ASSERT(false, "dtype passed validation but has no loop");
     }
   });
@@ -214,51 +212,26 @@ void Device::update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArg
                     *t.found_inf.data_ptr<float>() != 0.f, args);
 }
 
-void Device::adam(const core::AdamArgs& a) {
+void Device::step(const core::StepArgs& a) {
   const core::StepTensors& s = a.tensors;
   if (skip_step(s)) return;
   const double lr = step_lr(s);
   const float mult = step_grad_mult(s);
-  std::vector<ops::AdamCoeffs> coeffs;
-  coeffs.reserve(s.params.size());
-  for (size_t t = 0; t < s.params.size(); ++t) {
-    const float step = *s.steps[t].data_ptr<float>() + 1.f;
-    // Params of a group almost always share their step: reuse the last coefficients.
-    if (t > 0 && step == *s.steps[t - 1].data_ptr<float>() + 1.f) {
-      coeffs.push_back(coeffs.back());
-    } else {
-      coeffs.push_back(ops::adam_coeffs(a.hyper, lr, step, mult));
+  Optimizers::find(a.optimizer, [&]<class Opt>() {
+    const typename Opt::Hyper h = Opt::hyper_of(a.hyper.data());
+    std::vector<typename Opt::Coeffs> coeffs;
+    coeffs.reserve(s.params.size());
+    for (size_t t = 0; t < s.params.size(); ++t) {
+      const float step = s.steps.empty() ? 0.f : *s.steps[t].data_ptr<float>();
+      // Params of a group almost always share their step: reuse the last coefficients.
+      if (t > 0 && step == (s.steps.empty() ? 0.f : *s.steps[t - 1].data_ptr<float>())) {
+        coeffs.push_back(coeffs.back());
+      } else {
+        coeffs.push_back(Opt::coeffs(h, lr, step, mult));
+      }
     }
-  }
-  const Loops& k = loops();
-  update_all(s, mult, coeffs, round_keys_of(s), k.adam_float, k.adam_half, k.adam_bfloat16);
-  increment_steps(s);
-}
-
-void Device::sgd(const core::SgdArgs& a) {
-  const core::StepTensors& s = a.tensors;
-  if (skip_step(s)) return;
-  const double lr = step_lr(s);
-  const float mult = step_grad_mult(s);
-  std::vector<ops::SgdCoeffs> coeffs;
-  coeffs.reserve(s.params.size());
-  for (size_t t = 0; t < s.params.size(); ++t) {
-    const bool first = a.has_momentum && *s.steps[t].data_ptr<float>() == 0.f;
-    coeffs.push_back(ops::sgd_coeffs(a.hyper, lr, first, mult));
-  }
-  const Loops& k = loops();
-  update_all(s, mult, coeffs, round_keys_of(s), k.sgd_float, k.sgd_half, k.sgd_bfloat16);
-  increment_steps(s);
-}
-
-void Device::lion(const core::LionArgs& a) {
-  const core::StepTensors& s = a.tensors;
-  if (skip_step(s)) return;
-  const float mult = step_grad_mult(s);
-  // no step-dependent terms: one set of coefficients for every param
-  const std::vector<ops::LionCoeffs> coeffs(s.params.size(), ops::lion_coeffs(a.hyper, step_lr(s), mult));
-  const Loops& k = loops();
-  update_all(s, mult, coeffs, round_keys_of(s), k.lion_float, k.lion_half, k.lion_bfloat16);
+    update_all(s, mult, coeffs, round_keys_of(s), loops().step[Optimizers::index<Opt>()]);
+  });
   increment_steps(s);
 }
 
@@ -267,8 +240,7 @@ void Device::muon(const core::MuonArgs& a) {
   if (skip_step(s)) return;
   const float mult = step_grad_mult(s);
   const std::vector<ops::MuonCoeffs> coeffs(s.params.size(), ops::muon_coeffs(a.hyper, mult));
-  const Loops& k = loops();
-  update_all(s, mult, coeffs, round_keys_of(s), k.muon_float, k.muon_half, k.muon_bfloat16);
+  update_all(s, mult, coeffs, round_keys_of(s), loops().muon);
 }
 
 }  // namespace fused_amp::cpu

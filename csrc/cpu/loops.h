@@ -7,25 +7,23 @@
 
 #include <cstdint>
 
-#include "ops/adam.h"
 #include "ops/grad_norm.h"
-#include "ops/lion.h"
 #include "ops/muon.h"
-#include "ops/sgd.h"
+#include "optimizers.h"
 
 namespace fused_amp::cpu {
 
 // Pointers are already offset to the range start, whose index in its tensor is `first`. The
 // fp32 value of the param is `master` when given, else the bf16 param with its 16-bit
 // `remainder` or its 8-bit `remainder8` (a 24-bit master; ops/rounding.h) when given, else the
-// param itself (fp32 params, or half params with master_weights=False). The state (exp_avg,
-// exp_avg_sq; `aux`: max_exp_avg_sq for Adam, null without amsgrad, the momentum buffer for SGD,
-// null without momentum; Lion: exp_avg only) is fp32 or bf16, as the loop's state type says; bf16 state and 24-bit
+// param itself (fp32 params, or half params with master_weights=False). `state[k]` is the
+// optimizer's state k (ops/optimizer.h; null where not kept), fp32 or bf16 as the loop's state
+// type says; bf16 state and 24-bit
 // masters round to nearest even, or with `stochastic` by the random bits of `round_key`. With
 // `write_grad` the grad is left unscaled (grad * inv_scale), as torch's fused steps leave it.
 // 8-bit state (ops/quantize.h) holds codes in the state pointers and its blocks' absmax in
-// `absmax`: state k's row starts at absmax + k * absmax_row_stride, at the block of element 0 of
-// the tensor (`first` is then a multiple of ops::kQuantBlock).
+// `absmax`: the row of the k-th state kept starts at absmax + k * absmax_row_stride, at the block
+// of element 0 of the tensor (`first` is then a multiple of ops::kQuantBlock).
 template <typename param_t>
 struct UpdateRange {
   param_t* param;
@@ -33,9 +31,7 @@ struct UpdateRange {
   float* master;
   c10::BFloat16* remainder;  // int16 bits, read and written as raw 16-bit values
   uint8_t* remainder8;       // the byte of a 24-bit master (ops/rounding.h)
-  void* exp_avg;
-  void* exp_avg_sq;
-  void* aux;
+  void* state[ops::kMaxStates];
   float* absmax;
   int64_t absmax_row_stride;
   int64_t n;
@@ -68,20 +64,15 @@ struct Loops {
   double (*norm_double[3])(const double*, int64_t, float);
   double (*norm_half[3])(const c10::Half*, int64_t, float);
   double (*norm_bfloat16[3])(const c10::BFloat16*, int64_t, float);
-  // indexed by StateType
-  void (*adam_float[kStateTypes])(const UpdateRange<float>&, const ops::AdamCoeffs&);
-  void (*adam_half[kStateTypes])(const UpdateRange<c10::Half>&, const ops::AdamCoeffs&);
-  void (*adam_bfloat16[kStateTypes])(const UpdateRange<c10::BFloat16>&, const ops::AdamCoeffs&);
-  void (*sgd_float[kStateTypes])(const UpdateRange<float>&, const ops::SgdCoeffs&);
-  void (*sgd_half[kStateTypes])(const UpdateRange<c10::Half>&, const ops::SgdCoeffs&);
-  void (*sgd_bfloat16[kStateTypes])(const UpdateRange<c10::BFloat16>&, const ops::SgdCoeffs&);
-  void (*lion_float[kStateTypes])(const UpdateRange<float>&, const ops::LionCoeffs&);
-  void (*lion_half[kStateTypes])(const UpdateRange<c10::Half>&, const ops::LionCoeffs&);
-  void (*lion_bfloat16[kStateTypes])(const UpdateRange<c10::BFloat16>&, const ops::LionCoeffs&);
-  // Muon's momentum pass (the momentum buffer in exp_avg)
-  void (*muon_float[kStateTypes])(const UpdateRange<float>&, const ops::MuonCoeffs&);
-  void (*muon_half[kStateTypes])(const UpdateRange<c10::Half>&, const ops::MuonCoeffs&);
-  void (*muon_bfloat16[kStateTypes])(const UpdateRange<c10::BFloat16>&, const ops::MuonCoeffs&);
+  // The step loops of each optimizer (in the order of `Optimizers`) and of Muon's momentum pass,
+  // by param dtype and StateType; the coefficients are the optimizer's Coeffs.
+  struct Step {
+    void (*on_float[kStateTypes])(const UpdateRange<float>&, const void* coeffs);
+    void (*on_half[kStateTypes])(const UpdateRange<c10::Half>&, const void* coeffs);
+    void (*on_bfloat16[kStateTypes])(const UpdateRange<c10::BFloat16>&, const void* coeffs);
+  };
+  Step step[Optimizers::size];
+  Step muon;  // the momentum buffer in state[0], coefficients ops::MuonCoeffs
 };
 
 namespace DEFAULT { const Loops& loops(); }

@@ -4,6 +4,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -17,7 +18,6 @@
 // The op templates must come after the vector spellings to see them.
 #include "cpu/loops.h"
 #include "ops/grad_norm.h"
-#include "ops/lion.h"
 #include "ops/muon.h"
 #include "ops/quantize.h"
 #include "ops/rounding.h"
@@ -32,37 +32,45 @@ namespace {
 #include "cpu/step_loops.h"
 #include "cpu/quantized_state.h"
 
+template <class Opt>
+constexpr Loops::Step step_loops() {
+  using BF16 = c10::BFloat16;
+  return {{step_range<Opt, float, float>, step_range<Opt, float, BF16>, step_range_q8<Opt, float>},
+          {step_range<Opt, c10::Half, float>, step_range<Opt, c10::Half, BF16>, step_range_q8<Opt, c10::Half>},
+          {step_range<Opt, BF16, float>, step_range<Opt, BF16, BF16>, step_range_q8<Opt, BF16>}};
+}
+
+template <class... Opts>
+constexpr auto all_step_loops(OptimizerList<Opts...>) {
+  return std::array<Loops::Step, sizeof...(Opts)>{step_loops<Opts>()...};
+}
+
 }  // namespace
 
 const Loops& loops() {
   using BF16 = c10::BFloat16;
-  static const Loops table{
-      C10_STRINGIZE(CPU_CAPABILITY),
-      unscale_range<float>,
-      unscale_range<double>,
-      unscale_range<c10::Half>,
-      unscale_range<BF16>,
-      {norm_range<float, ops::NormKind::Inf>, norm_range<float, ops::NormKind::L1>,
-       norm_range<float, ops::NormKind::L2>},
-      {norm_range<double, ops::NormKind::Inf>, norm_range<double, ops::NormKind::L1>,
-       norm_range<double, ops::NormKind::L2>},
-      {norm_range<c10::Half, ops::NormKind::Inf>, norm_range<c10::Half, ops::NormKind::L1>,
-       norm_range<c10::Half, ops::NormKind::L2>},
-      {norm_range<BF16, ops::NormKind::Inf>, norm_range<BF16, ops::NormKind::L1>,
-       norm_range<BF16, ops::NormKind::L2>},
-      {adam_range<float, float>, adam_range<float, BF16>, adam_range_q8<float>},
-      {adam_range<c10::Half, float>, adam_range<c10::Half, BF16>, adam_range_q8<c10::Half>},
-      {adam_range<BF16, float>, adam_range<BF16, BF16>, adam_range_q8<BF16>},
-      {sgd_range<float, float>, sgd_range<float, BF16>, sgd_range_q8<float>},
-      {sgd_range<c10::Half, float>, sgd_range<c10::Half, BF16>, sgd_range_q8<c10::Half>},
-      {sgd_range<BF16, float>, sgd_range<BF16, BF16>, sgd_range_q8<BF16>},
-      {lion_range<float, float>, lion_range<float, BF16>, lion_range_q8<float>},
-      {lion_range<c10::Half, float>, lion_range<c10::Half, BF16>, lion_range_q8<c10::Half>},
-      {lion_range<BF16, float>, lion_range<BF16, BF16>, lion_range_q8<BF16>},
-      {muon_range<float, float>, muon_range<float, BF16>, muon_range_q8<float>},
-      {muon_range<c10::Half, float>, muon_range<c10::Half, BF16>, muon_range_q8<c10::Half>},
-      {muon_range<BF16, float>, muon_range<BF16, BF16>, muon_range_q8<BF16>},
-  };
+  static const Loops table = [] {
+    Loops t{C10_STRINGIZE(CPU_CAPABILITY),
+            unscale_range<float>,
+            unscale_range<double>,
+            unscale_range<c10::Half>,
+            unscale_range<BF16>,
+            {norm_range<float, ops::NormKind::Inf>, norm_range<float, ops::NormKind::L1>,
+             norm_range<float, ops::NormKind::L2>},
+            {norm_range<double, ops::NormKind::Inf>, norm_range<double, ops::NormKind::L1>,
+             norm_range<double, ops::NormKind::L2>},
+            {norm_range<c10::Half, ops::NormKind::Inf>, norm_range<c10::Half, ops::NormKind::L1>,
+             norm_range<c10::Half, ops::NormKind::L2>},
+            {norm_range<BF16, ops::NormKind::Inf>, norm_range<BF16, ops::NormKind::L1>,
+             norm_range<BF16, ops::NormKind::L2>},
+            {},
+            {{muon_range<float, float>, muon_range<float, BF16>, muon_range_q8<float>},
+             {muon_range<c10::Half, float>, muon_range<c10::Half, BF16>, muon_range_q8<c10::Half>},
+             {muon_range<BF16, float>, muon_range<BF16, BF16>, muon_range_q8<BF16>}}};
+    const auto steps = all_step_loops(Optimizers{});
+    std::copy(steps.begin(), steps.end(), t.step);
+    return t;
+  }();
   return table;
 }
 

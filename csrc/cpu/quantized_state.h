@@ -194,8 +194,7 @@ void quantize_block(const float* x, int64_t n, uint8_t* codes, float* absmax_out
 }
 
 // One quantized state of a range: its codes, its absmax per block (from the range's first
-// block), whether its map is the signed one, and the range's slot that holds it (0: exp_avg,
-// 1: exp_avg_sq, 2: aux).
+// block), whether its map is the signed one, and the range's state that holds it.
 struct QuantizedState {
   uint8_t* codes;
   float* absmax;
@@ -231,7 +230,7 @@ inline void quantize_blocks(const QuantizedState& s, int64_t b, int64_t n, const
 // values. r.first is a multiple of kQuantBlock: cpu_ops.cpp gives each block to one range.
 template <typename T, class Fp32Step>
 void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, int count, Fp32Step&& fp32_step) {
-  alignas(64) float buffers[3][kStepElements];
+  alignas(64) float buffers[ops::kMaxStates][kStepElements];
   alignas(64) uint32_t random[kStepElements];  // stochastic codes: the random bits of the part's elements
   for (int64_t b = 0; b < r.n; b += kStepElements) {
     const int64_t n = std::min<int64_t>(kStepElements, r.n - b);
@@ -245,10 +244,9 @@ void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, int
     sub.n = n;
     sub.first = r.first + b;
     sub.may_stream = false;
-    void** slot_ptr[3] = {&sub.exp_avg, &sub.exp_avg_sq, &sub.aux};
     for (int k = 0; k < count; ++k) {
       dequantize_blocks(states[k], b, n, buffers[k]);
-      *slot_ptr[states[k].slot] = buffers[k];
+      sub.state[states[k].slot] = buffers[k];
     }
     fp32_step(sub);
     if (r.stochastic_codes && count > 0) fill_rounding_bits(r.round_key, r.first + b, n, random);
@@ -256,40 +254,29 @@ void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, int
   }
 }
 
-// The quantized state of r's slot (0: exp_avg, 1: exp_avg_sq, 2: aux), with its absmax row.
+// The quantized state of r's state[slot], with its absmax row.
 template <typename T>
 QuantizedState quantized_state(const UpdateRange<T>& r, int slot, int row, bool is_signed) {
-  void* const codes[3] = {r.exp_avg, r.exp_avg_sq, r.aux};
-  return {static_cast<uint8_t*>(codes[slot]), r.absmax + row * r.absmax_row_stride + r.first / ops::kQuantBlock,
+  return {static_cast<uint8_t*>(r.state[slot]), r.absmax + row * r.absmax_row_stride + r.first / ops::kQuantBlock,
           is_signed, slot};
 }
 
-// Adam: exp_avg signed (row 0), exp_avg_sq and max_exp_avg_sq unsigned (rows 1, 2).
-template <typename T>
-void adam_range_q8(const UpdateRange<T>& r, const ops::AdamCoeffs& c) {
-  const QuantizedState states[3] = {quantized_state(r, 0, 0, true), quantized_state(r, 1, 1, false),
-                                    c.amsgrad ? quantized_state(r, 2, 2, false) : QuantizedState{}};
-  quantized_blocks(r, states, c.amsgrad ? 3 : 2,
-                   [&](const UpdateRange<T>& sub) { adam_range<T, float>(sub, c); });
+// An optimizer's step over 8-bit state: the states it keeps take the absmax rows 0, 1, ... in
+// state order, each with its descriptor's map.
+template <class Opt, typename T>
+void step_range_q8(const UpdateRange<T>& r, const void* coeffs) {
+  const auto& c = *static_cast<const typename Opt::Coeffs*>(coeffs);
+  QuantizedState states[Opt::kStates];
+  int count = 0;
+  for (int k = 0; k < Opt::kStates; ++k) {
+    if (Opt::has_state(c, k)) states[count] = quantized_state(r, k, count, Opt::kStateInfo[k].is_signed), ++count;
+  }
+  quantized_blocks(r, states, count, [&](const UpdateRange<T>& sub) { step_range<Opt, T, float>(sub, coeffs); });
 }
 
-// SGD: the momentum buffer (in aux) signed, row 0.
+// Muon's momentum (in state[0]) signed, row 0.
 template <typename T>
-void sgd_range_q8(const UpdateRange<T>& r, const ops::SgdCoeffs& c) {
-  const QuantizedState states[1] = {quantized_state(r, 2, 0, true)};
-  quantized_blocks(r, states, r.aux ? 1 : 0, [&](const UpdateRange<T>& sub) { sgd_range<T, float>(sub, c); });
-}
-
-// Lion: exp_avg signed, row 0.
-template <typename T>
-void lion_range_q8(const UpdateRange<T>& r, const ops::LionCoeffs& c) {
+void muon_range_q8(const UpdateRange<T>& r, const void* coeffs) {
   const QuantizedState states[1] = {quantized_state(r, 0, 0, true)};
-  quantized_blocks(r, states, 1, [&](const UpdateRange<T>& sub) { lion_range<T, float>(sub, c); });
-}
-
-// Muon's momentum (in exp_avg) signed, row 0.
-template <typename T>
-void muon_range_q8(const UpdateRange<T>& r, const ops::MuonCoeffs& c) {
-  const QuantizedState states[1] = {quantized_state(r, 0, 0, true)};
-  quantized_blocks(r, states, 1, [&](const UpdateRange<T>& sub) { muon_range<T, float>(sub, c); });
+  quantized_blocks(r, states, 1, [&](const UpdateRange<T>& sub) { muon_range<T, float>(sub, coeffs); });
 }

@@ -1,4 +1,4 @@
-// The optimizer step loops (Adam, SGD, Lion, Muon's momentum pass) over one range, for fp32 and bf16 state: the fp32 value
+// The optimizer step loops (every optimizer of optimizers.h, and Muon's momentum pass) over one range, for fp32 and bf16 state: the fp32 value
 // of the param and its storage (load_value/store_value), the state's storage (store_state2),
 // the vector and scalar paths of one range. Part of cpu/loops_impl.h.
 // ---- the step loops ----------------------------------------------------------------------
@@ -199,136 +199,67 @@ void update_range(const UpdateRange<T>& r, VectorLoop&& vector_loop, ScalarStep&
 // pointers and coefficients stay in registers instead of being reloaded for every vector.
 #define FA_VECTOR_LOOP __attribute__((noinline))
 
-// The coefficients of the usual runs, with their options fixed at compile time (no amsgrad,
-// beta1 >= 0.5, no weight decay or AdamW's): their loop has no branch on an option.
-template <bool kDecoupledWeightDecay>
-struct UsualAdamCoeffs : ops::AdamCoeffs {
-  static constexpr bool has_weight_decay = kDecoupledWeightDecay;
-  static constexpr bool decoupled_weight_decay = kDecoupledWeightDecay;
-  static constexpr bool amsgrad = false;
-  static constexpr bool lerp_from_start = true;
-  explicit UsualAdamCoeffs(const ops::AdamCoeffs& c) : ops::AdamCoeffs(c) {}
-};
-
-// C: ops::AdamCoeffs, or UsualAdamCoeffs
-template <typename T, typename S, typename C>
-FA_VECTOR_LOOP void adam_vectors(const UpdateRange<T> r, const C c, int64_t begin, int64_t end, bool stream) {
-  S* const m = static_cast<S*>(r.exp_avg);
-  S* const v = static_cast<S*>(r.exp_avg_sq);
-  S* const vmax = static_cast<S*>(r.aux);
+// One optimizer's step (ops/optimizer.h) over the whole vectors of [begin, end). C is Opt::Coeffs,
+// or a type derived from it that fixes its options at compile time (Opt::with_fixed_options).
+template <class Opt, typename T, typename S, typename C>
+FA_VECTOR_LOOP void step_vectors(const UpdateRange<T> r, const C c, int64_t begin, int64_t end, bool stream) {
+  constexpr int K = Opt::kStates;
   const ExponentShift shift = exponent_shift_of<T>(c.inv_scale, r.write_grad);
+  const bool read = Opt::reads_states(c);
+  bool keeps_state = false;
+  for (int k = 0; k < K; ++k) keeps_state |= Opt::has_state(c, k);
   for (int64_t i = begin; i < end; i += kStep<T>) {
-    VecF p0, p1, g0, g1, m0, m1, v0, v1, vmax0(0.f), vmax1(0.f);
+    VecF p0, p1, g0, g1, s0[K], s1[K];
     load_value(r, i, p0, p1);
     load2(r.grad + i, g0, g1);
-    load2(m + i, m0, m1);
-    load2(v + i, v0, v1);
-    if (c.amsgrad) load2(vmax + i, vmax0, vmax1);
+#pragma GCC unroll 4
+    for (int k = 0; k < K; ++k) {
+      s0[k] = s1[k] = VecF(0.f);
+      if (Opt::has_state(c, k) && read) load2(static_cast<S*>(r.state[k]) + i, s0[k], s1[k]);
+    }
     store_unscaled_grad(r, i, g0, g1, c.inv_scale, shift);
-    ops::adam_update(p0, g0, m0, v0, vmax0, c);
-    ops::adam_update(p1, g1, m1, v1, vmax1, c);
+    Opt::update(p0, g0, s0, c);
+    Opt::update(p1, g1, s1, c);
     store_value(r, i, p0, p1, stream);
+    if (!keeps_state) continue;
     U32 bits[4];
     const U32* random = vector_rounding_bits(r, i, bits);
-    store_state2(m + i, m0, m1, random);
-    store_state2(v + i, v0, v1, random ? random + 2 : nullptr);
-    if (c.amsgrad) store_state2(vmax + i, vmax0, vmax1, random ? random + 2 : nullptr);
+#pragma GCC unroll 4
+    for (int k = 0; k < K; ++k) {
+      if (!Opt::has_state(c, k)) continue;
+      store_state2(static_cast<S*>(r.state[k]) + i, s0[k], s1[k],
+                   random && Opt::kStateInfo[k].high_bits ? random + 2 : random);
+    }
   }
 }
 
-template <typename T, typename S, typename C>
-void adam_range_with(const UpdateRange<T>& r, const C& c) {
-  S* const m = static_cast<S*>(r.exp_avg);
-  S* const v = static_cast<S*>(r.exp_avg_sq);
-  S* const vmax = static_cast<S*>(r.aux);
+template <class Opt, typename T, typename S, typename C>
+void step_range_with(const UpdateRange<T>& r, const C& c) {
+  constexpr int K = Opt::kStates;
   update_range(
-      r, [&](int64_t begin, int64_t end, bool stream) { adam_vectors<T, S>(r, c, begin, end, stream); },
+      r, [&](int64_t begin, int64_t end, bool stream) { step_vectors<Opt, T, S>(r, c, begin, end, stream); },
       [&](int64_t i) {
-        float p = value_at(r, i), mi = state_at(m, i), vi = state_at(v, i);
-        float vmaxi = c.amsgrad ? state_at(vmax, i) : 0.f;
-        ops::adam_update(p, grad_at(r, i, c.inv_scale), mi, vi, vmaxi, c);
+        const bool read = Opt::reads_states(c);
+        float p = value_at(r, i), st[K];
+        for (int k = 0; k < K; ++k) {
+          st[k] = Opt::has_state(c, k) && read ? state_at(static_cast<S*>(r.state[k]), i) : 0.f;
+        }
+        Opt::update(p, grad_at(r, i, c.inv_scale), st, c);
         set_value_at(r, i, p);
         const uint32_t bits = r.stochastic ? ops::rounding_bits(r.round_key, r.first + i) : 0u;
-        set_state_at(m, i, mi, r.stochastic, bits & 0xffffu);
-        set_state_at(v, i, vi, r.stochastic, bits >> 16);
-        if (c.amsgrad) set_state_at(vmax, i, vmaxi, r.stochastic, bits >> 16);
+        for (int k = 0; k < K; ++k) {
+          if (!Opt::has_state(c, k)) continue;
+          set_state_at(static_cast<S*>(r.state[k]), i, st[k], r.stochastic,
+                       Opt::kStateInfo[k].high_bits ? bits >> 16 : bits & 0xffffu);
+        }
       });
 }
 
-template <typename T, typename S>
-void adam_range(const UpdateRange<T>& range, const ops::AdamCoeffs& c) {
-  if (!c.amsgrad && c.lerp_from_start) {
-    if (!c.has_weight_decay) return adam_range_with<T, S>(range, UsualAdamCoeffs<false>(c));
-    if (c.decoupled_weight_decay) return adam_range_with<T, S>(range, UsualAdamCoeffs<true>(c));
-  }
-  adam_range_with<T, S>(range, c);
-}
-
-template <typename T, typename S>
-FA_VECTOR_LOOP void sgd_vectors(const UpdateRange<T> r, const ops::SgdCoeffs c, int64_t begin, int64_t end,
-                                bool stream) {
-  S* const buf = static_cast<S*>(r.aux);
-  const ExponentShift shift = exponent_shift_of<T>(c.inv_scale, r.write_grad);
-  for (int64_t i = begin; i < end; i += kStep<T>) {
-    VecF p0, p1, g0, g1, b0(0.f), b1(0.f);
-    load_value(r, i, p0, p1);
-    load2(r.grad + i, g0, g1);
-    if (buf && !c.first_step) load2(buf + i, b0, b1);
-    store_unscaled_grad(r, i, g0, g1, c.inv_scale, shift);
-    ops::sgd_update(p0, g0, b0, c);
-    ops::sgd_update(p1, g1, b1, c);
-    store_value(r, i, p0, p1, stream);
-    U32 bits[4];
-    if (buf) store_state2(buf + i, b0, b1, vector_rounding_bits(r, i, bits));
-  }
-}
-
-template <typename T, typename S>
-void sgd_range(const UpdateRange<T>& r, const ops::SgdCoeffs& c) {
-  S* const buf = static_cast<S*>(r.aux);
-  update_range(
-      r, [&](int64_t begin, int64_t end, bool stream) { sgd_vectors<T, S>(r, c, begin, end, stream); },
-      [&](int64_t i) {
-        float p = value_at(r, i), b = (buf && !c.first_step) ? state_at(buf, i) : 0.f;
-        ops::sgd_update(p, grad_at(r, i, c.inv_scale), b, c);
-        set_value_at(r, i, p);
-        if (!buf) return;
-        const uint32_t bits = r.stochastic ? ops::rounding_bits(r.round_key, r.first + i) : 0u;
-        set_state_at(buf, i, b, r.stochastic, bits & 0xffffu);
-      });
-}
-
-template <typename T, typename S>
-FA_VECTOR_LOOP void lion_vectors(const UpdateRange<T> r, const ops::LionCoeffs c, int64_t begin, int64_t end,
-                                 bool stream) {
-  S* const m = static_cast<S*>(r.exp_avg);
-  const ExponentShift shift = exponent_shift_of<T>(c.inv_scale, r.write_grad);
-  for (int64_t i = begin; i < end; i += kStep<T>) {
-    VecF p0, p1, g0, g1, m0, m1;
-    load_value(r, i, p0, p1);
-    load2(r.grad + i, g0, g1);
-    load2(m + i, m0, m1);
-    store_unscaled_grad(r, i, g0, g1, c.inv_scale, shift);
-    ops::lion_update(p0, g0, m0, c);
-    ops::lion_update(p1, g1, m1, c);
-    store_value(r, i, p0, p1, stream);
-    U32 bits[4];
-    store_state2(m + i, m0, m1, vector_rounding_bits(r, i, bits));
-  }
-}
-
-template <typename T, typename S>
-void lion_range(const UpdateRange<T>& r, const ops::LionCoeffs& c) {
-  S* const m = static_cast<S*>(r.exp_avg);
-  update_range(
-      r, [&](int64_t begin, int64_t end, bool stream) { lion_vectors<T, S>(r, c, begin, end, stream); },
-      [&](int64_t i) {
-        float p = value_at(r, i), mi = state_at(m, i);
-        ops::lion_update(p, grad_at(r, i, c.inv_scale), mi, c);
-        set_value_at(r, i, p);
-        const uint32_t bits = r.stochastic ? ops::rounding_bits(r.round_key, r.first + i) : 0u;
-        set_state_at(m, i, mi, r.stochastic, bits & 0xffffu);
-      });
+// The loop of the Loops table: `coeffs` points to an Opt::Coeffs.
+template <class Opt, typename T, typename S>
+void step_range(const UpdateRange<T>& r, const void* coeffs) {
+  Opt::with_fixed_options(*static_cast<const typename Opt::Coeffs*>(coeffs),
+                          [&](const auto& c) { step_range_with<Opt, T, S>(r, c); });
 }
 
 // Muon's momentum pass: the grad (unscaled, clipped) into the momentum, and the Newton-Schulz
@@ -336,7 +267,7 @@ void lion_range(const UpdateRange<T>& r, const ops::LionCoeffs& c) {
 template <typename T, typename S>
 FA_VECTOR_LOOP void muon_vectors(const UpdateRange<T> r, const ops::MuonCoeffs c, int64_t begin, int64_t end,
                                  bool) {
-  S* const buf = static_cast<S*>(r.exp_avg);
+  S* const buf = static_cast<S*>(r.state[0]);
   const ExponentShift shift = exponent_shift_of<T>(c.inv_scale, r.write_grad);
   for (int64_t i = begin; i < end; i += kStep<T>) {
     VecF g0, g1, b0, b1;
@@ -351,8 +282,9 @@ FA_VECTOR_LOOP void muon_vectors(const UpdateRange<T> r, const ops::MuonCoeffs c
 }
 
 template <typename T, typename S>
-void muon_range(const UpdateRange<T>& r, const ops::MuonCoeffs& c) {
-  S* const buf = static_cast<S*>(r.exp_avg);
+void muon_range(const UpdateRange<T>& r, const void* coeffs) {
+  const ops::MuonCoeffs& c = *static_cast<const ops::MuonCoeffs*>(coeffs);
+  S* const buf = static_cast<S*>(r.state[0]);
   update_range(
       r, [&](int64_t begin, int64_t end, bool stream) { muon_vectors<T, S>(r, c, begin, end, stream); },
       [&](int64_t i) {

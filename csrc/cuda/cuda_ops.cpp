@@ -154,44 +154,25 @@ void Device::update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArg
                      t.found_inf.data_ptr<float>(), args, c10::cuda::getCurrentCUDAStream());
 }
 
-void Device::adam(const core::AdamArgs& a) {
+void Device::step(const core::StepArgs& a) {
   const core::StepTensors& st = a.tensors;
+  int states = 0;
+  Optimizers::find(a.optimizer, [&]<class Opt>() { states = Opt::kStates; });
   optimizer_step(
       st,
-      [&](size_t i) {
-        return ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), ptr_or_null(st.masters, i),
-                        st.states_a[i].data_ptr(), st.states_b[i].data_ptr(), ptr_or_null(st.aux, i),
-                        st.steps[i].data_ptr(), ptr_or_null(st.absmaxes, i)},
-                       st.params[i].numel());
+      [&](size_t i) {  // launch.h's StepList
+        TensorPtrs t{};
+        t.p[kParam] = st.params[i].data_ptr();
+        t.p[kGrad] = st.grads[i].data_ptr();
+        t.p[kMasterList] = ptr_or_null(st.masters, i);
+        for (int k = 0; k < states; ++k) t.p[kFirstState + k] = ptr_or_null(st.states[k], i);
+        t.p[step_list(states)] = ptr_or_null(st.steps, i);
+        t.p[step_list(states) + 1] = ptr_or_null(st.absmaxes, i);
+        t.numel = st.params[i].numel();
+        return t;
       },
       [&](const StepKind& kind, const std::vector<TensorPtrs>& list, const StepScalars& s,
-          cudaStream_t stream) { cuda::adam(kind, list, a.hyper, s, stream); });
-}
-
-void Device::sgd(const core::SgdArgs& a) {
-  const core::StepTensors& st = a.tensors;
-  optimizer_step(
-      st,
-      [&](size_t i) {
-        return ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), ptr_or_null(st.masters, i),
-                        ptr_or_null(st.aux, i), ptr_or_null(st.steps, i), ptr_or_null(st.absmaxes, i)},
-                       st.params[i].numel());
-      },
-      [&](const StepKind& kind, const std::vector<TensorPtrs>& list, const StepScalars& s,
-          cudaStream_t stream) { cuda::sgd(kind, list, a.hyper, s, stream); });
-}
-
-void Device::lion(const core::LionArgs& a) {
-  const core::StepTensors& st = a.tensors;
-  optimizer_step(
-      st,
-      [&](size_t i) {
-        return ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), ptr_or_null(st.masters, i),
-                        st.states_a[i].data_ptr(), st.steps[i].data_ptr(), ptr_or_null(st.absmaxes, i)},
-                       st.params[i].numel());
-      },
-      [&](const StepKind& kind, const std::vector<TensorPtrs>& list, const StepScalars& s,
-          cudaStream_t stream) { cuda::lion(kind, list, a.hyper, s, stream); });
+          cudaStream_t stream) { cuda::step(a.optimizer, kind, list, a.hyper.data(), s, stream); });
 }
 
 void Device::muon(const core::MuonArgs& a) {
@@ -199,7 +180,7 @@ void Device::muon(const core::MuonArgs& a) {
   optimizer_step(
       st,
       [&](size_t i) {
-        return ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), st.states_a[i].data_ptr(),
+        return ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), st.states[0][i].data_ptr(),
                         st.updates[i].data_ptr(), ptr_or_null(st.absmaxes, i)},
                        st.params[i].numel());
       },

@@ -1,6 +1,6 @@
 #pragma once
 // The CUDA entry points, free of torch headers: cuda_ops.cpp turns tensors into raw pointers
-// and calls these; amp.cu, norm.cu, adam.cu and sgd.cu implement them.
+// and calls these; amp.cu, norm.cu, optimizer_step.cu and muon.cu implement them.
 #include <cstdint>
 #include <vector>
 
@@ -10,11 +10,9 @@
 #include <cuda_runtime_api.h>
 #endif
 
-#include "ops/adam.h"
 #include "ops/grad_norm.h"
-#include "ops/lion.h"
 #include "ops/muon.h"
-#include "ops/sgd.h"
+#include "ops/optimizer.h"
 #include "ops/update_scale.h"
 
 namespace fused_amp::cuda {
@@ -75,23 +73,20 @@ struct StepKind {
   Dtype state;  // Float, BFloat16 or Byte (8-bit codes, ops/quantize.h)
 };
 
-// Lists per tensor, in this order: Adam: param, grad, master, exp_avg, exp_avg_sq,
-// max_exp_avg_sq, step; SGD: param, grad, master, momentum_buffer, step; Lion: param, grad,
-// master, exp_avg, step. All params share the kind's dtypes; master (and the optional lists) are
-// null where absent. With 8-bit state one list more follows: the tensor's absmaxes, one row of
-// ops::quant_blocks(numel) per state present, in list order.
-enum AdamList { kParam = 0, kGrad, kMasterList, kExpAvg, kExpAvgSq, kMaxExpAvgSq, kAdamStep, kAdamAbsmax };
-enum SgdList { kMomentumBuffer = 3, kSgdStep, kSgdAbsmax };
-// Lion: param, grad, master, exp_avg, step.
-enum LionList { kLionExpAvg = 3, kLionStep, kLionAbsmax };
+// Lists per tensor of an optimizer step: param, grad, master, the optimizer's kStates states
+// (ops/optimizer.h), step. All params share the kind's dtypes; master, the states not kept and
+// SGD's step without momentum are null. With 8-bit state one list more follows: the tensor's
+// absmaxes, one row of ops::quant_blocks(numel) per state kept, in state order.
+enum StepList { kParam = 0, kGrad, kMasterList, kFirstState };
+// The step count's list of an optimizer with `states` states (its absmaxes' is the next).
+constexpr int step_list(int states) { return kFirstState + states; }
+static_assert(step_list(ops::kMaxStates) + 2 <= kMaxLists, "every list of every optimizer fits TensorPtrs");
 // Muon's momentum pass: param (not read), grad, momentum buffer, bf16 update.
 enum MuonList { kMuonGrad = 1, kMuonBuffer, kMuonUpdate, kMuonAbsmax };
 
-void adam(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::AdamHyper& h,
-          const StepScalars& s, cudaStream_t stream);
-void sgd(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::SgdHyper& h,
-         const StepScalars& s, cudaStream_t stream);
-void lion(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::LionHyper& h,
+// One step of the optimizer named `optimizer` (optimizers.h), its hyperparameters in its
+// descriptor's order.
+void step(const char* optimizer, const StepKind& kind, const std::vector<TensorPtrs>& tensors, const double* hyper,
           const StepScalars& s, cudaStream_t stream);
 // kind.master is always None: the pass updates no param
 void muon(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::MuonHyper& h,

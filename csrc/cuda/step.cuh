@@ -1,5 +1,5 @@
 #pragma once
-// What the optimizer kernels (adam.cu, sgd.cu, lion.cu) share: one pass per step that reads each grad,
+// What the optimizer kernels (optimizer_step.cu, muon.cu) share: one pass per step that reads each grad,
 // updates the fp32 value of the param (master, param with remainder, or the param itself) and
 // the state, and writes the param back rounded to its dtype.
 #include "cuda/step_states.cuh"
@@ -146,20 +146,6 @@ void apply_step(const std::vector<TensorPtrs>& tensors, const Functor& f, cudaSt
   }
 }
 
-// One optimizer step's launches: Functor<param_t, kMasterKind, state_t>{hyper, scalars} over
-// tensors with kLists pointers each, for the kind's dtypes and master kind.
-template <int kLists, template <typename, MasterKind, typename> class Functor, class Hyper>
-struct StepLaunch {
-  const std::vector<TensorPtrs>& tensors;
-  const Hyper& h;
-  const StepScalars& s;
-  cudaStream_t stream;
-  template <typename param_t, MasterKind kMasterKind, typename state_t>
-  void run() const {
-    apply_step<kLists, state_t>(tensors, Functor<param_t, kMasterKind, state_t>{h, s}, stream);
-  }
-};
-
 // Calls f.template run<state_t>() for the runtime state dtype.
 template <class F>
 void dispatch_state(Dtype state, const F& f) {
@@ -178,13 +164,5 @@ struct ParamDispatch {
   template <typename state_t>
   void run() const { dispatch_param<state_t>(kind.param, kind.master, launch); }
 };
-
-template <int kLists, template <typename, MasterKind, typename> class Functor, class Hyper>
-void launch_step(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const Hyper& h,
-                 const StepScalars& s, cudaStream_t stream) {
-  using Launch = StepLaunch<kLists, Functor, Hyper>;
-  const Launch launch{tensors, h, s, stream};
-  dispatch_state(kind.state, ParamDispatch<Launch>{kind, launch});
-}
 
 }  // namespace fused_amp::cuda

@@ -1,5 +1,5 @@
 #pragma once
-#include "ops/common.h"
+#include "ops/optimizer.h"
 
 namespace fused_amp::ops {
 
@@ -88,5 +88,51 @@ FA_HD void adam_update(T& param, T grad, T& exp_avg, T& exp_avg_sq, T& max_exp_a
   const T denom = sqrt_(second_moment) / T(c.bias_correction2_sqrt) + T(c.eps);
   param = param - T(c.step_size) * exp_avg / denom;
 }
+
+// The coefficients of the usual runs, with their options fixed at compile time (no amsgrad,
+// beta1 >= 0.5, no weight decay or AdamW's): the CPU loop of these has no branch on an option.
+template <bool kDecoupledWeightDecay>
+struct UsualAdamCoeffs : AdamCoeffs {
+  static constexpr bool has_weight_decay = kDecoupledWeightDecay;
+  static constexpr bool decoupled_weight_decay = kDecoupledWeightDecay;
+  static constexpr bool amsgrad = false;
+  static constexpr bool lerp_from_start = true;
+  explicit UsualAdamCoeffs(const AdamCoeffs& c) : AdamCoeffs(c) {}
+};
+
+// The descriptor (ops/optimizer.h): Adam, and AdamW as decoupled_weight_decay.
+struct Adam : Elementwise {
+  static constexpr const char* kName = "adam";
+  static constexpr int kStates = 3;
+  // exp_avg rounds with the low random bits, the second moments with the high ones
+  // (max_exp_avg_sq with exp_avg_sq's: equal fp32 values stay equal)
+  static constexpr StateInfo kStateInfo[kStates] = {
+      {"exp_avgs", "exp_avg", true, false},
+      {"exp_avg_sqs", "exp_avg_sq", false, true},
+      {"max_exp_avg_sqs", "max_exp_avg_sq", false, true}};
+  static constexpr int kHyper = 7;
+  static constexpr const char* kHyperNames[kHyper] = {
+      "beta1", "beta2", "eps", "weight_decay", "decoupled_weight_decay", "amsgrad", "maximize"};
+  using Hyper = AdamHyper;
+  using Coeffs = AdamCoeffs;
+  FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3], h[4] != 0, h[5] != 0, h[6] != 0}; }
+  FA_HD unsigned state_mask(const Hyper& h) { return h.amsgrad ? 7u : 3u; }
+  FA_HD bool steps_required(const Hyper&) { return true; }
+  FA_HD Coeffs coeffs(const Hyper& h, double lr, float step, float grad_mult) {
+    return adam_coeffs(h, lr, step + 1.f, grad_mult);
+  }
+  template <class C>
+  FA_HD bool has_state(const C& c, int k) { return k < 2 || c.amsgrad; }
+  template <typename T, class C>
+  FA_HD void update(T& p, T g, T (&s)[kStates], const C& c) { adam_update(p, g, s[0], s[1], s[2], c); }
+  template <class F>
+  static void with_fixed_options(const Coeffs& c, F&& f) {
+    if (!c.amsgrad && c.lerp_from_start) {
+      if (!c.has_weight_decay) return f(UsualAdamCoeffs<false>(c));
+      if (c.decoupled_weight_decay) return f(UsualAdamCoeffs<true>(c));
+    }
+    f(c);
+  }
+};
 
 }  // namespace fused_amp::ops

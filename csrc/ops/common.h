@@ -16,6 +16,10 @@ namespace fused_amp::ops {
 // Vectorized<float> (cpu/vec_math.h) before including the op headers.
 FA_HD float sqrt_(float x) { return sqrtf(x); }
 FA_HD float max_(float a, float b) { return a < b ? b : a; }
+// max(a, b) that returns NaN when either is NaN, as torch.maximum and
+// torch.linalg.vector_norm(ord=inf) do
+FA_HD float nan_max_(float a, float b) { return (a < b || b != b) ? b : a; }
+FA_HD double nan_max_(double a, double b) { return (a < b || b != b) ? b : a; }
 FA_HD float abs_(float x) { return fabsf(x); }
 FA_HD double abs_(double x) { return fabs(x); }
 // torch.sign: -1, 0 or 1; NaN stays NaN

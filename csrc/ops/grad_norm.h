@@ -9,10 +9,6 @@ namespace fused_amp::ops {
 // Which norm: torch.nn.utils.clip_grad_norm_'s norm_type 1.0, 2.0 or inf.
 enum class NormKind : int { Inf = 0, L1 = 1, L2 = 2 };
 
-// max(a, b) that returns NaN when either is NaN, as torch.linalg.vector_norm(ord=inf) does.
-FA_HD float nan_max_(float a, float b) { return (a < b || b != b) ? b : a; }
-FA_HD double nan_max_(double a, double b) { return (a < b || b != b) ? b : a; }
-
 // Folds one unscaled element u into the running value `acc` of a norm kind.
 template <NormKind kKind, typename T>
 FA_HD T norm_accumulate(T acc, T u) {

@@ -1,5 +1,5 @@
 #pragma once
-#include "ops/common.h"
+#include "ops/optimizer.h"
 
 namespace fused_amp::ops {
 
@@ -50,5 +50,22 @@ FA_HD void lion_update(T& param, T grad, T& exp_avg, const LionCoeffs& c) {
   param = param - T(c.lr) * direction;
   exp_avg = exp_avg * T(c.beta2) + grad * T(c.one_minus_beta2);
 }
+
+// The descriptor (ops/optimizer.h).
+struct Lion : Elementwise {
+  static constexpr const char* kName = "lion";
+  static constexpr int kStates = 1;
+  static constexpr StateInfo kStateInfo[kStates] = {{"exp_avgs", "exp_avg", true, false}};
+  static constexpr int kHyper = 4;
+  static constexpr const char* kHyperNames[kHyper] = {"beta1", "beta2", "weight_decay", "maximize"};
+  using Hyper = LionHyper;
+  using Coeffs = LionCoeffs;
+  FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3] != 0}; }
+  FA_HD unsigned state_mask(const Hyper&) { return 1u; }
+  FA_HD bool steps_required(const Hyper&) { return true; }
+  FA_HD Coeffs coeffs(const Hyper& h, double lr, float, float grad_mult) { return lion_coeffs(h, lr, grad_mult); }
+  template <typename T>
+  FA_HD void update(T& p, T g, T (&s)[kStates], const Coeffs& c) { lion_update(p, g, s[0], c); }
+};
 
 }  // namespace fused_amp::ops

@@ -1,5 +1,5 @@
 #pragma once
-#include "ops/common.h"
+#include "ops/lerp.h"
 
 namespace fused_amp::ops {
 
@@ -25,13 +25,6 @@ FA_HD MuonCoeffs muon_coeffs(const MuonHyper& h, float inv_scale) {
   c.inv_scale = inv_scale;
   c.nesterov = h.nesterov;
   return c;
-}
-
-// a + w (b - a) as torch.lerp forms it in its vector kernel (CPU) and its CUDA kernel, where
-// both forms are one fused multiply-add: from a when |w| < 0.5, else from b.
-template <typename T>
-FA_HD T torch_lerp_(T a, T b, float w) {
-  return w < 0.5f && w > -0.5f ? fma_(T(w), b - a, a) : fma_(T(w - 1.f), b - a, b);
 }
 
 // One element: updates the momentum `buf` and returns the Newton-Schulz input (before bf16).

@@ -1,5 +1,5 @@
 #pragma once
-#include "ops/common.h"
+#include "ops/optimizer.h"
 
 namespace fused_amp::ops {
 
@@ -50,5 +50,29 @@ FA_HD void sgd_update(T& param, T grad, T& momentum_buffer, const SgdCoeffs& c) 
   }
   param = fma_(grad, T(-c.lr), param);
 }
+
+// The descriptor (ops/optimizer.h). The momentum buffer is kept with momentum only; the step
+// counts then (its first step starts the buffer), and optionally without (for the random bits of
+// stochastic rounding, which change with the step).
+struct Sgd : Elementwise {
+  static constexpr const char* kName = "sgd";
+  static constexpr int kStates = 1;
+  static constexpr StateInfo kStateInfo[kStates] = {{"momentum_buffers", "momentum_buffer", true, false}};
+  static constexpr int kHyper = 5;
+  static constexpr const char* kHyperNames[kHyper] = {"momentum", "dampening", "weight_decay", "nesterov",
+                                                      "maximize"};
+  using Hyper = SgdHyper;
+  using Coeffs = SgdCoeffs;
+  FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3] != 0, h[4] != 0}; }
+  FA_HD unsigned state_mask(const Hyper& h) { return h.momentum != 0.0 ? 1u : 0u; }
+  FA_HD bool steps_required(const Hyper& h) { return h.momentum != 0.0; }
+  FA_HD Coeffs coeffs(const Hyper& h, double lr, float step, float grad_mult) {
+    return sgd_coeffs(h, lr, h.momentum != 0.0 && step == 0.f, grad_mult);
+  }
+  FA_HD bool has_state(const Coeffs& c, int) { return c.momentum != 0.f; }
+  FA_HD bool reads_states(const Coeffs& c) { return !c.first_step; }
+  template <typename T>
+  FA_HD void update(T& p, T g, T (&s)[kStates], const Coeffs& c) { sgd_update(p, g, s[0], c); }
+};
 
 }  // namespace fused_amp::ops

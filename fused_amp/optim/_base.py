@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from fused_amp import _C, _scaling
+from fused_amp import _C, _scaling, ops
 from fused_amp.optim import _memory, _quantize
 from fused_amp.optim._checkpoint import check_loadable
 from fused_amp.optim._grad_norm import (CLIP_OPTIONS, DTensor, check_clip_options, check_same_clip_options,
@@ -200,6 +200,10 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         """The fp32 state tensors shaped like the param, zero-filled when a param first steps."""
         raise NotImplementedError
 
+    def _initial_state(self, group) -> dict:
+        """The value each state starts from, by key, where it is not zero."""
+        return {}
+
     # whether torch's checkpoints of this optimizer hold a step count beside the moments
     _step_count_saved = True
 
@@ -213,7 +217,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             state["step"] = torch.tensor(float(step or 0), dtype=torch.float32, device=p.device)
         elif step.device != p.device:  # e.g. moved to the CPU by ZeroRedundancyOptimizer
             state["step"] = step.to(p.device, torch.float32).reshape(())
-        _memory.bring_state(type(self).__name__, p, group, state, self._state_keys_for(group))
+        _memory.bring_state(type(self).__name__, p, group, state, self._state_keys_for(group),
+                            self._initial_state(group))
         _memory.bring_master(p, group, state)
         return state
 
@@ -427,11 +432,26 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         self._clip.pending = None
         super().zero_grad(set_to_none)
 
+    # the optimizer's name in the step op's table (fused_amp.ops.optimizers())
+    _kernel = ""
+
+    def _hyper(self, group) -> dict:
+        """The step op's hyperparameters of a group, by the names of its table entry."""
+        raise NotImplementedError
+
+    def _counts_steps(self, group, scalars) -> bool:
+        """Whether the step counts go to the op (they always advance in the state)."""
+        return True
+
     def _update(self, group, lists, scalars, check_only):
         """Run (or with ``check_only`` validate) the fused op on one device's lists; ``scalars``
         holds lr, lr_tensor, inv_scale, found_inf, unscale_grads and, when clipping, grad_norm and
         max_grad_norm."""
-        raise NotImplementedError
+        keys = self._state_keys_for(group)
+        ops.step_(self._kernel, lists["params"], lists["grads"], lists["master_params"],
+                  [lists[key] for key in keys], lists_or_empty(lists, "steps", self._counts_steps(group, scalars)),
+                  hyper=self._hyper(group), state_absmaxes=lists_or_empty(lists, "state_absmaxes", bool(keys)),
+                  check_only=check_only, **scalars)
 
     # ---- checkpoints -----------------------------------------------------------------------
     def state_dict(self, *, compact: bool = False):

@@ -5,6 +5,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from fused_amp import ops
 from fused_amp.optim import _quantize
 from fused_amp.optim._grad_norm import DTensor, local_shard
 
@@ -13,8 +14,9 @@ REMAINDER = "master_remainder"  # int16 low half of the master of a bf16 param (
 REMAINDER8 = "master_remainder8"  # uint8 bits 8-15 of the 24-bit master of a bf16 param ("remainder8")
 MASTER_WEIGHTS = (True, False, "fp32", "remainder", "remainder8")
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.uint8)
-# the 8-bit map of each state: signed for first moments, unsigned for second moments
-SIGNED_STATES = ("exp_avg", "momentum_buffer")
+# the 8-bit map of each state, from the optimizers' table (csrc/optimizers.h): signed for moments,
+# unsigned for second moments and sums
+SIGNED_STATES = frozenset(key for entry in ops.optimizers().values() for key, _, signed in entry["states"] if signed)
 # how the optimizer stores its state, which a loaded checkpoint does not change
 MEMORY_OPTIONS = ("master_weights", "state_dtype", "stochastic_rounding", "min_8bit_size")
 
@@ -242,16 +244,21 @@ def _fp32_values(p, state, keys):
     return values
 
 
-def bring_state(name: str, p: torch.Tensor, group, state, keys) -> None:
+def bring_state(name: str, p: torch.Tensor, group, state, keys, initial=None) -> None:
     """Create the moments ``keys`` a param's step needs, in its group's form: ``state_dtype``
-    tensors shaped like p, or for 8-bit state uint8 codes with ``state["state_absmax"]`` (one row
-    per key). State in another form (fp32 moments from a checkpoint, codes after a change of
-    ``state_dtype`` or of ``amsgrad``) is converted; a float state in the other float dtype is
-    refused, as before."""
+    tensors shaped like p (zeros, or ``initial[key]``), or for 8-bit state uint8 codes with
+    ``state["state_absmax"]`` (one row per key). State in another form (fp32 moments from a
+    checkpoint, codes after a change of ``state_dtype`` or of ``amsgrad``) is converted; a float
+    state in the other float dtype is refused, as before."""
+    initial = initial or {}
     if keys and quantized(p, group):
         codes = [state.get(k) for k in keys]
         absmax = state.get(_quantize.ABSMAX)
-        if all(c is None for c in codes) and absmax is None:
+        if all(c is None for c in codes) and absmax is None and any(initial.get(k, 0) for k in keys):
+            # nonzero initial values: quantized below, as a checkpoint's fp32 state is
+            state.update({k: torch.full_like(p, initial.get(k, 0), dtype=torch.float32,
+                                             memory_format=torch.preserve_format) for k in keys})
+        elif all(c is None for c in codes) and absmax is None:
             state.update({k: torch.zeros_like(p, dtype=torch.uint8, memory_format=torch.preserve_format)
                           for k in keys})
             state[_quantize.ABSMAX] = torch.zeros(_absmax_shape(p, len(keys)), dtype=torch.float32,
@@ -272,7 +279,8 @@ def bring_state(name: str, p: torch.Tensor, group, state, keys) -> None:
     for key in keys:
         value = state.get(key)
         if value is None:
-            state[key] = torch.zeros_like(p, dtype=state_dtype, memory_format=torch.preserve_format)
+            state[key] = torch.full_like(p, initial.get(key, 0), dtype=state_dtype,
+                                         memory_format=torch.preserve_format)
         elif isinstance(value, torch.Tensor) and value.dtype != state_dtype:
             raise TypeError(f"{name}: state[{key!r}] of a param is {value.dtype} "
                             f"but its group's state_dtype is {group['state_dtype']}")

@@ -3,9 +3,8 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from fused_amp import ops
 from fused_amp.optim._base import (MasterWeightOptimizer, check_betas, check_lr, check_torch_flags,
-                                   check_weight_decay, lists_or_empty)
+                                   check_weight_decay)
 
 
 class Adam(MasterWeightOptimizer):
@@ -133,15 +132,12 @@ class Adam(MasterWeightOptimizer):
     def _state_keys_for(self, group):
         return ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
 
-    def _update(self, group, lists, scalars, check_only):
-        beta1, beta2 = (float(b) for b in group["betas"])
-        ops.adam_step_(lists["params"], lists["grads"], lists["master_params"], lists["exp_avg"],
-                       lists["exp_avg_sq"], lists_or_empty(lists, "max_exp_avg_sq", group["amsgrad"]),
-                       lists["steps"], state_absmaxes=lists["state_absmaxes"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                       weight_decay=group["weight_decay"], amsgrad=group["amsgrad"],
-                       maximize=group["maximize"],
-                       decoupled_weight_decay=group["decoupled_weight_decay"],
-                       check_only=check_only, **scalars)
+    _kernel = "adam"
+
+    def _hyper(self, group):
+        return dict(beta1=float(group["betas"][0]), beta2=float(group["betas"][1]), eps=group["eps"],
+                    weight_decay=group["weight_decay"], amsgrad=group["amsgrad"], maximize=group["maximize"],
+                    decoupled_weight_decay=group["decoupled_weight_decay"])
 
 
 class AdamW(Adam):

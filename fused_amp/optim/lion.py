@@ -3,7 +3,6 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from fused_amp import ops
 from fused_amp.optim._base import (MasterWeightOptimizer, check_betas, check_lr, check_torch_flags,
                                    check_weight_decay)
 
@@ -69,9 +68,8 @@ class Lion(MasterWeightOptimizer):
     def _state_keys_for(self, group):
         return ("exp_avg",)
 
-    def _update(self, group, lists, scalars, check_only):
-        beta1, beta2 = (float(b) for b in group["betas"])
-        ops.lion_step_(lists["params"], lists["grads"], lists["master_params"], lists["exp_avg"],
-                       lists["steps"], state_absmaxes=lists["state_absmaxes"], beta1=beta1, beta2=beta2,
-                       weight_decay=group["weight_decay"], maximize=group["maximize"],
-                       check_only=check_only, **scalars)
+    _kernel = "lion"
+
+    def _hyper(self, group):
+        return dict(beta1=float(group["betas"][0]), beta2=float(group["betas"][1]),
+                    weight_decay=group["weight_decay"], maximize=group["maximize"])

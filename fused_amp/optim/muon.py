@@ -27,6 +27,12 @@ def adjusted_lr_ratio(adjust_lr_fn: Optional[str], shape) -> float:
     return math.sqrt(a / b)  # "spectral_unclamped"
 
 
+def _apply_hyper(weight_decay: float) -> dict:
+    """The update pass's hyperparameters: plain SGD (no momentum) over the orthogonalized
+    updates, with the decay folded in as SGD's L2 term."""
+    return dict(momentum=0.0, dampening=0.0, weight_decay=weight_decay, nesterov=False, maximize=False)
+
+
 class Muon(MasterWeightOptimizer):
     r"""Muon (Jordan et al. 2024) for 2-D params, with fp32 master weights: the update of
     :class:`torch.optim.Muon`, with its arguments, defaults and checks. Each step (grads unscaled
@@ -151,13 +157,11 @@ class Muon(MasterWeightOptimizer):
                         state_absmaxes=lists["state_absmaxes"], inv_scale=scalars["inv_scale"],
                         found_inf=scalars["found_inf"], grad_norm=scalars.get("grad_norm"),
                         max_grad_norm=scalars.get("max_grad_norm"), unscale_grads=group["unscale_grads"])
-        apply = dict(momentum=0.0, dampening=0.0, nesterov=False, maximize=False,
-                     found_inf=scalars["found_inf"], rounding_seed=scalars["rounding_seed"],
-                     unscale_grads=False)
+        apply = dict(found_inf=scalars["found_inf"], rounding_seed=scalars["rounding_seed"], unscale_grads=False)
         # the update pass's arguments are checked before the momentum pass, which checks its own
         # before it writes
-        ops.sgd_step_(params, grads, masters, [], steps, lr=0.0, weight_decay=0.0, check_only=True,
-                      **apply)
+        ops.step_("sgd", params, grads, masters, [], steps, hyper=_apply_hyper(0.0), lr=0.0, check_only=True,
+                  **apply)
         ops.muon_momentum_(params, grads, lists["momentum_buffer"], updates, check_only=check_only, **momentum)
         if check_only or not params:
             return
@@ -205,6 +209,6 @@ class Muon(MasterWeightOptimizer):
             take = lambda xs: [xs[i] for i in indices] if xs else []  # noqa: E731
             params_r = take(params)
             updates = [o if o.dtype == p.dtype else o.to(p.dtype) for o, p in zip(take(orthogonal), params_r)]
-            ops.sgd_step_(params_r, updates, take(masters), [], take(steps),
-                          lr=lr * ratio, lr_tensor=None if lr_tensor is None else lr_tensor * ratio,
-                          weight_decay=group["weight_decay"] / ratio, **apply)
+            ops.step_("sgd", params_r, updates, take(masters), [], take(steps),
+                      lr=lr * ratio, lr_tensor=None if lr_tensor is None else lr_tensor * ratio,
+                      hyper=_apply_hyper(group["weight_decay"] / ratio), **apply)

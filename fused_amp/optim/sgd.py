@@ -3,8 +3,7 @@ from typing import Optional, Union
 
 import torch
 
-from fused_amp import ops
-from fused_amp.optim._base import MasterWeightOptimizer, check_torch_flags, lists_or_empty
+from fused_amp.optim._base import MasterWeightOptimizer, check_torch_flags
 
 
 class SGD(MasterWeightOptimizer):
@@ -87,17 +86,17 @@ class SGD(MasterWeightOptimizer):
     def _state_keys_for(self, group):
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
 
-    def _update(self, group, lists, scalars, check_only):
-        has_momentum = group["momentum"] != 0
-        # the step counts: with momentum (a first step starts the buffer), and for the random bits
-        # of stochastic rounding, which change with the step
-        counted = has_momentum or scalars["rounding_seed"] is not None
-        ops.sgd_step_(lists["params"], lists["grads"], lists["master_params"],
-                      lists_or_empty(lists, "momentum_buffer", has_momentum),
-                      lists_or_empty(lists, "steps", counted),
-                      state_absmaxes=lists_or_empty(lists, "state_absmaxes", has_momentum), momentum=group["momentum"], dampening=group["dampening"],
-                      weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
-                      maximize=group["maximize"], check_only=check_only, **scalars)
+    _kernel = "sgd"
+
+    def _hyper(self, group):
+        return dict(momentum=group["momentum"], dampening=group["dampening"],
+                    weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],
+                    maximize=group["maximize"])
+
+    def _counts_steps(self, group, scalars):
+        # with momentum (a first step starts the buffer), and for the random bits of stochastic
+        # rounding, which change with the step
+        return group["momentum"] != 0 or scalars["rounding_seed"] is not None
 
     def _complete_loaded_state(self, p, state):
         super()._complete_loaded_state(p, state)

@@ -25,7 +25,7 @@ CONFIGS = {  # the source and its defines
     "checks": ("emulator_checks.cpp", []),  # the emulator's own tests
 }
 # the entry points that return 1 on an error (harness.cpp)
-CHECKED = {"fa_sim_unscale", "fa_sim_grad_norm", "fa_sim_update_scale", "fa_sim_adam", "fa_sim_sgd", "fa_sim_lion", "fa_sim_muon",
+CHECKED = {"fa_sim_unscale", "fa_sim_grad_norm", "fa_sim_update_scale", "fa_sim_step", "fa_sim_muon",
            "fa_check_exchange", "fa_check_order", "fa_check_mistake"}
 SCHEDULES = {"in order": 0, "reversed": 1, "random": 2}
 
@@ -51,6 +51,13 @@ class Emulation:
             if fn(*args):
                 raise EmulatorError(self._lib.fa_sim_error().decode())
         return call
+
+    def step(self, optimizer, lists, kind, n, ptrs, numels, hyper, flags, lr, lr_ptr, *rest):
+        """fa_sim_step of `optimizer` over tensors of `lists` pointers each: its hyperparameters
+        are `hyper` then `flags` (its booleans), in its descriptor's order (csrc/ops/<name>.h)."""
+        values = [float(h) for h in hyper] + [float(f) for f in flags]
+        self.fa_sim_step(optimizer.encode(), kind, n, lists, ptrs, numels, (ctypes.c_double * len(values))(*values),
+                         lr, lr_ptr, *rest)
 
     def set_schedule(self, name, seed=0):
         self._lib.fa_sim_set_schedule(SCHEDULES[name], ctypes.c_uint64(seed))

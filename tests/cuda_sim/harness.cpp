@@ -6,9 +6,7 @@
 // fa_sim_error() then gives (entry.h).
 #include "cuda/amp.cu"
 #include "cuda/norm.cu"
-#include "cuda/adam.cu"
-#include "cuda/sgd.cu"
-#include "cuda/lion.cu"
+#include "cuda/optimizer_step.cu"
 #include "cuda/muon.cu"
 #include "entry.h"
 
@@ -77,63 +75,26 @@ int fa_sim_update_scale(float* scale, int* growth_tracker, int* hysteresis_track
   });
 }
 
-// `kind`: param dtype, master kind (0 none, 1 fp32, 2 remainder, 3 24-bit), state dtype (4: 8-bit
-// codes, with the absmaxes as an eighth list); `seed`
-// with `stochastic` 1 rounds bf16 state and 24-bit masters stochastically, 2 also 8-bit codes.
-int fa_sim_adam(const int* kind, int n, void** ptrs, const int64_t* numels,
-                const double* hyper, const int* flags, double lr, const float* lr_ptr,
-                const float* inv_scale, const float* found_inf, int write_grads,
-                const float* grad_norm, float max_grad_norm, int stochastic, int64_t seed, int large) {
+// One step of `optimizer` (optimizers.h), then the step counts' increment. `kind`: param dtype,
+// master kind (0 none, 1 fp32, 2 remainder, 3 24-bit), state dtype (4: 8-bit codes, with the
+// absmaxes as one list more); `lists`: the lists per tensor (launch.h's StepList); `hyper`: the
+// optimizer's hyperparameters in its descriptor's order; with `stochastic` 1 bf16 state and
+// 24-bit masters round stochastically with `seed`, 2 also 8-bit codes.
+int fa_sim_step(const char* optimizer, const int* kind, int n, int lists, void** ptrs, const int64_t* numels,
+                const double* hyper, double lr, const float* lr_ptr, const float* inv_scale, const float* found_inf,
+                int write_grads, const float* grad_norm, float max_grad_norm, int stochastic, int64_t seed,
+                int large) {
   return guarded([&] {
     fused_amp_sim_large_args = large;
-    const fused_amp::ops::AdamHyper h{hyper[0], hyper[1], hyper[2], hyper[3],
-                                      flags[0] != 0, flags[1] != 0, flags[2] != 0};
-    const auto list = tensors_of(n, lists_of(7, kind), ptrs, numels);
-    adam(step_kind(kind), list, h,
-         {lr, lr_ptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
-          stochastic != 0, seed, stochastic == 2},
+    const auto list = tensors_of(n, lists_of(lists, kind), ptrs, numels);
+    step(optimizer, step_kind(kind), list, hyper,
+         {lr, lr_ptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm, stochastic != 0, seed,
+          stochastic == 2},
          nullptr);
-    std::vector<TensorPtrs> steps(n);
-    for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kAdamStep]}, 1};
-    increment_steps(steps, found_inf, nullptr);
-  });
-}
-
-int fa_sim_sgd(const int* kind, int n, void** ptrs, const int64_t* numels,
-               const double* hyper, const int* flags, double lr, const float* inv_scale,
-               const float* found_inf, int write_grads, const float* grad_norm,
-               float max_grad_norm, int stochastic, int64_t seed, int large) {
-  return guarded([&] {
-    fused_amp_sim_large_args = large;
-    const fused_amp::ops::SgdHyper h{hyper[0], hyper[1], hyper[2], flags[0] != 0, flags[1] != 0};
-    const auto list = tensors_of(n, lists_of(5, kind), ptrs, numels);
-    sgd(step_kind(kind), list, h,
-        {lr, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
-         stochastic != 0, seed, stochastic == 2},
-        nullptr);
-    std::vector<TensorPtrs> steps;  // given with momentum, optional without
+    std::vector<TensorPtrs> steps;  // SGD without momentum may count none
     for (int i = 0; i < n; ++i) {
-      if (list[i].p[kSgdStep]) steps.push_back(TensorPtrs{{list[i].p[kSgdStep]}, 1});
+      if (list[i].p[lists - 1]) steps.push_back(TensorPtrs{{list[i].p[lists - 1]}, 1});
     }
-    increment_steps(steps, found_inf, nullptr);
-  });
-}
-
-// Lion: hyper = (beta1, beta2, weight_decay), flags = (maximize).
-int fa_sim_lion(const int* kind, int n, void** ptrs, const int64_t* numels, const double* hyper,
-                const int* flags, double lr, const float* inv_scale, const float* found_inf,
-                int write_grads, const float* grad_norm, float max_grad_norm, int stochastic,
-                int64_t seed, int large) {
-  return guarded([&] {
-    fused_amp_sim_large_args = large;
-    const fused_amp::ops::LionHyper h{hyper[0], hyper[1], hyper[2], flags[0] != 0};
-    const auto list = tensors_of(n, lists_of(5, kind), ptrs, numels);
-    lion(step_kind(kind), list, h,
-         {lr, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm,
-          stochastic != 0, seed, stochastic == 2},
-         nullptr);
-    std::vector<TensorPtrs> steps(n);
-    for (int i = 0; i < n; ++i) steps[i] = TensorPtrs{{list[i].p[kLionStep]}, 1};
     increment_steps(steps, found_inf, nullptr);
   });
 }

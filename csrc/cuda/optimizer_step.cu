@@ -1,0 +1,94 @@
+// The step of every optimizer of optimizers.h (its math: ops/<name>.h) for every param dtype,
+// master kind and state dtype (fp32, bf16, 8-bit), and the step counts' increment after it.
+#include "cuda/step.cuh"
+#include "optimizers.h"
+
+namespace fused_amp::cuda {
+
+namespace {
+
+template <class Opt, typename param_t, MasterKind kMasterKind, typename state_t>
+struct StepFunctor {
+  static constexpr int K = Opt::kStates;
+  typename Opt::Hyper h;
+  StepScalars s;
+  StateSpec<K> spec;  // the lists of the states kept, their maps and rounding bits (from the host)
+
+  template <class Meta>
+  FA_DEVICE void operator()(const Meta& meta, int t, int64_t start, int64_t n) const {
+    if (skip(s)) return;
+    const float* const step_ptr = static_cast<const float*>(meta.ptr[step_list(K)][t]);
+    const float step = step_ptr ? *step_ptr : 0.f;  // (SGD without momentum may count none)
+    const typename Opt::Coeffs c = Opt::coeffs(h, lr_of(s), step, grad_mult_of(s));
+    const auto pa = param_access<param_t, kMasterKind>(meta, t, start, s.write_grads && c.inv_scale != 1.f);
+    const StepRounding rounding = rounding_of(s, step + 1.f, start);
+    StateSpec<K> kept = spec;
+    kept.read = Opt::reads_states(c);
+    const auto states = step_states<state_t, K>(meta, t, start, kept, step_list(K) + 1);
+    for_each_step_ilp(n, pa.aligned(), states, rounding, [&](const IlpIndex& ix, float (&st)[K][kILP]) {
+      float p[kILP], g[kILP];
+      pa.load(p, g, ix);
+      pa.store_unscaled_grad(g, c.inv_scale, ix);
+#pragma unroll
+      for (int j = 0; j < kILP; ++j) {
+        float e[K];
+#pragma unroll
+        for (int k = 0; k < K; ++k) e[k] = st[k][j];
+        Opt::update(p[j], g[j], e, c);
+#pragma unroll
+        for (int k = 0; k < K; ++k) st[k][j] = e[k];
+      }
+      pa.store(p, ix, rounding);
+    });
+  }
+};
+
+// The launches of one optimizer for one group of params (dispatch_param picks the kind).
+template <class Opt>
+struct OptimizerLaunch {
+  const std::vector<TensorPtrs>& tensors;
+  typename Opt::Hyper h;
+  const StepScalars& s;
+  StateSpec<Opt::kStates> spec;
+  cudaStream_t stream;
+  template <typename param_t, MasterKind kMasterKind, typename state_t>
+  void run() const {
+    apply_step<step_list(Opt::kStates) + 1, state_t>(
+        tensors, StepFunctor<Opt, param_t, kMasterKind, state_t>{h, s, spec}, stream);
+  }
+};
+
+struct IncrementStepFunctor {
+  const float* found_inf;
+
+  template <class Meta>
+  FA_DEVICE void operator()(const Meta& meta, int t, int64_t, int64_t) const {
+    if (threadIdx.x != 0 || (found_inf && *found_inf != 0.f)) return;
+    *static_cast<float*>(meta.ptr[0][t]) += 1.f;
+  }
+};
+
+}  // namespace
+
+void step(const char* optimizer, const StepKind& kind, const std::vector<TensorPtrs>& tensors, const double* hyper,
+          const StepScalars& s, cudaStream_t stream) {
+  const bool known = Optimizers::find(optimizer, [&]<class Opt>() {
+    const typename Opt::Hyper h = Opt::hyper_of(hyper);
+    StateSpec<Opt::kStates> spec{};
+    for (int k = 0; k < Opt::kStates; ++k) {
+      spec.list[k] = Opt::state_mask(h) >> k & 1u ? kFirstState + k : -1;
+      spec.is_signed[k] = Opt::kStateInfo[k].is_signed;
+      spec.high_bits[k] = Opt::kStateInfo[k].high_bits;
+    }
+    const OptimizerLaunch<Opt> launch{tensors, h, s, spec, stream};
+    dispatch_state(kind.state, ParamDispatch<OptimizerLaunch<Opt>>{kind, launch});
+  });
+  if (!known) throw std::invalid_argument(std::string("fused_amp: unknown optimizer ") + optimizer);
+}
+
+void increment_steps(const std::vector<TensorPtrs>& steps, const float* found_inf,
+                     cudaStream_t stream) {
+  multi_tensor_apply<1>(steps, IncrementStepFunctor{found_inf}, stream);
+}
+
+}  // namespace fused_amp::cuda

@@ -1,0 +1,41 @@
+#pragma once
+// What an elementwise optimizer is to the rest of the code: a descriptor struct in its own
+// header (ops/adam.h, ...), listed once in optimizers.h. The step op, its validation, the CPU
+// loops of every instruction set and storage kind, the CUDA kernel and the Python wrapper are
+// generic over it. A descriptor `Opt` (deriving from ops::Elementwise for the defaults) has
+//   kName                      the name the step op takes ("adam")
+//   kStates, kStateInfo[k]     its per-element states: op list and state key, 8-bit map, rounding bits
+//   kHyper, kHyperNames[k]     its hyperparameters, in the order of the op's `hyper` list
+//   Hyper hyper_of(const double*)               the list as a struct (also on the device)
+//   unsigned state_mask(const Hyper&)           which states the step keeps (bit k: state k)
+//   bool steps_required(const Hyper&)           whether the step counts must be given (else optional)
+//   Coeffs coeffs(const Hyper&, double lr, float step, float grad_mult)
+//       one tensor's coefficients: `step` is its count before this step, the grads are multiplied
+//       by `grad_mult` (1/loss scale times the clip coefficient; Coeffs keeps it as inv_scale)
+//   void update(T& param, T grad, T (&state)[kStates], const C& c)    the math of one element
+//   bool has_state(const C&, int k), bool reads_states(const C&)      (defaults: every state, read)
+//   void with_fixed_options(const Coeffs&, F&& f)  f(c) or f(a type fixing c's options at compile
+//       time, for the CPU loops; default f(c))
+#include "ops/common.h"
+
+namespace fused_amp::ops {
+
+constexpr int kMaxStates = 3;
+
+struct StateInfo {
+  const char* name;  // the op's list of this state ("exp_avgs")
+  const char* key;   // its key in the optimizer's state of a param ("exp_avg")
+  bool is_signed;    // the 8-bit map: signed (moments) or unsigned (second moments, sums)
+  bool high_bits;    // bf16 stochastic rounding takes the high 16 random bits of the element (else low)
+};
+
+struct Elementwise {
+  template <class C>
+  FA_HD bool has_state(const C&, int) { return true; }
+  template <class C>
+  FA_HD bool reads_states(const C&) { return true; }
+  template <class C, class F>
+  static void with_fixed_options(const C& c, F&& f) { f(c); }
+};
+
+}  // namespace fused_amp::ops

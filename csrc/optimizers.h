@@ -1,0 +1,36 @@
+#pragma once
+// The optimizers of the step op: each one's descriptor (ops/optimizer.h) in one list. Adding an
+// optimizer is its header and one name here; everything that runs a step is generic over this.
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#include "ops/adam.h"
+#include "ops/lion.h"
+#include "ops/sgd.h"
+
+namespace fused_amp {
+
+template <class... Opts>
+struct OptimizerList {
+  static constexpr int size = sizeof...(Opts);
+  // Calls f.template operator()<Opt>() for the optimizer named `name`; false when none is.
+  template <class F>
+  static bool find(const char* name, F&& f) {
+    return ((std::strcmp(name, Opts::kName) == 0 ? (f.template operator()<Opts>(), true) : false) || ...);
+  }
+  // Calls f.template operator()<Opt>() for each optimizer, in order.
+  template <class F>
+  static void for_each(F&& f) { (f.template operator()<Opts>(), ...); }
+  // The index of Opt in the list.
+  template <class Opt>
+  static constexpr int index() {
+    int i = 0, found = -1;
+    ((std::is_same_v<Opt, Opts> ? found = i : 0, ++i), ...);
+    return found;
+  }
+};
+
+using Optimizers = OptimizerList<ops::Adam, ops::Sgd, ops::Lion>;
+
+}  // namespace fused_amp
