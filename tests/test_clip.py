@@ -244,7 +244,7 @@ def test_clip_without_a_scaler_matches_torch(cls, torch_cls, kw, dtype):
                 continue
             for p, g in zip(params, grads):
                 p.grad = g.float()
-            torch.nn.utils.clip_grad_norm_(params, MAX_NORM, foreach=not fused)
+            torch.nn.utils.clip_grad_norm_(params, MAX_NORM, foreach=flags.get("foreach", False))
             opt.step()
         finals.append(torch.cat([p.detach().flatten() for p in params]))
     fused, foreach = finals

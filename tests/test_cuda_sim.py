@@ -21,6 +21,7 @@ import torch
 from fused_amp import ops
 from helpers import adam_step_, assert_bitwise_equal, lion_step_, sgd_step_
 from cuda_sim.build import SCHEDULES, EmulatorError, build_emulation
+from optim_registry import CASES, IDS
 
 DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
 CHUNK = 2100  # the plan build's elementwise chunk
@@ -481,6 +482,69 @@ def test_adam_with_8bit_state_matches_cpu_op(sim, large, dtype, master, stochast
         if master:
             assert_bitwise_equal(masters[i], ref[2][i], f"master {i}")
         assert steps[i].item() == ref[7][i].item() == 3.0
+
+
+# Every optimizer of the table, by its registry entries: each storage kind against the CPU op.
+STORAGE = {  # param dtype, master, state dtype (Q8: 8-bit codes), the harness's `stochastic`
+    "fp32 state": (torch.float32, False, torch.float32, 0),
+    "half + fp32 master": (torch.float16, True, torch.float32, 0),
+    "remainder + bf16 state, stochastic": (torch.bfloat16, "remainder", torch.bfloat16, 1),
+    "24-bit + 8-bit state, stochastic": (torch.bfloat16, "remainder8", Q8, 2),
+    "fp32 master + 8-bit state": (torch.bfloat16, True, Q8, 0),
+}
+
+
+@pytest.mark.parametrize("storage", list(STORAGE))
+@pytest.mark.parametrize("cls,torch_cls,kw", CASES, ids=IDS)
+def test_every_optimizer_matches_the_cpu_op(sim, cls, torch_cls, kw, storage):
+    """The kernel of each optimizer of the table (optimizer_step.cu, generic over its
+    descriptor) against the CPU op, bit for bit: params, masters, grads left unscaled, every state
+    kept (8-bit: codes and absmax), three steps and an overflow step that writes nothing."""
+    dtype, master, state_dtype, stochastic = STORAGE[storage]
+    opt = cls([torch.nn.Parameter(torch.zeros(1))], **kw)
+    group = opt.param_groups[0]
+    name, keys = opt._kernel, opt._state_keys_for(group)
+    if not keys:  # (SGD without momentum) no state to store: the op's launches have fp32 state
+        state_dtype = torch.float32
+    quantized = state_dtype == Q8
+    gen = torch.Generator().manual_seed(5)
+    params, grads, masters = (q8_lists if quantized else optimizer_lists)(dtype, master, gen, True)
+    table = ops.optimizers()[name]
+    hyper = opt._hyper(group)
+    initial = opt._initial_state(group)
+    if quantized:
+        kept, absmax = codes_and_absmax(params, len(keys))
+    else:
+        kept = [[torch.full(p.shape, float(initial.get(key, 0)), dtype=state_dtype) for p in params] for key in keys]
+        absmax = [None] * len(params)
+    by_key = dict(zip(keys, kept))
+    states = [by_key.get(key, [None] * len(params)) for key, _, _ in table["states"]]
+    steps = [torch.zeros(1) for _ in params]
+    ref = [[t.clone() if t is not None else None for t in ts] for ts in (params, grads, masters, *kept, steps)]
+    ref_absmax = [a.clone() if a is not None else None for a in absmax]
+    seed = 77 if stochastic else None
+    inv = torch.tensor([0.5])
+    lr = float(group["lr"])
+    for found in (0.0, 0.0, 0.0, 1.0):
+        found_inf = torch.tensor([found])
+        rows = [list(r) + ([a] if quantized else []) for r, a in zip(zip(params, grads, masters, *states, steps), absmax)]
+        sim.step(name, 4 + len(table["states"]), (q8_kind(dtype, master) if quantized else kind(dtype, master, state_dtype)),
+                 len(params), ptr_array(rows), numel_array(params), [hyper[h] for h in table["hyper"]], [],
+                 ctypes.c_double(lr), None, fptr(inv), fptr(found_inf), 1, None, ctypes.c_float(0), stochastic,
+                 ctypes.c_int64(seed or 0), 0)
+        ops.step_(name, ref[0], ref[1], ref[2] if master else [], ref[3:3 + len(keys)], ref[-1], hyper=hyper, lr=lr,
+                  state_absmaxes=ref_absmax if quantized else [], inv_scale=inv, found_inf=found_inf,
+                  rounding_seed=seed, stochastic_codes=stochastic == 2)
+    for i in range(len(params)):
+        assert_bitwise_equal(grads[i], ref[1][i], f"grad {i}")
+        assert_bitwise_equal(params[i], ref[0][i], f"param {i}")
+        if master:
+            assert_bitwise_equal(masters[i], ref[2][i], f"master {i}")
+        for k, key in enumerate(keys):
+            assert_bitwise_equal(kept[k][i], ref[3 + k][i], f"{key} {i}")
+        if quantized:
+            assert_bitwise_equal(absmax[i], ref_absmax[i], f"absmax {i}")
+        assert steps[i].item() == ref[-1][i].item() == 3.0
 
 
 @pytest.mark.parametrize("large", [0, 1])

@@ -96,8 +96,7 @@ def test_replaced_state_tensor_is_used(cls, torch_cls, kw, entry):
     params = make_params(torch.bfloat16)
     opt = cls(params, **kw)
     run_steps(opt, params, [1])
-    key = ("master_param" if entry == "master" else
-           "exp_avg" if "exp_avg" in opt.state[params[0]] else "momentum_buffer")
+    key = "master_param" if entry == "master" else first_state_key(opt, params[0])
     opt.state[params[0]][key] = torch.zeros_like(opt.state[params[0]][key])
     twin_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
     twin = cls(twin_params, **kw)
@@ -203,7 +202,9 @@ def test_params_appended_or_replaced_in_a_group_are_updated(cls, torch_cls, kw, 
 # ---- 2. a failing step changes nothing ---------------------------------------------------
 
 def first_state_key(opt, p):
-    return "exp_avg" if "exp_avg" in opt.state[p] else "momentum_buffer"
+    """The first per-element state of p's step (its optimizer's first state key)."""
+    group = next(g for g in opt.param_groups if any(q is p for q in g["params"]))
+    return opt._state_keys_for(group)[0]
 
 
 # What can reach a step wrong: torch's grad setter refuses other shapes, dtypes and devices,

@@ -350,8 +350,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 scalars = dict(lr=float(lr) if lr_tensor is None else 0.0, lr_tensor=lr_tensor,
                                inv_scale=inv_scale, found_inf=found_inf,
                                unscale_grads=group["unscale_grads"],
-                               rounding_seed=_memory.rounding_seed_of(group),
-                               stochastic_codes=_memory.stochastic_codes(group))
+                               rounding_seed=_memory.rounding_seed_of(group, self._running_sums),
+                               stochastic_codes=_memory.stochastic_codes(group, self._running_sums))
                 if clip is not None:
                     scalars.update(grad_norm=clip[0].to(device, non_blocking=True),
                                    max_grad_norm=clip[1])
@@ -434,6 +434,9 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
     # the optimizer's name in the step op's table (fused_amp.ops.optimizers())
     _kernel = ""
+    # whether its state is a running sum, which rounds stochastically by default when stored in
+    # bf16 or 8 bits (rounded to nearest, increments below half a step would be lost)
+    _running_sums = False
 
     def _hyper(self, group) -> dict:
         """The step op's hyperparameters of a group, by the names of its table entry."""

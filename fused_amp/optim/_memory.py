@@ -28,12 +28,15 @@ def master_kind(group) -> Optional[str]:
     return mw if mw in ("remainder", "remainder8") else ("fp32" if mw else None)
 
 
-def stochastic(group) -> bool:
+def stochastic(group, sums: bool = False) -> bool:
     """Whether what the group stores in fewer than 32 bits rounds stochastically: as
-    ``stochastic_rounding`` says, or by default (None) for 24-bit masters only, whose rounding to
-    nearest drops updates below half their ulp (README, "Numerics")."""
+    ``stochastic_rounding`` says, or by default (None) for 24-bit masters, whose rounding to
+    nearest drops updates below half their ulp (README, "Numerics"), and for the state of an
+    optimizer whose state is a running sum (``sums``: Adagrad), which would drop its increments."""
     sr = group["stochastic_rounding"]
-    return group["master_weights"] == "remainder8" if sr is None else bool(sr)
+    if sr is None:
+        return group["master_weights"] == "remainder8" or (sums and group["state_dtype"] != torch.float32)
+    return bool(sr)
 
 
 def check_memory_options(name: str, master_weights, state_dtype, stochastic_rounding,
@@ -85,18 +88,20 @@ def check_group_params(name: str, group, index: int):
                              f"the param plus a {bits}-bit remainder); param {i} of group {index} is {p.dtype}")
 
 
-def stochastic_codes(group) -> bool:
-    """Whether the group's 8-bit codes round stochastically: with ``stochastic_rounding=True``
-    only (the default, None, is stochastic for 24-bit masters alone)."""
-    return group["stochastic_rounding"] is True and group["state_dtype"] == torch.uint8
+def stochastic_codes(group, sums: bool = False) -> bool:
+    """Whether the group's 8-bit codes round stochastically: with ``stochastic_rounding=True``,
+    or by default (None) for a running sum's (``sums``; otherwise the default is stochastic for
+    24-bit masters alone)."""
+    sr = group["stochastic_rounding"]
+    return (sr is True or (sr is None and sums)) and group["state_dtype"] == torch.uint8
 
 
-def rounding_seed_of(group) -> Optional[int]:
+def rounding_seed_of(group, sums: bool = False) -> Optional[int]:
     """The seed the fused op takes: set only when bf16 state, 24-bit masters or 8-bit codes
     round stochastically (the op rounds bf16 state and 24-bit masters so whenever it has a seed,
     and codes where ``stochastic_codes`` says)."""
-    if stochastic_codes(group) or (stochastic(group) and (group["state_dtype"] == torch.bfloat16
-                                                          or group["master_weights"] == "remainder8")):
+    if stochastic_codes(group, sums) or (stochastic(group, sums) and (group["state_dtype"] == torch.bfloat16
+                                                                      or group["master_weights"] == "remainder8")):
         return group["rounding_seed"]
     return None
 
