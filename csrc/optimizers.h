@@ -5,6 +5,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "ops/adagrad.h"
 #include "ops/adam.h"
 #include "ops/lion.h"
 #include "ops/sgd.h"
@@ -31,6 +32,6 @@ struct OptimizerList {
   }
 };
 
-using Optimizers = OptimizerList<ops::Adam, ops::Sgd, ops::Lion>;
+using Optimizers = OptimizerList<ops::Adam, ops::Sgd, ops::Lion, ops::Adagrad>;
 
 }  // namespace fused_amp

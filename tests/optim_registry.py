@@ -6,7 +6,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from fused_amp.optim import SGD, Adam, AdamW, Lion
+from fused_amp.optim import SGD, Adagrad, Adam, AdamW, Lion
 from reference_optim import ReferenceLion
 
 
@@ -38,6 +38,10 @@ OPTIMIZERS: List[OptimEntry] = [
     OptimEntry(Lion, ReferenceLion, (
         dict(lr=1e-3),
         dict(lr=1e-3, betas=(0.95, 0.98), weight_decay=0.1, maximize=True),
+    )),
+    OptimEntry(Adagrad, torch.optim.Adagrad, (
+        dict(lr=1e-2),
+        dict(lr=1e-2, lr_decay=1e-2, weight_decay=0.1, initial_accumulator_value=0.1, eps=1e-6, maximize=True),
     )),
 ]
 

@@ -1,0 +1,98 @@
+"""Adagrad with fp32 master weights, one fused pass per step."""
+from typing import Optional, Union
+
+import torch
+
+from fused_amp.optim._base import MasterWeightOptimizer, check_lr, check_torch_flags, check_weight_decay
+
+
+class Adagrad(MasterWeightOptimizer):
+    r"""Adagrad with fp32 master weights, in one fused multi-tensor pass per step.
+
+    Same arguments, defaults and update as :class:`torch.optim.Adagrad`; the update of step
+    :math:`t` (grads unscaled by the GradScaler's :math:`1/s` inside the same pass) is
+
+    .. math::
+        g \leftarrow \pm g / s + \lambda\theta \qquad
+        s \leftarrow s + g^2 \qquad
+        \theta \leftarrow \theta - \frac{\gamma}{1 + (t-1)\eta}\,\frac{g}{\sqrt{s} + \epsilon}
+
+    in fp32 on the master. As in torch, ``state[p]["sum"]`` (starting at
+    ``initial_accumulator_value``) and ``state[p]["step"]`` exist from construction on. The sum
+    only grows: stored in bf16 or 8 bits it rounds stochastically by default
+    (``stochastic_rounding=None``), since rounded to nearest each increment below half its
+    rounding step would be lost (``python benchmarks/adagrad_sum.py`` measures both).
+
+    Args:
+        params: iterable of parameters or dicts defining parameter groups.
+        lr (float or Tensor): learning rate (default: 1e-2).
+        lr_decay (float): learning rate decay :math:`\eta` (default: 0).
+        weight_decay (float): weight decay (L2 penalty) (default: 0).
+        initial_accumulator_value (float): the sum's starting value (default: 0).
+        eps (float): added to the denominator (default: 1e-10).
+        foreach, fused: accepted with torch's checks; the step is always one fused pass.
+        maximize (bool): maximize the objective instead of minimizing (default: False).
+        differentiable (bool): must be False: the fused step runs outside autograd.
+        master_weights, state_dtype, rounding_seed, min_8bit_size: as for
+            :class:`fused_amp.optim.Adam` (8-bit: the unsigned map).
+        stochastic_rounding (bool, optional): as for :class:`fused_amp.optim.Adam`, except that
+            the default (None) rounds the sum stochastically in bf16 and 8 bits (see above).
+        unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
+    """
+
+    def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-2, lr_decay: float = 0,
+                 weight_decay: float = 0, initial_accumulator_value: float = 0, eps: float = 1e-10,
+                 foreach: Optional[bool] = None, *, maximize: bool = False, differentiable: bool = False,
+                 fused: Optional[bool] = None, master_weights: Union[bool, str] = True,
+                 unscale_grads: bool = True, max_grad_norm: Optional[float] = None,
+                 grad_norm_type: float = 2.0, state_dtype: torch.dtype = torch.float32,
+                 stochastic_rounding: Optional[bool] = None, rounding_seed: Optional[int] = None,
+                 min_8bit_size: int = 4096):
+        defaults = dict(lr=lr, lr_decay=lr_decay, eps=eps, weight_decay=weight_decay,
+                        initial_accumulator_value=initial_accumulator_value, foreach=foreach,
+                        maximize=maximize, differentiable=differentiable, fused=fused,
+                        master_weights=master_weights, unscale_grads=unscale_grads,
+                        state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
+                        rounding_seed=rounding_seed, min_8bit_size=min_8bit_size)
+        self._check_hyperparameters(defaults)
+        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
+        for group in self.param_groups:  # torch.optim.Adagrad creates its state here
+            for p in group["params"]:
+                self._init_state(p, group)
+
+    @classmethod
+    def _check_hyperparameters(cls, o):
+        """torch.optim.Adagrad's checks and messages, in its order."""
+        check_lr(o["lr"])
+        if not 0.0 <= o["lr_decay"]:
+            raise ValueError(f"Invalid lr_decay value: {o['lr_decay']}")
+        check_weight_decay(o["weight_decay"])
+        if not 0.0 <= o["initial_accumulator_value"]:
+            raise ValueError(f"Invalid initial_accumulator_value value: {o['initial_accumulator_value']}")
+        if not 0.0 <= o["eps"]:
+            raise ValueError(f"Invalid epsilon value: {o['eps']}")
+        if o["fused"] and o["differentiable"]:
+            raise RuntimeError("`fused` does not support `differentiable`")
+        check_torch_flags(cls.__name__, o["foreach"], o["fused"], o["differentiable"])
+
+    _group_defaults = dict(MasterWeightOptimizer._group_defaults, foreach=None, maximize=False,
+                           differentiable=False, fused=None)
+
+    def _state_keys_for(self, group):
+        return ("sum",)
+
+    def _initial_state(self, group):
+        return {"sum": group["initial_accumulator_value"]}
+
+    _kernel = "adagrad"
+    _running_sums = True
+
+    def _hyper(self, group):
+        return dict(lr_decay=group["lr_decay"], weight_decay=group["weight_decay"], eps=group["eps"],
+                    maximize=group["maximize"])
+
+    def share_memory(self):
+        """Moves each param's sum to shared memory, as torch.optim.Adagrad.share_memory."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["sum"].share_memory_()
