@@ -8,6 +8,7 @@
 #include "ops/adagrad.h"
 #include "ops/adam.h"
 #include "ops/lion.h"
+#include "ops/rmsprop.h"
 #include "ops/sgd.h"
 
 namespace fused_amp {
@@ -32,6 +33,6 @@ struct OptimizerList {
   }
 };
 
-using Optimizers = OptimizerList<ops::Adam, ops::Sgd, ops::Lion, ops::Adagrad>;
+using Optimizers = OptimizerList<ops::Adam, ops::Sgd, ops::Lion, ops::Adagrad, ops::Rmsprop>;
 
 }  // namespace fused_amp

@@ -6,7 +6,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from fused_amp.optim import SGD, Adagrad, Adam, AdamW, Lion
+from fused_amp.optim import SGD, Adagrad, Adam, AdamW, Lion, RMSprop
 from reference_optim import ReferenceLion
 
 
@@ -42,6 +42,12 @@ OPTIMIZERS: List[OptimEntry] = [
     OptimEntry(Adagrad, torch.optim.Adagrad, (
         dict(lr=1e-2),
         dict(lr=1e-2, lr_decay=1e-2, weight_decay=0.1, initial_accumulator_value=0.1, eps=1e-6, maximize=True),
+    )),
+    OptimEntry(RMSprop, torch.optim.RMSprop, (
+        dict(lr=1e-3),
+        dict(lr=1e-3, momentum=0.9, centered=True, weight_decay=1e-2),
+        dict(lr=1e-3, alpha=0.9, momentum=0.5, eps=1e-6, maximize=True),
+        dict(lr=1e-3, centered=True),
     )),
 ]
 

@@ -1,0 +1,82 @@
+"""RMSprop with fp32 master weights, one fused pass per step."""
+from typing import Optional, Union
+
+import torch
+
+from fused_amp.optim._base import MasterWeightOptimizer, check_lr, check_torch_flags, check_weight_decay
+
+
+class RMSprop(MasterWeightOptimizer):
+    r"""RMSprop with fp32 master weights, in one fused multi-tensor pass per step.
+
+    Same arguments, defaults and update as :class:`torch.optim.RMSprop` (grads unscaled by the
+    GradScaler's :math:`1/s` inside the same pass):
+
+    .. math::
+        g &\leftarrow \pm g / s + \lambda\theta \qquad v \leftarrow \alpha v + (1-\alpha) g^2 \qquad
+        \bar g \leftarrow \alpha \bar g + (1-\alpha) g \;(\text{centered}) \\
+        d &= \sqrt{v - \bar g^2 \text{ (centered) or } v} + \epsilon \qquad
+        b \leftarrow \mu b + g/d,\ \theta \leftarrow \theta - \gamma b \;(\mu > 0)
+        \quad\text{else}\quad \theta \leftarrow \theta - \gamma g/d
+
+    in fp32 on the master; the state is ``square_avg``, ``momentum_buffer`` (momentum > 0) and
+    ``grad_avg`` (centered), as torch's.
+
+    Args:
+        params: iterable of parameters or dicts defining parameter groups.
+        lr (float or Tensor): learning rate (default: 1e-2).
+        alpha (float): smoothing constant (default: 0.99).
+        eps (float): added to the denominator (default: 1e-8).
+        weight_decay (float): weight decay (L2 penalty) (default: 0).
+        momentum (float): momentum factor (default: 0).
+        centered (bool): normalize by an estimate of the gradient's variance (default: False).
+        capturable, foreach: accepted; the step is always one fused pass that runs on the device.
+        maximize (bool): maximize the objective instead of minimizing (default: False).
+        differentiable (bool): must be False: the fused step runs outside autograd.
+        master_weights, state_dtype, stochastic_rounding, rounding_seed, min_8bit_size: as for
+            :class:`fused_amp.optim.Adam` (8-bit: ``square_avg`` unsigned, the others signed).
+        unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
+    """
+
+    def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-2, alpha: float = 0.99, eps: float = 1e-8,
+                 weight_decay: float = 0, momentum: float = 0, centered: bool = False,
+                 capturable: bool = False, foreach: Optional[bool] = None, maximize: bool = False,
+                 differentiable: bool = False, *, master_weights: Union[bool, str] = True,
+                 unscale_grads: bool = True, max_grad_norm: Optional[float] = None,
+                 grad_norm_type: float = 2.0, state_dtype: torch.dtype = torch.float32,
+                 stochastic_rounding: Optional[bool] = None, rounding_seed: Optional[int] = None,
+                 min_8bit_size: int = 4096):
+        defaults = dict(lr=lr, momentum=momentum, alpha=alpha, eps=eps, centered=centered,
+                        weight_decay=weight_decay, capturable=capturable, foreach=foreach,
+                        maximize=maximize, differentiable=differentiable,
+                        master_weights=master_weights, unscale_grads=unscale_grads,
+                        state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
+                        rounding_seed=rounding_seed, min_8bit_size=min_8bit_size)
+        self._check_hyperparameters(defaults)
+        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
+
+    @classmethod
+    def _check_hyperparameters(cls, o):
+        """torch.optim.RMSprop's checks and messages, in its order."""
+        check_lr(o["lr"])
+        if not 0.0 <= o["eps"]:
+            raise ValueError(f"Invalid epsilon value: {o['eps']}")
+        if not 0.0 <= o["momentum"]:
+            raise ValueError(f"Invalid momentum value: {o['momentum']}")
+        check_weight_decay(o["weight_decay"])
+        if not 0.0 <= o["alpha"]:
+            raise ValueError(f"Invalid alpha value: {o['alpha']}")
+        check_torch_flags(cls.__name__, o["foreach"], None, o["differentiable"])
+
+    _group_defaults = dict(MasterWeightOptimizer._group_defaults, momentum=0, centered=False,
+                           foreach=None, maximize=False, differentiable=False, capturable=False)
+
+    def _state_keys_for(self, group):
+        return (("square_avg",) + (("momentum_buffer",) if group["momentum"] > 0 else ())
+                + (("grad_avg",) if group["centered"] else ()))
+
+    _kernel = "rmsprop"
+
+    def _hyper(self, group):
+        return dict(alpha=group["alpha"], eps=group["eps"], weight_decay=group["weight_decay"],
+                    momentum=group["momentum"], centered=group["centered"], maximize=group["maximize"])
