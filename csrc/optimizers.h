@@ -7,6 +7,7 @@
 
 #include "ops/adagrad.h"
 #include "ops/adam.h"
+#include "ops/adamax.h"
 #include "ops/lion.h"
 #include "ops/rmsprop.h"
 #include "ops/sgd.h"
@@ -33,6 +34,6 @@ struct OptimizerList {
   }
 };
 
-using Optimizers = OptimizerList<ops::Adam, ops::Sgd, ops::Lion, ops::Adagrad, ops::Rmsprop>;
+using Optimizers = OptimizerList<ops::Adam, ops::Sgd, ops::Lion, ops::Adagrad, ops::Rmsprop, ops::Adamax>;
 
 }  // namespace fused_amp

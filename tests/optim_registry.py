@@ -6,7 +6,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from fused_amp.optim import SGD, Adagrad, Adam, AdamW, Lion, RMSprop
+from fused_amp.optim import SGD, Adagrad, Adam, Adamax, AdamW, Lion, RMSprop
 from reference_optim import ReferenceLion
 
 
@@ -48,6 +48,10 @@ OPTIMIZERS: List[OptimEntry] = [
         dict(lr=1e-3, momentum=0.9, centered=True, weight_decay=1e-2),
         dict(lr=1e-3, alpha=0.9, momentum=0.5, eps=1e-6, maximize=True),
         dict(lr=1e-3, centered=True),
+    )),
+    OptimEntry(Adamax, torch.optim.Adamax, (
+        dict(lr=2e-3),
+        dict(lr=2e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1, maximize=True),
     )),
 ]
 

@@ -1,6 +1,7 @@
 """torch.optim-style optimizers with fp32 master weights and one fused pass per step."""
 from fused_amp.optim.adagrad import Adagrad
 from fused_amp.optim.adam import Adam, AdamW
+from fused_amp.optim.adamax import Adamax
 from fused_amp.optim.export import export_fp32, import_fp32
 from fused_amp.optim.from_torch import from_optimizer
 from fused_amp.optim.lion import Lion
@@ -8,5 +9,5 @@ from fused_amp.optim.muon import Muon
 from fused_amp.optim.rmsprop import RMSprop
 from fused_amp.optim.sgd import SGD
 
-__all__ = ["Adam", "AdamW", "SGD", "Lion", "Muon", "Adagrad", "RMSprop",
+__all__ = ["Adam", "AdamW", "SGD", "Lion", "Muon", "Adagrad", "RMSprop", "Adamax",
            "export_fp32", "import_fp32", "from_optimizer"]

@@ -1,0 +1,73 @@
+"""Adamax with fp32 master weights, one fused pass per step."""
+from typing import Optional, Tuple, Union
+
+import torch
+
+from fused_amp.optim._base import (MasterWeightOptimizer, check_betas, check_lr, check_torch_flags,
+                                   check_weight_decay)
+
+
+class Adamax(MasterWeightOptimizer):
+    r"""Adamax (Adam with the infinity norm) with fp32 master weights, in one fused multi-tensor
+    pass per step.
+
+    Same arguments, defaults and update as :class:`torch.optim.Adamax` (grads unscaled by the
+    GradScaler's :math:`1/s` inside the same pass):
+
+    .. math::
+        g \leftarrow \pm g / s + \lambda\theta \qquad m \leftarrow \beta_1 m + (1-\beta_1) g \qquad
+        u \leftarrow \max(\beta_2 u, |g| + \epsilon) \qquad
+        \theta \leftarrow \theta - \frac{\gamma}{1-\beta_1^t}\,\frac{m}{u}
+
+    in fp32 on the master; the state is ``exp_avg`` and ``exp_inf``, as torch's.
+
+    Args:
+        params: iterable of parameters or dicts defining parameter groups.
+        lr (float or Tensor): learning rate (default: 2e-3).
+        betas: coefficients of the running average and the infinity norm (default: (0.9, 0.999)).
+        eps (float): added to :math:`|g|` (default: 1e-8).
+        weight_decay (float): weight decay (L2 penalty) (default: 0).
+        foreach, capturable: accepted; the step is always one fused pass that runs on the device.
+        maximize (bool): maximize the objective instead of minimizing (default: False).
+        differentiable (bool): must be False: the fused step runs outside autograd.
+        master_weights, state_dtype, stochastic_rounding, rounding_seed, min_8bit_size: as for
+            :class:`fused_amp.optim.Adam` (8-bit: ``exp_avg`` signed, ``exp_inf`` unsigned).
+        unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
+    """
+
+    def __init__(self, params, lr: Union[float, torch.Tensor] = 2e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0, foreach: Optional[bool] = None, *,
+                 maximize: bool = False, differentiable: bool = False, capturable: bool = False,
+                 master_weights: Union[bool, str] = True, unscale_grads: bool = True,
+                 max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
+                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
+                 rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
+                        maximize=maximize, differentiable=differentiable, capturable=capturable,
+                        master_weights=master_weights, unscale_grads=unscale_grads,
+                        state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
+                        rounding_seed=rounding_seed, min_8bit_size=min_8bit_size)
+        self._check_hyperparameters(defaults)
+        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
+
+    @classmethod
+    def _check_hyperparameters(cls, o):
+        """torch.optim.Adamax's checks and messages, in its order."""
+        check_lr(o["lr"])
+        if not 0.0 <= o["eps"]:
+            raise ValueError(f"Invalid epsilon value: {o['eps']}")
+        check_betas(o["betas"])
+        check_weight_decay(o["weight_decay"])
+        check_torch_flags(cls.__name__, o["foreach"], None, o["differentiable"])
+
+    _group_defaults = dict(MasterWeightOptimizer._group_defaults, foreach=None, maximize=False,
+                           differentiable=False, capturable=False)
+
+    def _state_keys_for(self, group):
+        return ("exp_avg", "exp_inf")
+
+    _kernel = "adamax"
+
+    def _hyper(self, group):
+        return dict(beta1=float(group["betas"][0]), beta2=float(group["betas"][1]), eps=group["eps"],
+                    weight_decay=group["weight_decay"], maximize=group["maximize"])
