@@ -9,6 +9,7 @@
 #include "ops/adam.h"
 #include "ops/adamax.h"
 #include "ops/lion.h"
+#include "ops/radam.h"
 #include "ops/rmsprop.h"
 #include "ops/sgd.h"
 
@@ -34,6 +35,6 @@ struct OptimizerList {
   }
 };
 
-using Optimizers = OptimizerList<ops::Adam, ops::Sgd, ops::Lion, ops::Adagrad, ops::Rmsprop, ops::Adamax>;
+using Optimizers = OptimizerList<ops::Adam, ops::Sgd, ops::Lion, ops::Adagrad, ops::Rmsprop, ops::Adamax, ops::Radam>;
 
 }  // namespace fused_amp

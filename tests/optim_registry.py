@@ -6,7 +6,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from fused_amp.optim import SGD, Adagrad, Adam, Adamax, AdamW, Lion, RMSprop
+from fused_amp.optim import SGD, Adagrad, Adam, Adamax, AdamW, Lion, RAdam, RMSprop
 from reference_optim import ReferenceLion
 
 
@@ -52,6 +52,11 @@ OPTIMIZERS: List[OptimEntry] = [
     OptimEntry(Adamax, torch.optim.Adamax, (
         dict(lr=2e-3),
         dict(lr=2e-3, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1, maximize=True),
+    )),
+    OptimEntry(RAdam, torch.optim.RAdam, (
+        dict(lr=1e-3),
+        dict(lr=1e-3, betas=(0.8, 0.9), weight_decay=0.1, decoupled_weight_decay=True, maximize=True),
+        dict(lr=1e-3, eps=1e-6, weight_decay=0.1),
     )),
 ]
 

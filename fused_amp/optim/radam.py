@@ -1,0 +1,81 @@
+"""RAdam with fp32 master weights, one fused pass per step."""
+from typing import Optional, Tuple, Union
+
+import torch
+
+from fused_amp.optim._base import (MasterWeightOptimizer, check_betas, check_lr, check_torch_flags,
+                                   check_weight_decay)
+
+
+class RAdam(MasterWeightOptimizer):
+    r"""RAdam (rectified Adam) with fp32 master weights, in one fused multi-tensor pass per step.
+
+    Same arguments, defaults and update as :class:`torch.optim.RAdam` (grads unscaled by the
+    GradScaler's :math:`1/s` inside the same pass):
+
+    .. math::
+        g &\leftarrow \pm g / s + \lambda\theta \;\text{ (or } \theta \leftarrow \theta - \gamma\lambda\theta
+        \text{, decoupled)} \qquad m \leftarrow \beta_1 m + (1-\beta_1) g \qquad
+        v \leftarrow \beta_2 v + (1-\beta_2) g^2 \\
+        \hat m &= m / (1-\beta_1^t) \qquad
+        \theta \leftarrow \theta - \gamma \hat m\, r_t \frac{\sqrt{1-\beta_2^t}}{\sqrt v + \epsilon}
+        \;(\rho_t > 5) \quad\text{else}\quad \theta \leftarrow \theta - \gamma \hat m
+
+    with :math:`\rho_t` and the rectification :math:`r_t` of Liu et al. (2020), in fp32 on the
+    master; the state is ``exp_avg`` and ``exp_avg_sq``, as torch's.
+
+    Args:
+        params: iterable of parameters or dicts defining parameter groups.
+        lr (float or Tensor): learning rate (default: 1e-3).
+        betas: coefficients of the running averages (default: (0.9, 0.999)).
+        eps (float): added to the denominator (default: 1e-8).
+        weight_decay (float): weight decay (default: 0); L2, or decoupled with
+            ``decoupled_weight_decay=True``.
+        decoupled_weight_decay (bool): AdamW-style decay (default: False).
+        foreach, capturable: accepted; the step is always one fused pass that runs on the device.
+        maximize (bool): maximize the objective instead of minimizing (default: False).
+        differentiable (bool): must be False: the fused step runs outside autograd.
+        master_weights, state_dtype, stochastic_rounding, rounding_seed, min_8bit_size: as for
+            :class:`fused_amp.optim.Adam`.
+        unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
+    """
+
+    def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0, decoupled_weight_decay: bool = False, *,
+                 foreach: Optional[bool] = None, maximize: bool = False, capturable: bool = False,
+                 differentiable: bool = False, master_weights: Union[bool, str] = True,
+                 unscale_grads: bool = True, max_grad_norm: Optional[float] = None,
+                 grad_norm_type: float = 2.0, state_dtype: torch.dtype = torch.float32,
+                 stochastic_rounding: Optional[bool] = None, rounding_seed: Optional[int] = None,
+                 min_8bit_size: int = 4096):
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize,
+                        foreach=foreach, capturable=capturable, decoupled_weight_decay=decoupled_weight_decay,
+                        differentiable=differentiable, master_weights=master_weights,
+                        unscale_grads=unscale_grads, state_dtype=state_dtype,
+                        stochastic_rounding=stochastic_rounding, rounding_seed=rounding_seed,
+                        min_8bit_size=min_8bit_size)
+        self._check_hyperparameters(defaults)
+        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
+
+    @classmethod
+    def _check_hyperparameters(cls, o):
+        """torch.optim.RAdam's checks and messages, in its order."""
+        check_lr(o["lr"])
+        if not 0.0 <= o["eps"]:
+            raise ValueError(f"Invalid epsilon value: {o['eps']}")
+        check_betas(o["betas"])
+        check_weight_decay(o["weight_decay"])
+        check_torch_flags(cls.__name__, o["foreach"], None, o["differentiable"])
+
+    _group_defaults = dict(MasterWeightOptimizer._group_defaults, foreach=None, maximize=False,
+                           differentiable=False, capturable=False, decoupled_weight_decay=False)
+
+    def _state_keys_for(self, group):
+        return ("exp_avg", "exp_avg_sq")
+
+    _kernel = "radam"
+
+    def _hyper(self, group):
+        return dict(beta1=float(group["betas"][0]), beta2=float(group["betas"][1]), eps=group["eps"],
+                    weight_decay=group["weight_decay"], decoupled_weight_decay=group["decoupled_weight_decay"],
+                    maximize=group["maximize"])
