@@ -8,6 +8,7 @@
 #include "ops/adagrad.h"
 #include "ops/adam.h"
 #include "ops/adamax.h"
+#include "ops/ademamix.h"
 #include "ops/lion.h"
 #include "ops/radam.h"
 #include "ops/rmsprop.h"
@@ -35,6 +36,7 @@ struct OptimizerList {
   }
 };
 
-using Optimizers = OptimizerList<ops::Adam, ops::Sgd, ops::Lion, ops::Adagrad, ops::Rmsprop, ops::Adamax, ops::Radam>;
+using Optimizers = OptimizerList<ops::Adam, ops::Sgd, ops::Lion, ops::Adagrad, ops::Rmsprop, ops::Adamax, ops::Radam,
+                                 ops::Ademamix>;
 
 }  // namespace fused_amp

@@ -2,6 +2,8 @@
 style of torch.optim's for-loop implementations: the references our fused kernels are tested
 against (optim_registry's ``theirs``). They take torch's common flags (``foreach``, ``fused``,
 ``capturable``, ``differentiable``, ``maximize``) and run the same loop whatever they say."""
+import math
+
 import torch
 
 
@@ -60,4 +62,75 @@ class ReferenceLion(torch.optim.Optimizer):
                     p.mul_(1 - lr * group["weight_decay"])
                 p.add_(direction, alpha=-lr)
                 m.copy_(m * beta2 + grad * (1 - beta2))
+        return loss
+
+
+class ReferenceAdEMAMix(torch.optim.Optimizer):
+    """AdEMAMix (Pagliardini et al. 2024, Algorithm 1), with alpha and beta3 warm-ups as
+    bitsandbytes defines them, one tensor op per rounding:
+    m1 = beta1 m1 + (1 - beta1) g;  m2 = beta3_t m2 + (1 - beta3_t) g;  nu = beta2 nu + (1 - beta2) g^2
+    p -= lr ((m1 / (1 - beta1^t) + alpha_t m2) / (sqrt(nu) / sqrt(1 - beta2^t) + eps) + wd p).
+    A GradScaler's ``grad_scale``/``found_inf`` are taken as ReferenceLion takes them."""
+
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0, t_alpha=None, t_beta3=None,
+                 eps=1e-8, weight_decay=1e-2, *, maximize=False, foreach=None, capturable=False,
+                 differentiable=False, fused=None):
+        if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+            raise ValueError("Tensor lr must be 1-element")
+        if not 0.0 <= lr:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if fused and foreach:
+            raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), alpha=alpha, t_alpha=t_alpha, t_beta3=t_beta3,
+                                      eps=eps, weight_decay=weight_decay, maximize=maximize, foreach=foreach,
+                                      capturable=capturable, differentiable=differentiable, fused=fused))
+
+    @staticmethod
+    def schedules(group, t):
+        """(alpha_t, beta3_t) of step t, in Python floats."""
+        beta1, _, beta3 = group["betas"]
+        alpha, t_alpha, t_beta3 = group["alpha"], group["t_alpha"], group["t_beta3"]
+        alpha_t = min(t * alpha / t_alpha, alpha) if t_alpha else alpha
+        if t_beta3:
+            ln1, ln3, s = math.log(beta1), math.log(beta3), t / t_beta3
+            beta3 = min(math.exp(ln1 * ln3 / ((1 - s) * ln3 + s * ln1)), beta3)
+        return alpha_t, beta3
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+        if found_inf is not None and found_inf.item() != 0:
+            return loss
+        for group in self.param_groups:
+            beta1, beta2, _ = (float(b) for b in group["betas"])
+            lr, wd, eps = float(group["lr"]), group["weight_decay"], group["eps"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if grad_scale is not None:
+                    p.grad.div_(grad_scale.to(p.grad.device))
+                grad = -p.grad if group["maximize"] else p.grad
+                state = self.state[p]
+                if len(state) == 0:
+                    state["step"] = torch.tensor(0.0)
+                    for key in ("m1", "m2", "nu"):
+                        state[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                t = state["step"].item()
+                alpha_t, beta3_t = self.schedules(group, t)
+                m1, m2, nu = state["m1"], state["m2"], state["nu"]
+                m1.mul_(beta1).add_(grad, alpha=1 - beta1)
+                m2.mul_(beta3_t).add_(grad, alpha=1 - beta3_t)
+                nu.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                # the correctly rounded sqrt of IEEE (of torch's fused Adam, at::vec and CUDA):
+                # torch's CPU sqrt of a float tensor (MKL's vsSqrt) is 1 ulp off for some values
+                denom = nu.double().sqrt().float() / math.sqrt(1 - beta2 ** t) + eps
+                update = (m1 / (1 - beta1 ** t) + alpha_t * m2) / denom
+                p.sub_(lr * update.add_(p, alpha=wd))
         return loss

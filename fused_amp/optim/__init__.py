@@ -2,6 +2,7 @@
 from fused_amp.optim.adagrad import Adagrad
 from fused_amp.optim.adam import Adam, AdamW
 from fused_amp.optim.adamax import Adamax
+from fused_amp.optim.ademamix import AdEMAMix
 from fused_amp.optim.export import export_fp32, import_fp32
 from fused_amp.optim.from_torch import from_optimizer
 from fused_amp.optim.lion import Lion
@@ -10,5 +11,5 @@ from fused_amp.optim.radam import RAdam
 from fused_amp.optim.rmsprop import RMSprop
 from fused_amp.optim.sgd import SGD
 
-__all__ = ["Adam", "AdamW", "SGD", "Lion", "Muon", "Adagrad", "RMSprop", "Adamax", "RAdam",
+__all__ = ["Adam", "AdamW", "SGD", "Lion", "Muon", "Adagrad", "RMSprop", "Adamax", "RAdam", "AdEMAMix",
            "export_fp32", "import_fp32", "from_optimizer"]
