@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import fused_amp
-from fused_amp.optim import SGD, Adam, AdamW, from_optimizer
+from fused_amp.optim import SGD, Adagrad, Adam, Adamax, AdamW, RAdam, RMSprop, from_optimizer
+from optim_registry import torch_impls
 from helpers import assert_bitwise_equal
 
 
@@ -67,6 +68,10 @@ def test_the_swap_in_configure_optimizers_carries_every_group_option():
     (torch.optim.Adam, dict(lr=1e-3, decoupled_weight_decay=True, weight_decay=0.1), Adam),
     (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4), SGD),
     (torch.optim.AdamW, dict(lr=1e-3, betas=(0.8, 0.9), eps=1e-6), AdamW),
+    (torch.optim.Adagrad, dict(lr=1e-2, lr_decay=1e-3, initial_accumulator_value=0.1), Adagrad),
+    (torch.optim.RMSprop, dict(lr=1e-3, momentum=0.9, centered=True, weight_decay=1e-2), RMSprop),
+    (torch.optim.Adamax, dict(lr=2e-3, weight_decay=0.1), Adamax),
+    (torch.optim.RAdam, dict(lr=1e-3, decoupled_weight_decay=True, weight_decay=0.1), RAdam),
 ])
 def test_each_counterpart_and_a_stepped_optimizers_state_carry_across(torch_cls, kw, ours_cls):
     """A torch optimizer that has stepped: ours continues from its state (moments, steps) and,
@@ -85,10 +90,10 @@ def test_each_counterpart_and_a_stepped_optimizers_state_carry_across(torch_cls,
     for p in params:
         for key, value in theirs.state[p].items():
             assert_bitwise_equal(ours.state[p][key].float(), value.float())
-    reference = {f: torch_cls([torch.nn.Parameter(p.detach().clone()) for p in params], **kw, foreach=not f, fused=f)
-                 for f in (True, False)}
-    for ref in reference.values():
-        ref.load_state_dict(saved)
+    reference = {f: torch_cls([torch.nn.Parameter(p.detach().clone()) for p in params], **kw, **flags)
+                 for f, flags in zip((True, False), torch_impls(torch_cls))}  # (fused, or for-loop), foreach
+    for ref in reference.values():  # each its own copy: load_state_dict keeps the tensors it is given
+        ref.load_state_dict(copy.deepcopy(saved))
     for g in grads[2:]:
         for p, x in zip(params, g):
             p.grad = x.clone()
@@ -105,8 +110,8 @@ def test_each_counterpart_and_a_stepped_optimizers_state_carry_across(torch_cls,
 
 def test_what_cannot_be_carried_is_refused_before_anything_is_built():
     p = torch.nn.Parameter(torch.ones(3))
-    with pytest.raises(TypeError, match="no fused_amp counterpart for torch.optim.rmsprop.RMSprop"):
-        from_optimizer(torch.optim.RMSprop([p]))
+    with pytest.raises(TypeError, match="no fused_amp counterpart for torch.optim.adadelta.Adadelta"):
+        from_optimizer(torch.optim.Adadelta([p]))
     differentiable = torch.optim.Adam([p], differentiable=True)
     with pytest.raises(RuntimeError, match="differentiable=True is not supported"):
         from_optimizer(differentiable)

@@ -4,10 +4,16 @@ import inspect
 
 import torch
 
+from fused_amp.optim.adagrad import Adagrad
 from fused_amp.optim.adam import Adam, AdamW
+from fused_amp.optim.adamax import Adamax
+from fused_amp.optim.radam import RAdam
+from fused_amp.optim.rmsprop import RMSprop
 from fused_amp.optim.sgd import SGD
 
-_COUNTERPARTS = {torch.optim.Adam: Adam, torch.optim.AdamW: AdamW, torch.optim.SGD: SGD}
+_COUNTERPARTS = {torch.optim.Adam: Adam, torch.optim.AdamW: AdamW, torch.optim.SGD: SGD,
+                 torch.optim.Adagrad: Adagrad, torch.optim.RMSprop: RMSprop, torch.optim.Adamax: Adamax,
+                 torch.optim.RAdam: RAdam}
 
 
 def from_optimizer(optimizer: torch.optim.Optimizer, **options):
@@ -15,8 +21,8 @@ def from_optimizer(optimizer: torch.optim.Optimizer, **options):
     same param groups, with every group option carried across (lr, betas, weight decay per
     group, ``amsgrad``, ``maximize``, ...), and its state if it has stepped.
 
-    ``torch.optim.Adam``, ``AdamW`` and ``SGD`` become :class:`Adam`, :class:`AdamW` and
-    :class:`SGD`; ``options`` are ours for every group (``master_weights``, ``state_dtype``,
+    ``torch.optim.Adam``, ``AdamW``, ``SGD``, ``Adagrad``, ``RMSprop``, ``Adamax`` and ``RAdam``
+    become their namesakes here; ``options`` are ours for every group (``master_weights``, ``state_dtype``,
     ``max_grad_norm``, ...)::
 
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)  # library code's
@@ -33,8 +39,8 @@ def from_optimizer(optimizer: torch.optim.Optimizer, **options):
     cls = _COUNTERPARTS.get(type(optimizer))
     if cls is None:
         raise TypeError(f"from_optimizer: no fused_amp counterpart for {type(optimizer).__module__}."
-                        f"{type(optimizer).__qualname__} (fused_amp.optim has Adam, AdamW and SGD, the "
-                        "counterparts of torch.optim's, and Lion)")
+                        f"{type(optimizer).__qualname__} (fused_amp.optim has the counterparts of torch.optim's "
+                        f"{', '.join(c.__name__ for c in _COUNTERPARTS)}, and Lion, Muon and AdEMAMix)")
     arguments = set(inspect.signature(cls).parameters) - {"params"}
     defaults = {k: v for k, v in optimizer.defaults.items() if k in arguments}
     groups = []
