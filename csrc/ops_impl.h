@@ -122,7 +122,7 @@ struct Entry {
   static void step_(c10::string_view optimizer, at::TensorList params, at::TensorList grads,
                     const c10::List<std::optional<at::Tensor>>& master_params, at::TensorList states,
                     at::TensorList steps, const c10::List<std::optional<at::Tensor>>& state_absmaxes,
-                    c10::ArrayRef<double> hyper, double lr, const std::optional<at::Tensor>& lr_tensor,
+                    at::TensorList scalar_states, c10::ArrayRef<double> hyper, double lr, const std::optional<at::Tensor>& lr_tensor,
                     const std::optional<at::Tensor>& inv_scale, const std::optional<at::Tensor>& found_inf,
                     const std::optional<at::Tensor>& grad_norm, std::optional<double> max_grad_norm,
                     std::optional<int64_t> rounding_seed, bool stochastic_codes, bool unscale_grads,
@@ -141,7 +141,8 @@ struct Entry {
       a = core::StepArgs{Opt::kName,
                          core::validate_step(op.c_str(), params, grads, master_params,
                                              {states, Opt::kStateInfo, Opt::kStates, Opt::state_mask(h)},
-                                             state_absmaxes, steps, Opt::steps_required(h), lr, lr_tensor,
+                                             state_absmaxes, steps, Opt::steps_required(h), scalar_states,
+                                             Opt::kScalarKey, lr, lr_tensor,
                                              inv_scale, found_inf, grad_norm, max_grad_norm, rounding_seed,
                                              stochastic_codes, unscale_grads, check_only ? nullptr : &staging),
                          hyper.vec()};
@@ -151,6 +152,7 @@ struct Entry {
     Device::step(*a);
     staging.copy_back();
     bump_step_versions(a->tensors, params, grads, master_params, states, state_absmaxes, steps);
+    bump_versions(scalar_states);
   }
 
   static void muon_momentum_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,

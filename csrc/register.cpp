@@ -26,7 +26,8 @@ constexpr const char* kSchemas[] = {
     "float growth_factor, float backoff_factor, int growth_interval, int hysteresis=1, "
     "Tensor(c!)? hysteresis_tracker=None, float? min_scale=None, float? max_scale=None) -> ()",
     "step_(str optimizer, Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
-    "Tensor(c!)[] states, Tensor(d!)[] steps, *, Tensor(h!)?[] state_absmaxes, float[] hyper, float lr, "
+    "Tensor(c!)[] states, Tensor(d!)[] steps, *, Tensor(h!)?[] state_absmaxes, Tensor(e!)[] scalar_states, "
+    "float[] hyper, float lr, "
     "Tensor? lr_tensor=None, Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
     "float? max_grad_norm=None, int? rounding_seed=None, bool stochastic_codes=False, "
     "bool unscale_grads=True, bool check_only=False) -> ()",
@@ -99,7 +100,8 @@ PyObject* build_info(PyObject*, PyObject*) {
 }
 
 // The optimizers of step_ (optimizers.h), for the Python layer:
-// {name: {"states": [(state key, op list name, signed 8-bit map), ...], "hyper": [name, ...]}}.
+// {name: {"states": [(state key, op list name, signed 8-bit map), ...], "hyper": [name, ...],
+//  "scalar": the key of its per-tensor scalar state, or None}}.
 PyObject* optimizers(PyObject*, PyObject*) {
   PyObject* table = PyDict_New();
   fused_amp::Optimizers::for_each([&]<class Opt>() {
@@ -110,7 +112,8 @@ PyObject* optimizers(PyObject*, PyObject*) {
     }
     PyObject* hyper = PyList_New(Opt::kHyper);
     for (int k = 0; k < Opt::kHyper; ++k) PyList_SET_ITEM(hyper, k, PyUnicode_FromString(Opt::kHyperNames[k]));
-    PyObject* entry = Py_BuildValue("{s:N,s:N}", "states", states, "hyper", hyper);
+    PyObject* scalar = Opt::kScalarKey ? PyUnicode_FromString(Opt::kScalarKey) : Py_NewRef(Py_None);
+    PyObject* entry = Py_BuildValue("{s:N,s:N,s:N}", "states", states, "hyper", hyper, "scalar", scalar);
     PyDict_SetItemString(table, Opt::kName, entry);
     Py_DECREF(entry);
   });

@@ -87,7 +87,8 @@ def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: 
 def optimizers() -> Dict[str, Dict]:
     """The optimizers :func:`step_` runs, from the C++ table (csrc/optimizers.h): for each name,
     ``"states"``, its per-element states as ``(state key, list name, signed)`` (signed: the 8-bit
-    map of the state), and ``"hyper"``, the names of its hyperparameters."""
+    map of the state), ``"hyper"``, the names of its hyperparameters, and ``"scalar"``, the key of
+    its per-param scalar state (or None)."""
     return _OPTIMIZERS
 
 
@@ -99,6 +100,7 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
           steps: List[torch.Tensor], *, hyper: Mapping[str, float], lr: float,
           lr_tensor: Optional[torch.Tensor] = None,
           state_absmaxes: Optional[List[Optional[torch.Tensor]]] = None,
+          scalar_states: Optional[List[torch.Tensor]] = None,
           inv_scale: Optional[torch.Tensor] = None, found_inf: Optional[torch.Tensor] = None,
           grad_norm: Optional[torch.Tensor] = None, max_grad_norm: Optional[float] = None,
           rounding_seed: Optional[int] = None, stochastic_codes: bool = False,
@@ -109,7 +111,10 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
     ``states`` holds the lists of the states the step keeps, in the optimizer's order (Adam:
     ``exp_avgs``, ``exp_avg_sqs``, and ``max_exp_avg_sqs`` with ``amsgrad``; SGD:
     ``momentum_buffers`` with momentum; Lion: ``exp_avgs``), one tensor per param each;
-    ``hyper`` maps each of its hyperparameter names (booleans as bools) to its value.
+    ``hyper`` maps each of its hyperparameter names (booleans as bools) to its value. An
+    optimizer with a per-param scalar state (NAdam's ``mu_product``: ``optimizers()[name]
+    ["scalar"]``) takes it in ``scalar_states``, one-element fp32 tensors on the params' device,
+    which the step reads and advances (not on an overflow step).
     ``master_params[i]`` (fp32) holds the value of a half ``params[i]``, which receives
     ``master.to(dtype)``; an int16 ``master_params[i]`` is the remainder of a bf16 param: the
     param and it hold the fp32 master exactly (its high and low 16 bits, the param rounded to
@@ -147,7 +152,8 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
         hyper: the optimizer's hyperparameters by name, as its torch.optim class takes them.
         lr, lr_tensor: the learning rate, or a one-element tensor holding it (then ``lr`` is
             ignored).
-        state_absmaxes, inv_scale, found_inf, grad_norm, max_grad_norm: as described above.
+        state_absmaxes, scalar_states, inv_scale, found_inf, grad_norm, max_grad_norm: as
+            described above.
         rounding_seed, stochastic_codes, unscale_grads, check_only: as described above.
 
     Raises:
@@ -167,9 +173,11 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
             raise ValueError(f"{op}: states[{k}] has {len(s)} tensors but params has {len(lists[0])}")
     steps = _tensors(op, "steps", steps)
     absmaxes = _tensors(op, "state_absmaxes", state_absmaxes or [])
-    if _no_tensors(*lists, *state_lists, steps, absmaxes, lr_tensor, inv_scale, found_inf, grad_norm):
+    scalars = _tensors(op, "scalar_states", scalar_states or [])
+    if _no_tensors(*lists, *state_lists, steps, absmaxes, scalars, lr_tensor, inv_scale, found_inf, grad_norm):
         return
     _ops.step_(optimizer, *lists, [t for s in state_lists for t in s], steps, state_absmaxes=absmaxes,
+               scalar_states=scalars,
                hyper=[float(hyper[n]) for n in names], lr=lr, lr_tensor=lr_tensor,
                inv_scale=inv_scale, found_inf=found_inf, grad_norm=grad_norm,
                max_grad_norm=max_grad_norm, rounding_seed=rounding_seed,

@@ -520,20 +520,26 @@ def test_every_optimizer_matches_the_cpu_op(sim, cls, torch_cls, kw, storage):
     by_key = dict(zip(keys, kept))
     states = [by_key.get(key, [None] * len(params)) for key, _, _ in table["states"]]
     steps = [torch.zeros(1) for _ in params]
+    # a scalar state (NAdam's mu_product) follows the step count in each tensor's lists
+    scalars = [[torch.full((1,), 0.75) for _ in params]] if table["scalar"] else []
     ref = [[t.clone() if t is not None else None for t in ts] for ts in (params, grads, masters, *kept, steps)]
     ref_absmax = [a.clone() if a is not None else None for a in absmax]
+    ref_scalars = [[t.clone() for t in ts] for ts in scalars]
     seed = 77 if stochastic else None
     inv = torch.tensor([0.5])
     lr = float(group["lr"])
     for found in (0.0, 0.0, 0.0, 1.0):
         found_inf = torch.tensor([found])
-        rows = [list(r) + ([a] if quantized else []) for r, a in zip(zip(params, grads, masters, *states, steps), absmax)]
-        sim.step(name, 4 + len(table["states"]), (q8_kind(dtype, master) if quantized else kind(dtype, master, state_dtype)),
+        rows = [list(r) + ([a] if quantized else [])
+                for r, a in zip(zip(params, grads, masters, *states, steps, *scalars), absmax)]
+        sim.step(name, 4 + len(table["states"]) + len(scalars),
+                 (q8_kind(dtype, master) if quantized else kind(dtype, master, state_dtype)),
                  len(params), ptr_array(rows), numel_array(params), [hyper[h] for h in table["hyper"]], [],
                  ctypes.c_double(lr), None, fptr(inv), fptr(found_inf), 1, None, ctypes.c_float(0), stochastic,
                  ctypes.c_int64(seed or 0), 0)
         ops.step_(name, ref[0], ref[1], ref[2] if master else [], ref[3:3 + len(keys)], ref[-1], hyper=hyper, lr=lr,
-                  state_absmaxes=ref_absmax if quantized else [], inv_scale=inv, found_inf=found_inf,
+                  state_absmaxes=ref_absmax if quantized else [], scalar_states=(ref_scalars or [[]])[0],
+                  inv_scale=inv, found_inf=found_inf,
                   rounding_seed=seed, stochastic_codes=stochastic == 2)
     for i in range(len(params)):
         assert_bitwise_equal(grads[i], ref[1][i], f"grad {i}")
@@ -544,6 +550,9 @@ def test_every_optimizer_matches_the_cpu_op(sim, cls, torch_cls, kw, storage):
             assert_bitwise_equal(kept[k][i], ref[3 + k][i], f"{key} {i}")
         if quantized:
             assert_bitwise_equal(absmax[i], ref_absmax[i], f"absmax {i}")
+        for ts, ref_ts in zip(scalars, ref_scalars):
+            assert_bitwise_equal(ts[i], ref_ts[i], f"{table['scalar']} {i}")
+            assert ts[i].item() != 0.75  # advanced by the three clean steps
         assert steps[i].item() == ref[-1][i].item() == 3.0
 
 

@@ -29,7 +29,9 @@ def grads_at(step, dtype=torch.bfloat16, scale=1.0):
 
 
 def moments(opt, p):
-    return {k: v for k, v in opt.state[p].items() if k not in ("step", "master_param", "master_remainder")}
+    """The per-element state p holds (its optimizer's state keys; none before its first step)."""
+    group = next(g for g in opt.param_groups if any(q is p for q in g["params"]))
+    return {k: opt.state[p][k] for k in opt._state_keys_for(group) if k in opt.state[p]}
 
 
 def scaled_steps(opt, params, steps, inf_at=3):

@@ -93,7 +93,8 @@ void check_state_lists(const char* op, const StateLists& st, at::TensorList para
 StepTensors validate_step(const char* op, at::TensorList params, at::TensorList grads,
                           const c10::List<std::optional<at::Tensor>>& master_params, const StateLists& states,
                           const c10::List<std::optional<at::Tensor>>& state_absmaxes,
-                          at::TensorList steps, bool steps_required, double lr,
+                          at::TensorList steps, bool steps_required, at::TensorList scalars,
+                          const char* scalar_key, double lr,
                           const std::optional<at::Tensor>& lr_tensor,
                           const std::optional<at::Tensor>& inv_scale,
                           const std::optional<at::Tensor>& found_inf,
@@ -109,6 +110,7 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
     TORCH_CHECK_VALUE(states.list.empty(), op, ": states has ", states.list.size(), " tensors but params has 0");
     check_length(op, "state_absmaxes", state_absmaxes.size(), 0, true);
     TORCH_CHECK_VALUE(steps.empty(), op, ": steps has ", steps.size(), " tensors but params has 0");
+    TORCH_CHECK_VALUE(scalars.empty(), op, ": scalar_states has ", scalars.size(), " tensors but params has 0");
     return s;
   }
   const at::Device device = params[0].device();
@@ -169,6 +171,17 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
     }
     s.steps = steps.vec();
   }
+  if (scalar_key) {
+    check_length(op, "scalar_states", scalars.size(), params.size(), false);
+    for (size_t i = 0; i < scalars.size(); ++i) {
+      check_scalar(op, ("scalar_states[" + std::to_string(i) + "] (" + scalar_key + ")").c_str(), scalars[i], device);
+    }
+    check_distinct(op, "scalar_states", scalars);
+    s.scalars = scalars.vec();
+  } else {
+    TORCH_CHECK_VALUE(scalars.empty(), op, ": scalar_states must be empty: the optimizer keeps no scalar state, got ",
+                      scalars.size(), " tensors");
+  }
   if (staging) stage_step(op, s, staging);
   return s;
 }
@@ -202,7 +215,7 @@ StepTensors validate_muon(const char* op, at::TensorList params, at::TensorList 
   const c10::List<std::optional<at::Tensor>> no_masters;
   static constexpr ops::StateInfo kBuffer{"momentum_buffers", "momentum_buffer", true, false};
   StepTensors s = validate_step(op, params, grads, no_masters, {momentum_buffers, &kBuffer, 1, 1u}, state_absmaxes,
-                                {}, false, 0.0, std::nullopt, inv_scale,
+                                {}, false, {}, nullptr, 0.0, std::nullopt, inv_scale,
                                 found_inf, grad_norm, max_grad_norm, std::nullopt, false, unscale_grads, nullptr);
   check_length(op, "updates", updates.size(), params.size(), false);
   for (size_t i = 0; i < updates.size(); ++i) {

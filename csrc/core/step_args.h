@@ -15,6 +15,9 @@ namespace fused_amp::core {
 
 struct StepTensors {
   std::vector<at::Tensor> params, grads, masters, steps;
+  // the optimizer's per-tensor scalar state (ops::Elementwise::kScalarKey), one-element fp32
+  // tensors on the params' device; empty for an optimizer that keeps none
+  std::vector<at::Tensor> scalars;
   // states[k]: the optimizer's state k of every param (ops/optimizer.h), empty where the step
   // keeps no such state. A param's state tensors are all fp32, all bf16 or all 8-bit codes.
   std::vector<at::Tensor> states[ops::kMaxStates];
@@ -69,12 +72,15 @@ struct StateLists {
 // Checks every list against params (length, device, shape, dtype) and the scalars (lr_tensor,
 // inv_scale, found_inf, grad_norm) and, for 8-bit state, its absmaxes (one row per state kept,
 // one column per block); raises before anything is touched. `steps` must be given when
-// `steps_required`, else may be. With `staging`, tensors whose layout the kernels cannot walk are
-// replaced by staged copies (core::Staging); without, only checks.
+// `steps_required`, else may be; `scalars` (one-element fp32 tensors, one per param) when
+// `scalar_key` names the optimizer's scalar state, else must be empty. With `staging`, tensors
+// whose layout the kernels cannot walk are replaced by staged copies (core::Staging); without,
+// only checks.
 StepTensors validate_step(const char* op, at::TensorList params, at::TensorList grads,
                           const c10::List<std::optional<at::Tensor>>& master_params, const StateLists& states,
                           const c10::List<std::optional<at::Tensor>>& state_absmaxes,
-                          at::TensorList steps, bool steps_required, double lr,
+                          at::TensorList steps, bool steps_required, at::TensorList scalars,
+                          const char* scalar_key, double lr,
                           const std::optional<at::Tensor>& lr_tensor,
                           const std::optional<at::Tensor>& inv_scale,
                           const std::optional<at::Tensor>& found_inf,

@@ -219,18 +219,24 @@ void Device::step(const core::StepArgs& a) {
   const float mult = step_grad_mult(s);
   Optimizers::find(a.optimizer, [&]<class Opt>() {
     const typename Opt::Hyper h = Opt::hyper_of(a.hyper.data());
+    std::vector<ops::TensorStep> tensor_steps(s.params.size());
+    for (size_t t = 0; t < s.params.size(); ++t) {
+      tensor_steps[t] = {s.steps.empty() ? 0.f : *s.steps[t].data_ptr<float>(),
+                         s.scalars.empty() ? 1.f : *s.scalars[t].data_ptr<float>()};
+    }
     std::vector<typename Opt::Coeffs> coeffs;
     coeffs.reserve(s.params.size());
     for (size_t t = 0; t < s.params.size(); ++t) {
-      const float step = s.steps.empty() ? 0.f : *s.steps[t].data_ptr<float>();
+      const ops::TensorStep& ts = tensor_steps[t];
       // Params of a group almost always share their step: reuse the last coefficients.
-      if (t > 0 && step == (s.steps.empty() ? 0.f : *s.steps[t - 1].data_ptr<float>())) {
+      if (t > 0 && ts.step == tensor_steps[t - 1].step && ts.scalar == tensor_steps[t - 1].scalar) {
         coeffs.push_back(coeffs.back());
       } else {
-        coeffs.push_back(Opt::coeffs(h, lr, step, mult));
+        coeffs.push_back(Opt::coeffs(h, lr, ts, mult));
       }
     }
     update_all(s, mult, coeffs, round_keys_of(s), loops().step[Optimizers::index<Opt>()]);
+    for (size_t t = 0; t < s.scalars.size(); ++t) *s.scalars[t].data_ptr<float>() = Opt::advance(h, tensor_steps[t]);
   });
   increment_steps(s);
 }

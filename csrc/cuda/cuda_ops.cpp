@@ -156,8 +156,11 @@ void Device::update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArg
 
 void Device::step(const core::StepArgs& a) {
   const core::StepTensors& st = a.tensors;
-  int states = 0;
-  Optimizers::find(a.optimizer, [&]<class Opt>() { states = Opt::kStates; });
+  int states = 0, scalars = 0;
+  Optimizers::find(a.optimizer, [&]<class Opt>() {
+    states = Opt::kStates;
+    scalars = Opt::kScalarKey != nullptr;
+  });
   optimizer_step(
       st,
       [&](size_t i) {  // launch.h's StepList
@@ -167,7 +170,8 @@ void Device::step(const core::StepArgs& a) {
         t.p[kMasterList] = ptr_or_null(st.masters, i);
         for (int k = 0; k < states; ++k) t.p[kFirstState + k] = ptr_or_null(st.states[k], i);
         t.p[step_list(states)] = ptr_or_null(st.steps, i);
-        t.p[step_list(states) + 1] = ptr_or_null(st.absmaxes, i);
+        if (scalars) t.p[step_list(states) + 1] = st.scalars[i].data_ptr();
+        t.p[step_lists(states, scalars)] = ptr_or_null(st.absmaxes, i);
         t.numel = st.params[i].numel();
         return t;
       },

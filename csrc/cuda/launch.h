@@ -74,13 +74,16 @@ struct StepKind {
 };
 
 // Lists per tensor of an optimizer step: param, grad, master, the optimizer's kStates states
-// (ops/optimizer.h), step. All params share the kind's dtypes; master, the states not kept and
-// SGD's step without momentum are null. With 8-bit state one list more follows: the tensor's
-// absmaxes, one row of ops::quant_blocks(numel) per state kept, in state order.
+// (ops/optimizer.h), step, and its scalar state if it keeps one. All params share the kind's
+// dtypes; master, the states not kept and SGD's step without momentum are null. With 8-bit state
+// one list more follows: the tensor's absmaxes, one row of ops::quant_blocks(numel) per state
+// kept, in state order.
 enum StepList { kParam = 0, kGrad, kMasterList, kFirstState };
-// The step count's list of an optimizer with `states` states (its absmaxes' is the next).
+// The step count's list of an optimizer with `states` states (its scalar state's is the next).
 constexpr int step_list(int states) { return kFirstState + states; }
-static_assert(step_list(ops::kMaxStates) + 2 <= kMaxLists, "every list of every optimizer fits TensorPtrs");
+// The lists of an optimizer with `states` states and `scalars` (0 or 1) scalar states, less the
+// absmaxes' (the last, with 8-bit state).
+constexpr int step_lists(int states, int scalars) { return step_list(states) + 1 + scalars; }
 // Muon's momentum pass: param (not read), grad, momentum buffer, bf16 update.
 enum MuonList { kMuonGrad = 1, kMuonBuffer, kMuonUpdate, kMuonAbsmax };
 

@@ -7,9 +7,14 @@ namespace fused_amp::cuda {
 
 namespace {
 
+// Whether the optimizer keeps a per-tensor scalar state (its list follows the step count's).
+template <class Opt>
+constexpr int kScalars = Opt::kScalarKey != nullptr;
+
 template <class Opt, typename param_t, MasterKind kMasterKind, typename state_t>
 struct StepFunctor {
   static constexpr int K = Opt::kStates;
+  static constexpr int kLists = step_lists(K, kScalars<Opt>);
   typename Opt::Hyper h;
   StepScalars s;
   StateSpec<K> spec;  // the lists of the states kept, their maps and rounding bits (from the host)
@@ -19,12 +24,13 @@ struct StepFunctor {
     if (skip(s)) return;
     const float* const step_ptr = static_cast<const float*>(meta.ptr[step_list(K)][t]);
     const float step = step_ptr ? *step_ptr : 0.f;  // (SGD without momentum may count none)
-    const typename Opt::Coeffs c = Opt::coeffs(h, lr_of(s), step, grad_mult_of(s));
+    const float scalar = kScalars<Opt> ? *static_cast<const float*>(meta.ptr[step_list(K) + 1][t]) : 1.f;
+    const typename Opt::Coeffs c = Opt::coeffs(h, lr_of(s), {step, scalar}, grad_mult_of(s));
     const auto pa = param_access<param_t, kMasterKind>(meta, t, start, s.write_grads && c.inv_scale != 1.f);
     const StepRounding rounding = rounding_of(s, step + 1.f, start);
     StateSpec<K> kept = spec;
     kept.read = Opt::reads_states(c);
-    const auto states = step_states<state_t, K>(meta, t, start, kept, step_list(K) + 1);
+    const auto states = step_states<state_t, K>(meta, t, start, kept, kLists);
     for_each_step_ilp(n, pa.aligned(), states, rounding, [&](const IlpIndex& ix, float (&st)[K][kILP]) {
       float p[kILP], g[kILP];
       pa.load(p, g, ix);
@@ -53,8 +59,24 @@ struct OptimizerLaunch {
   cudaStream_t stream;
   template <typename param_t, MasterKind kMasterKind, typename state_t>
   void run() const {
-    apply_step<step_list(Opt::kStates) + 1, state_t>(
-        tensors, StepFunctor<Opt, param_t, kMasterKind, state_t>{h, s, spec}, stream);
+    using Functor = StepFunctor<Opt, param_t, kMasterKind, state_t>;
+    static_assert(Functor::kLists + 1 <= kMaxLists, "every list of the optimizer (absmaxes too) fits TensorPtrs");
+    apply_step<Functor::kLists, state_t>(tensors, Functor{h, s, spec}, stream);
+  }
+};
+
+// After a group's update: each tensor's scalar state to its value after the step (lists: step,
+// scalar), unless found_inf says overflow. Runs before the step counts' increment.
+template <class Opt>
+struct AdvanceFunctor {
+  typename Opt::Hyper h;
+  const float* found_inf;
+
+  template <class Meta>
+  FA_DEVICE void operator()(const Meta& meta, int t, int64_t, int64_t) const {
+    if (threadIdx.x != 0 || (found_inf && *found_inf != 0.f)) return;
+    float* const scalar = static_cast<float*>(meta.ptr[1][t]);
+    *scalar = Opt::advance(h, {*static_cast<const float*>(meta.ptr[0][t]), *scalar});
   }
 };
 
@@ -82,6 +104,13 @@ void step(const char* optimizer, const StepKind& kind, const std::vector<TensorP
     }
     const OptimizerLaunch<Opt> launch{tensors, h, s, spec, stream};
     dispatch_state(kind.state, ParamDispatch<OptimizerLaunch<Opt>>{kind, launch});
+    if constexpr (kScalars<Opt> != 0) {
+      std::vector<TensorPtrs> scalars(tensors.size());
+      for (size_t i = 0; i < tensors.size(); ++i) {
+        scalars[i] = TensorPtrs{{tensors[i].p[step_list(Opt::kStates)], tensors[i].p[step_list(Opt::kStates) + 1]}, 1};
+      }
+      multi_tensor_apply<2>(scalars, AdvanceFunctor<Opt>{h, s.found_inf}, stream);
+    }
   });
   if (!known) throw std::invalid_argument(std::string("fused_amp: unknown optimizer ") + optimizer);
 }

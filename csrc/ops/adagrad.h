@@ -41,8 +41,8 @@ struct Adagrad : Elementwise {
   FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3] != 0}; }
   FA_HD unsigned state_mask(const Hyper&) { return 1u; }
   FA_HD bool steps_required(const Hyper&) { return true; }
-  FA_HD Coeffs coeffs(const Hyper& h, double lr, float step, float grad_mult) {
-    const double t = step + 1.f;
+  FA_HD Coeffs coeffs(const Hyper& h, double lr, const TensorStep& s, float grad_mult) {
+    const double t = s.step + 1.f;
     return {static_cast<float>(lr / (1.0 + (t - 1.0) * h.lr_decay)), static_cast<float>(h.eps),
             static_cast<float>(h.weight_decay), grad_mult, h.maximize ? -grad_mult : grad_mult};
   }

@@ -118,8 +118,8 @@ struct Adam : Elementwise {
   FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3], h[4] != 0, h[5] != 0, h[6] != 0}; }
   FA_HD unsigned state_mask(const Hyper& h) { return h.amsgrad ? 7u : 3u; }
   FA_HD bool steps_required(const Hyper&) { return true; }
-  FA_HD Coeffs coeffs(const Hyper& h, double lr, float step, float grad_mult) {
-    return adam_coeffs(h, lr, step + 1.f, grad_mult);
+  FA_HD Coeffs coeffs(const Hyper& h, double lr, const TensorStep& s, float grad_mult) {
+    return adam_coeffs(h, lr, s.step + 1.f, grad_mult);
   }
   template <class C>
   FA_HD bool has_state(const C& c, int k) { return k < 2 || c.amsgrad; }

@@ -60,8 +60,8 @@ struct Ademamix : Elementwise {
   FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8] != 0}; }
   FA_HD unsigned state_mask(const Hyper&) { return 7u; }
   FA_HD bool steps_required(const Hyper&) { return true; }
-  FA_HD Coeffs coeffs(const Hyper& h, double lr, float step, float grad_mult) {
-    const double t = step + 1.f;
+  FA_HD Coeffs coeffs(const Hyper& h, double lr, const TensorStep& s, float grad_mult) {
+    const double t = s.step + 1.f;
     const double alpha = h.t_alpha > 0.0 ? fmin(t * h.alpha / h.t_alpha, h.alpha) : h.alpha;
     double beta3 = h.beta3;
     if (h.t_beta3 > 0.0) {

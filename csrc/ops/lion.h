@@ -63,7 +63,9 @@ struct Lion : Elementwise {
   FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3] != 0}; }
   FA_HD unsigned state_mask(const Hyper&) { return 1u; }
   FA_HD bool steps_required(const Hyper&) { return true; }
-  FA_HD Coeffs coeffs(const Hyper& h, double lr, float, float grad_mult) { return lion_coeffs(h, lr, grad_mult); }
+  FA_HD Coeffs coeffs(const Hyper& h, double lr, const TensorStep&, float grad_mult) {
+    return lion_coeffs(h, lr, grad_mult);
+  }
   template <typename T>
   FA_HD void update(T& p, T g, T (&s)[kStates], const Coeffs& c) { lion_update(p, g, s[0], c); }
 };

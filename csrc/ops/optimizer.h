@@ -9,9 +9,12 @@
 //   Hyper hyper_of(const double*)               the list as a struct (also on the device)
 //   unsigned state_mask(const Hyper&)           which states the step keeps (bit k: state k)
 //   bool steps_required(const Hyper&)           whether the step counts must be given (else optional)
-//   Coeffs coeffs(const Hyper&, double lr, float step, float grad_mult)
-//       one tensor's coefficients: `step` is its count before this step, the grads are multiplied
-//       by `grad_mult` (1/loss scale times the clip coefficient; Coeffs keeps it as inv_scale)
+//   Coeffs coeffs(const Hyper&, double lr, const TensorStep&, float grad_mult)
+//       one tensor's coefficients from its step count before this step (and its scalar state),
+//       the grads multiplied by `grad_mult` (1/loss scale times the clip coefficient; Coeffs
+//       keeps it as inv_scale)
+//   kScalarKey, advance(const Hyper&, const TensorStep&)   a per-tensor scalar state (NAdam's
+//       mu_product; default none): its state key, and its value after the step
 //   void update(T& param, T grad, T (&state)[kStates], const C& c)    the math of one element
 //   bool has_state(const C&, int k), bool reads_states(const C&)      (defaults: every state, read)
 //   void with_fixed_options(const Coeffs&, F&& f)  f(c) or f(a type fixing c's options at compile
@@ -29,7 +32,17 @@ struct StateInfo {
   bool high_bits;    // bf16 stochastic rounding takes the high 16 random bits of the element (else low)
 };
 
+// What a tensor's coefficients depend on besides the hyperparameters: its step count before this
+// step, and its scalar state (1 for an optimizer that keeps none).
+struct TensorStep {
+  float step;
+  float scalar;
+};
+
 struct Elementwise {
+  static constexpr const char* kScalarKey = nullptr;
+  template <class H>
+  FA_HD float advance(const H&, const TensorStep& s) { return s.scalar; }
   template <class C>
   FA_HD bool has_state(const C&, int) { return true; }
   template <class C>

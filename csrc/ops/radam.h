@@ -70,8 +70,8 @@ struct Radam : Elementwise {
   FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3], h[4] != 0, h[5] != 0}; }
   FA_HD unsigned state_mask(const Hyper&) { return 3u; }
   FA_HD bool steps_required(const Hyper&) { return true; }
-  FA_HD Coeffs coeffs(const Hyper& h, double lr, float step, float grad_mult) {
-    const double t = step + 1.f;
+  FA_HD Coeffs coeffs(const Hyper& h, double lr, const TensorStep& s, float grad_mult) {
+    const double t = s.step + 1.f;
     const double bias_correction2 = 1.0 - pow(h.beta2, t);
     const double rho_inf = 2.0 / (1.0 - h.beta2) - 1.0;
     const double rho_t = rho_inf - 2.0 * t * pow(h.beta2, t) / bias_correction2;

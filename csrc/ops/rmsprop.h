@@ -63,7 +63,7 @@ struct Rmsprop : Elementwise {
   FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3], h[4] != 0, h[5] != 0}; }
   FA_HD unsigned state_mask(const Hyper& h) { return 1u | (h.momentum != 0.0 ? 2u : 0u) | (h.centered ? 4u : 0u); }
   FA_HD bool steps_required(const Hyper&) { return true; }
-  FA_HD Coeffs coeffs(const Hyper& h, double lr, float, float grad_mult) {
+  FA_HD Coeffs coeffs(const Hyper& h, double lr, const TensorStep&, float grad_mult) {
     return {static_cast<float>(lr), static_cast<float>(h.alpha), static_cast<float>(1.0 - h.alpha),
             static_cast<float>(h.eps), static_cast<float>(h.weight_decay), static_cast<float>(h.momentum),
             grad_mult, h.maximize ? -grad_mult : grad_mult, h.centered};

@@ -66,8 +66,8 @@ struct Sgd : Elementwise {
   FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3] != 0, h[4] != 0}; }
   FA_HD unsigned state_mask(const Hyper& h) { return h.momentum != 0.0 ? 1u : 0u; }
   FA_HD bool steps_required(const Hyper& h) { return h.momentum != 0.0; }
-  FA_HD Coeffs coeffs(const Hyper& h, double lr, float step, float grad_mult) {
-    return sgd_coeffs(h, lr, h.momentum != 0.0 && step == 0.f, grad_mult);
+  FA_HD Coeffs coeffs(const Hyper& h, double lr, const TensorStep& s, float grad_mult) {
+    return sgd_coeffs(h, lr, h.momentum != 0.0 && s.step == 0.f, grad_mult);
   }
   FA_HD bool has_state(const Coeffs& c, int) { return c.momentum != 0.f; }
   FA_HD bool reads_states(const Coeffs& c) { return !c.first_step; }

@@ -217,6 +217,14 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             state["step"] = torch.tensor(float(step or 0), dtype=torch.float32, device=p.device)
         elif step.device != p.device:  # e.g. moved to the CPU by ZeroRedundancyOptimizer
             state["step"] = step.to(p.device, torch.float32).reshape(())
+        if self._scalar_state:  # as the step: a 0-dim fp32 tensor on the param's device
+            key, initial = self._scalar_state
+            value = state.get(key)
+            if not isinstance(value, torch.Tensor):  # new, or a Python number of a checkpoint
+                state[key] = torch.tensor(float(initial if value is None else value), dtype=torch.float32,
+                                          device=p.device)
+            elif value.device != p.device or value.dtype != torch.float32:
+                state[key] = value.to(p.device, torch.float32).reshape(())
         _memory.bring_state(type(self).__name__, p, group, state, self._state_keys_for(group),
                             self._initial_state(group))
         _memory.bring_master(p, group, state)
@@ -230,7 +238,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         builds them and keeps nothing: the compiled step runs none of this again."""
         params = group["params"]
         grads, grad_refs = self._group_grads(index, params)  # (local shards of DTensor grads)
-        keys = self._state_keys_for(group)
+        keys = self._state_keys_for(group) + ((self._scalar_state[0],) if self._scalar_state else ())
         options = (keys, group["master_weights"], group["state_dtype"], group["min_8bit_size"])
         keep = all(map(operator.is_not, grads, repeat(None))) and not torch.compiler.is_compiling()
         cached = self._lists_cache.get(index) if keep else None
@@ -434,6 +442,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
     # the optimizer's name in the step op's table (fused_amp.ops.optimizers())
     _kernel = ""
+    # its per-param scalar state, as (key, initial value) (NAdam's mu_product), or None
+    _scalar_state = None
     # whether its state is a running sum, which rounds stochastically by default when stored in
     # bf16 or 8 bits (rounded to nearest, increments below half a step would be lost)
     _running_sums = False
@@ -451,9 +461,11 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         holds lr, lr_tensor, inv_scale, found_inf, unscale_grads and, when clipping, grad_norm and
         max_grad_norm."""
         keys = self._state_keys_for(group)
+        scalar_key = self._scalar_state[0] if self._scalar_state else None
         ops.step_(self._kernel, lists["params"], lists["grads"], lists["master_params"],
                   [lists[key] for key in keys], lists_or_empty(lists, "steps", self._counts_steps(group, scalars)),
                   hyper=self._hyper(group), state_absmaxes=lists_or_empty(lists, "state_absmaxes", bool(keys)),
+                  scalar_states=lists_or_empty(lists, scalar_key, scalar_key is not None),
                   check_only=check_only, **scalars)
 
     # ---- checkpoints -----------------------------------------------------------------------

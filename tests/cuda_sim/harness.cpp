@@ -77,7 +77,8 @@ int fa_sim_update_scale(float* scale, int* growth_tracker, int* hysteresis_track
 
 // One step of `optimizer` (optimizers.h), then the step counts' increment. `kind`: param dtype,
 // master kind (0 none, 1 fp32, 2 remainder, 3 24-bit), state dtype (4: 8-bit codes, with the
-// absmaxes as one list more); `lists`: the lists per tensor (launch.h's StepList); `hyper`: the
+// absmaxes as one list more); `lists`: the lists per tensor (launch.h's StepList: param, grad,
+// master, the states, step, the scalar state if the optimizer keeps one); `hyper`: the
 // optimizer's hyperparameters in its descriptor's order; with `stochastic` 1 bf16 state and
 // 24-bit masters round stochastically with `seed`, 2 also 8-bit codes.
 int fa_sim_step(const char* optimizer, const int* kind, int n, int lists, void** ptrs, const int64_t* numels,
@@ -91,9 +92,11 @@ int fa_sim_step(const char* optimizer, const int* kind, int n, int lists, void**
          {lr, lr_ptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm, stochastic != 0, seed,
           stochastic == 2},
          nullptr);
+    int step = 0;
+    fused_amp::Optimizers::find(optimizer, [&]<class Opt>() { step = step_list(Opt::kStates); });
     std::vector<TensorPtrs> steps;  // SGD without momentum may count none
     for (int i = 0; i < n; ++i) {
-      if (list[i].p[lists - 1]) steps.push_back(TensorPtrs{{list[i].p[lists - 1]}, 1});
+      if (list[i].p[step]) steps.push_back(TensorPtrs{{list[i].p[step]}, 1});
     }
     increment_steps(steps, found_inf, nullptr);
   });
