@@ -10,6 +10,7 @@
 #include "ops/adamax.h"
 #include "ops/ademamix.h"
 #include "ops/lion.h"
+#include "ops/nadam.h"
 #include "ops/radam.h"
 #include "ops/rmsprop.h"
 #include "ops/sgd.h"
@@ -37,6 +38,6 @@ struct OptimizerList {
 };
 
 using Optimizers = OptimizerList<ops::Adam, ops::Sgd, ops::Lion, ops::Adagrad, ops::Rmsprop, ops::Adamax, ops::Radam,
-                                 ops::Ademamix>;
+                                 ops::Ademamix, ops::Nadam>;
 
 }  // namespace fused_amp

@@ -6,7 +6,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from fused_amp.optim import SGD, Adagrad, Adam, Adamax, AdamW, AdEMAMix, Lion, RAdam, RMSprop
+from fused_amp.optim import SGD, Adagrad, Adam, Adamax, AdamW, AdEMAMix, Lion, NAdam, RAdam, RMSprop
 from reference_optim import ReferenceAdEMAMix, ReferenceLion
 
 
@@ -57,6 +57,12 @@ OPTIMIZERS: List[OptimEntry] = [
         dict(lr=1e-3),
         dict(lr=1e-3, betas=(0.8, 0.9), weight_decay=0.1, decoupled_weight_decay=True, maximize=True),
         dict(lr=1e-3, eps=1e-6, weight_decay=0.1),
+    )),
+    OptimEntry(NAdam, torch.optim.NAdam, (
+        dict(lr=2e-3),
+        dict(lr=2e-3, betas=(0.8, 0.99), weight_decay=0.1, momentum_decay=1e-2, decoupled_weight_decay=True,
+             maximize=True),
+        dict(lr=2e-3, eps=1e-6, weight_decay=0.1),
     )),
     # torch has no AdEMAMix: the reference is written from the paper in tests/reference_optim.py
     OptimEntry(AdEMAMix, ReferenceAdEMAMix, (

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fused_amp
-from fused_amp.optim import SGD, Adagrad, Adam, Adamax, AdamW, RAdam, RMSprop, from_optimizer
+from fused_amp.optim import SGD, Adagrad, Adam, Adamax, AdamW, NAdam, RAdam, RMSprop, from_optimizer
 from optim_registry import torch_impls
 from helpers import assert_bitwise_equal
 
@@ -72,6 +72,7 @@ def test_the_swap_in_configure_optimizers_carries_every_group_option():
     (torch.optim.RMSprop, dict(lr=1e-3, momentum=0.9, centered=True, weight_decay=1e-2), RMSprop),
     (torch.optim.Adamax, dict(lr=2e-3, weight_decay=0.1), Adamax),
     (torch.optim.RAdam, dict(lr=1e-3, decoupled_weight_decay=True, weight_decay=0.1), RAdam),
+    (torch.optim.NAdam, dict(lr=2e-3, momentum_decay=1e-2, weight_decay=0.1), NAdam),
 ])
 def test_each_counterpart_and_a_stepped_optimizers_state_carry_across(torch_cls, kw, ours_cls):
     """A torch optimizer that has stepped: ours continues from its state (moments, steps) and,

@@ -7,9 +7,10 @@ from fused_amp.optim.export import export_fp32, import_fp32
 from fused_amp.optim.from_torch import from_optimizer
 from fused_amp.optim.lion import Lion
 from fused_amp.optim.muon import Muon
+from fused_amp.optim.nadam import NAdam
 from fused_amp.optim.radam import RAdam
 from fused_amp.optim.rmsprop import RMSprop
 from fused_amp.optim.sgd import SGD
 
-__all__ = ["Adam", "AdamW", "SGD", "Lion", "Muon", "Adagrad", "RMSprop", "Adamax", "RAdam", "AdEMAMix",
+__all__ = ["Adam", "AdamW", "SGD", "Lion", "Muon", "Adagrad", "RMSprop", "Adamax", "RAdam", "NAdam", "AdEMAMix",
            "export_fp32", "import_fp32", "from_optimizer"]

@@ -1,0 +1,84 @@
+"""NAdam with fp32 master weights, one fused pass per step."""
+from typing import Optional, Tuple, Union
+
+import torch
+
+from fused_amp.optim._base import (MasterWeightOptimizer, check_betas, check_lr, check_torch_flags,
+                                   check_weight_decay)
+
+
+class NAdam(MasterWeightOptimizer):
+    r"""NAdam (Adam with Nesterov momentum, Dozat 2016) with fp32 master weights, in one fused
+    multi-tensor pass per step.
+
+    Same arguments, defaults and update as :class:`torch.optim.NAdam` (grads unscaled by the
+    GradScaler's :math:`1/s` inside the same pass):
+
+    .. math::
+        \mu_t &= \beta_1 (1 - \tfrac12\, 0.96^{t\psi}) \qquad P_t = P_{t-1}\mu_t \qquad
+        m \leftarrow \beta_1 m + (1-\beta_1) g \qquad v \leftarrow \beta_2 v + (1-\beta_2) g^2 \\
+        \theta &\leftarrow \theta - \gamma\,\frac{1-\mu_t}{1-P_t}\,\frac{g}{d}
+        - \gamma\,\frac{\mu_{t+1}}{1-P_t\mu_{t+1}}\,\frac{m}{d}, \qquad
+        d = \sqrt{v/(1-\beta_2^t)} + \epsilon
+
+    with weight decay as L2 or decoupled (``decoupled_weight_decay``), in fp32 on the master; the
+    state is ``exp_avg``, ``exp_avg_sq`` and the product :math:`P_t` in ``mu_product`` (a 0-dim
+    fp32 tensor on the param's device, advanced by the step on the device), as torch's.
+
+    Args:
+        params: iterable of parameters or dicts defining parameter groups.
+        lr (float or Tensor): learning rate (default: 2e-3).
+        betas: coefficients of the running averages (default: (0.9, 0.999)).
+        eps (float): added to the denominator (default: 1e-8).
+        weight_decay (float): weight decay (default: 0).
+        momentum_decay (float): :math:`\psi` (default: 4e-3).
+        decoupled_weight_decay (bool): AdamW-style decay (default: False).
+        foreach, capturable: accepted; the step is always one fused pass that runs on the device.
+        maximize (bool): maximize the objective instead of minimizing (default: False).
+        differentiable (bool): must be False: the fused step runs outside autograd.
+        master_weights, state_dtype, stochastic_rounding, rounding_seed, min_8bit_size: as for
+            :class:`fused_amp.optim.Adam`.
+        unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
+    """
+
+    def __init__(self, params, lr: Union[float, torch.Tensor] = 2e-3, betas: Tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0, momentum_decay: float = 4e-3,
+                 decoupled_weight_decay: bool = False, *, foreach: Optional[bool] = None, maximize: bool = False,
+                 capturable: bool = False, differentiable: bool = False, master_weights: Union[bool, str] = True,
+                 unscale_grads: bool = True, max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
+                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
+                 rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, momentum_decay=momentum_decay,
+                        decoupled_weight_decay=decoupled_weight_decay, maximize=maximize, foreach=foreach,
+                        capturable=capturable, differentiable=differentiable, master_weights=master_weights,
+                        unscale_grads=unscale_grads, state_dtype=state_dtype,
+                        stochastic_rounding=stochastic_rounding, rounding_seed=rounding_seed,
+                        min_8bit_size=min_8bit_size)
+        self._check_hyperparameters(defaults)
+        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
+
+    @classmethod
+    def _check_hyperparameters(cls, o):
+        """torch.optim.NAdam's checks and messages, in its order."""
+        check_lr(o["lr"])
+        if not 0.0 <= o["eps"]:
+            raise ValueError(f"Invalid epsilon value: {o['eps']}")
+        check_betas(o["betas"])
+        check_weight_decay(o["weight_decay"])
+        if not 0.0 <= o["momentum_decay"]:
+            raise ValueError(f"Invalid momentum_decay value: {o['momentum_decay']}")
+        check_torch_flags(cls.__name__, o["foreach"], None, o["differentiable"])
+
+    _group_defaults = dict(MasterWeightOptimizer._group_defaults, foreach=None, maximize=False,
+                           differentiable=False, capturable=False, decoupled_weight_decay=False)
+
+    def _state_keys_for(self, group):
+        return ("exp_avg", "exp_avg_sq")
+
+    _kernel = "nadam"
+    _scalar_state = ("mu_product", 1.0)
+
+    def _hyper(self, group):
+        return dict(beta1=float(group["betas"][0]), beta2=float(group["betas"][1]), eps=group["eps"],
+                    weight_decay=group["weight_decay"], momentum_decay=group["momentum_decay"],
+                    decoupled_weight_decay=group["decoupled_weight_decay"], maximize=group["maximize"])
