@@ -109,17 +109,17 @@ def available(mode: str, optional: Dict[str, str] = OPTIONAL) -> bool:
 
 
 def train(mode: str, seed: int, steps: int, lr: float = 2e-3, batch: int = 64,
-          data: torch.Tensor = None) -> Dict:
+          data: torch.Tensor = None, make: Callable = None, dtype: torch.dtype = torch.bfloat16) -> Dict:
     """Train the model from seed ``seed`` for ``steps`` steps; returns the final held-out loss
     (mean over fixed batches drawn from the last tenth of the text) and the seconds per step.
-    The seed decides the initial weights, fp32 and identical in every mode, then rounded to bf16,
-    and the batches."""
+    The seed decides the initial weights, fp32 and identical in every mode, then rounded to bf16
+    (``dtype``), and the batches. The optimizer is the mode's, or ``make(params, lr)``."""
     data = corpus() if data is None else data
     split = data.numel() * 9 // 10
     train_data, held_out = data[:split], data[split:]
     torch.manual_seed(seed)
-    model = CharMLP().bfloat16()
-    opt = MODES[mode](model.parameters(), lr)
+    model = CharMLP().to(dtype)
+    opt = (make or MODES[mode])(model.parameters(), lr)
     gen = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
     for _ in range(steps):
@@ -146,3 +146,53 @@ def compare(modes: List[str], seeds: List[int], steps: int, **kw) -> Dict[str, D
         out[mode] = dict(losses=losses, mean=statistics.fmean(losses), spread=max(losses) - min(losses),
                          seconds_per_step=statistics.median(r["seconds_per_step"] for r in runs))
     return out
+
+
+# Each optimizer of fused_amp.optim against torch's (or the tests' reference, where torch has
+# none) at the learning rate it is used with here: (ours, theirs, lr, options of both).
+def _optimizers():
+    import sys
+    import os
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    from reference_optim import ReferenceAdEMAMix, ReferenceLion
+    o = fused_amp.optim
+    return {
+        "AdamW": (o.AdamW, torch.optim.AdamW, 2e-3, dict(weight_decay=0.0)),
+        "SGD (momentum 0.9)": (o.SGD, torch.optim.SGD, 0.1, dict(momentum=0.9)),
+        "Lion": (o.Lion, ReferenceLion, 2e-4, {}),
+        "Adagrad": (o.Adagrad, torch.optim.Adagrad, 2e-2, {}),
+        "RMSprop": (o.RMSprop, torch.optim.RMSprop, 1e-3, {}),
+        "Adamax": (o.Adamax, torch.optim.Adamax, 4e-3, {}),
+        "RAdam": (o.RAdam, torch.optim.RAdam, 2e-3, {}),
+        "NAdam": (o.NAdam, torch.optim.NAdam, 2e-3, {}),
+        "AdEMAMix": (o.AdEMAMix, ReferenceAdEMAMix, 2e-3, dict(weight_decay=0.0)),
+    }
+
+
+def compare_optimizers(seeds: List[int], steps: int, names: List[str] = None) -> Dict[str, Dict]:
+    """For each optimizer: the final losses of torch's on the fp32 model and of ours on the bf16
+    model (fp32 masters), over the same seeds; their means and spreads."""
+    data = corpus()
+    out = {}
+    for name, (ours, theirs, lr, kw) in _optimizers().items():
+        if names and name not in names:
+            continue
+        row = {}
+        for label, cls, dtype in (("torch fp32", theirs, torch.float32), ("fused_amp bf16 + masters", ours,
+                                                                           torch.bfloat16)):
+            runs = [train(name, seed, steps, lr=lr, data=data, dtype=dtype,
+                          make=lambda params, lr, c=cls: c(params, lr=lr, **kw)) for seed in seeds]
+            losses = [r["loss"] for r in runs]
+            row[label] = dict(losses=losses, mean=statistics.fmean(losses), spread=max(losses) - min(losses))
+        out[name] = row
+    return out
+
+
+if __name__ == "__main__":  # python -m benchmarks.convergence: the optimizers' rows, 3 seeds
+    import sys
+    steps = int(sys.argv[1]) if len(sys.argv) > 1 else 1500
+    print(f"char LM, {steps} steps, seeds 0-2: final held-out loss, mean (spread)")
+    for name, row in compare_optimizers([0, 1, 2], steps).items():
+        cells = [f"{label} {r['mean']:.4f} ({r['spread']:.4f})" for label, r in row.items()]
+        diff = row["fused_amp bf16 + masters"]["mean"] - row["torch fp32"]["mean"]
+        print(f"{name:20s} " + "   ".join(cells) + f"   difference {diff:+.4f}")

@@ -48,11 +48,52 @@ class ForeachLion(torch.optim.Optimizer):
             torch._foreach_add_(ms, grads, alpha=1 - beta2)
 
 
+class ForeachAdEMAMix(torch.optim.Optimizer):
+    """AdEMAMix as a user without a library writes it for speed: torch's _foreach ops (torch
+    ships none), no warm-ups. torch's fused/foreach flags are accepted; it always runs this way."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999, 0.9999), alpha=5.0, eps=1e-8, weight_decay=1e-2,
+                 **torch_flags):
+        super().__init__(params, dict(lr=lr, betas=betas, alpha=alpha, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            grads = [p.grad for p in params]
+            for p in params:
+                if not self.state[p]:
+                    self.state[p].update(step=0, m1=torch.zeros_like(p), m2=torch.zeros_like(p),
+                                         nu=torch.zeros_like(p))
+                self.state[p]["step"] += 1
+            t = self.state[params[0]]["step"]
+            m1, m2, nu = ([self.state[p][k] for p in params] for k in ("m1", "m2", "nu"))
+            (beta1, beta2, beta3), lr = group["betas"], group["lr"]
+            torch._foreach_lerp_(m1, grads, 1 - beta1)
+            torch._foreach_lerp_(m2, grads, 1 - beta3)
+            torch._foreach_mul_(nu, beta2)
+            torch._foreach_addcmul_(nu, grads, grads, 1 - beta2)
+            denom = torch._foreach_sqrt(nu)
+            torch._foreach_div_(denom, (1 - beta2 ** t) ** 0.5)
+            torch._foreach_add_(denom, group["eps"])
+            update = torch._foreach_mul(m2, group["alpha"])
+            torch._foreach_add_(update, torch._foreach_div(m1, 1 - beta1 ** t))
+            torch._foreach_div_(update, denom)
+            torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
+            torch._foreach_add_(params, update, alpha=-lr)
+
+
 OPTIMIZERS = {
     "adam": (fused_amp.optim.Adam, torch.optim.Adam, dict(lr=1e-3)),
     "adamw": (fused_amp.optim.AdamW, torch.optim.AdamW, dict(lr=1e-3, weight_decay=1e-2)),
     "sgd": (fused_amp.optim.SGD, torch.optim.SGD, dict(lr=1e-3, momentum=0.9)),
     "lion": (fused_amp.optim.Lion, ForeachLion, dict(lr=1e-4, weight_decay=1e-2)),
+    "adagrad": (fused_amp.optim.Adagrad, torch.optim.Adagrad, dict(lr=1e-2)),
+    "rmsprop": (fused_amp.optim.RMSprop, torch.optim.RMSprop, dict(lr=1e-3)),
+    "adamax": (fused_amp.optim.Adamax, torch.optim.Adamax, dict(lr=2e-3)),
+    "radam": (fused_amp.optim.RAdam, torch.optim.RAdam, dict(lr=1e-3)),
+    "nadam": (fused_amp.optim.NAdam, torch.optim.NAdam, dict(lr=2e-3)),
+    "ademamix": (fused_amp.optim.AdEMAMix, ForeachAdEMAMix, dict(lr=1e-3)),
 }
 INIT_SCALE = 1024.0  # small enough that scaled fp16 grads stay finite
 # fused_amp's optimizer settings in every suite: the default, torch's behaviour (p.grad left

@@ -18,6 +18,14 @@ BYTES_PER_PARAM = {
     # Lion, half p/g: read g 2, master 4, m 4; write master 4, m 4, p 2 (fp32 params: g 4, p 4,
     # m 4 read; p 4, m 4 written)
     ("lion", "bfloat16"): 20, ("lion", "float16"): 20, ("lion", "float32"): 20,
+    # Adagrad (sum) and RMSprop (square_avg; the suite's setting has no momentum, not centered): as
+    # Lion, one fp32 state
+    ("adagrad", "bfloat16"): 20, ("rmsprop", "bfloat16"): 20,
+    # Adamax (exp_avg, exp_inf), RAdam and NAdam (exp_avg, exp_avg_sq): as Adam, two fp32 states
+    # (NAdam's mu_product: 4 bytes per tensor, nothing per param)
+    ("adamax", "bfloat16"): 28, ("radam", "bfloat16"): 28, ("nadam", "bfloat16"): 28,
+    # AdEMAMix: three fp32 states: read g 2, master 4, m1 4, m2 4, nu 4; write master 4, 12, p 2
+    ("ademamix", "bfloat16"): 36,
     # Adam with gradient clipping: the global norm must be known before any update, so the grads
     # are read once more (half 2, fp32 4) before the fused update above
     ("adam_clip", "bfloat16"): 30, ("adam_clip", "float16"): 30, ("adam_clip", "float32"): 32,

@@ -62,6 +62,8 @@ def parse_args(argv=None):
     parser.add_argument("--out", default="bench-results", help="output folder (default: bench-results)")
     parser.add_argument("--suite", nargs="+", choices=[s for s in SUITES if s != "ceiling"],
                         help="suites to run (default: all)")
+    parser.add_argument("--case", nargs="+", default=None,
+                        help="run only the cases whose name starts with one of these (e.g. adagrad/ nadam/)")
     parser.add_argument("--size-scale", type=float, default=1.0,
                         help="shrink every case by this factor (for testing the suite itself)")
     return parser.parse_args(argv)
@@ -75,7 +77,8 @@ def main(argv=None):
     ctx = Context(args.device, args.quick, args.size_scale)
     repeat = args.repeat or (1 if args.quick else 3)
     names = ["ceiling"] + (args.suite or [s for s in SUITES if s != "ceiling"])
-    plan = [(name, case, fn) for name in names for case, fn in SUITES[name].cases(ctx)]
+    plan = [(name, case, fn) for name in names for case, fn in SUITES[name].cases(ctx)
+            if name == "ceiling" or not args.case or case.startswith(tuple(args.case))]
     runs = []  # one record per (repeat, case, impl)
     progress = _progress(repeat * len(plan))
     for r in range(repeat):
