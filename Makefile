@@ -31,13 +31,14 @@ build: $(STAMP)
 	$(PY) -c "import fused_amp; print('fused_amp.build_info():', fused_amp.build_info())"
 
 # The CPU kernels exist once per instruction set; the numerics tests run on each of them
-# (ATEN_CPU_CAPABILITY picks torch's and ours alike), then the whole suite on the native one.
+# (ATEN_CPU_CAPABILITY picks torch's and ours alike; each optimizer's plain and stateful option
+# sets, tests/optim_registry.py), then the whole suite on the native one.
 NUMERICS_TESTS := tests/test_unscale.py tests/test_optim.py tests/test_clip.py tests/test_memory_modes.py \
                   tests/test_quantized_state.py tests/test_master24.py
 
 test: build
-	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q $(NUMERICS_TESTS)
-	ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest -q $(NUMERICS_TESTS)
+	ATEN_CPU_CAPABILITY=default FUSED_AMP_TEST_OPTION_SETS=2 $(PY) -m pytest -q $(NUMERICS_TESTS)
+	ATEN_CPU_CAPABILITY=avx2 FUSED_AMP_TEST_OPTION_SETS=2 $(PY) -m pytest -q $(NUMERICS_TESTS)
 	$(PY) -m pytest -q tests
 
 # the outside references of the memory suite's convergence runs are optional
