@@ -254,6 +254,44 @@ def test_fsdp2_mixed_precision_policy_fp32_shards():
             assert torch.equal(a, b)
 
 
+def every_optimizer_fsdp_run(rank, world):
+    """Each optimizer of the registry (its stateful option set) over FSDP2's bf16 shards with
+    fp32 masters (bf16 training, no scaler), beside the same optimizer over plain full copies of
+    the params given the full (reduce-scattered, gathered) grads: the shards must step as the
+    whole tensors do, bit for bit (an elementwise step does not see where a shard ends)."""
+    from torch.distributed.fsdp import fully_shard
+    from optim_registry import OPTIMIZERS
+
+    out = {}
+    for entry in OPTIMIZERS:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).bfloat16()
+        whole = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()]
+        start = [w.detach().clone() for w in whole]
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+        params = list(model.parameters())
+        kw = entry.options[1]
+        opt, twin = entry.ours(params, **kw), entry.ours(whole, **kw)
+        for step in range(3):
+            opt.zero_grad()
+            model(batch(rank, step, None)).float().pow(2).mean().backward()
+            for w, p in zip(whole, params):
+                w.grad = p.grad.full_tensor()
+            opt.step()
+            twin.step()
+        out[entry.ours.__name__] = (all(torch.equal(p.full_tensor(), w.detach()) for p, w in zip(params, whole))
+                                    and not all(torch.equal(w.detach(), s) for w, s in zip(whole, start)))
+    return out
+
+
+def test_every_optimizer_steps_fsdp2_shards_as_whole_tensors():
+    for r in run_ranks(every_optimizer_fsdp_run, 2):
+        assert all(r.values()), [name for name, same in r.items() if not same]
+
+
 def test_fsdp2_bf16_shards_with_fp32_masters_sharded_like_the_params():
     results = run_ranks(fsdp_run, 2, "ours", torch.bfloat16, 3)
     for r in results:
