@@ -611,6 +611,11 @@ def check_betas(betas):
             raise ValueError(f"Invalid beta parameter at index {i}: {betas[i]}")
 
 
+def check_eps(eps):
+    if not 0.0 <= eps:
+        raise ValueError(f"Invalid epsilon value: {eps}")
+
+
 def check_weight_decay(weight_decay):
     if not 0.0 <= weight_decay:
         raise ValueError(f"Invalid weight_decay value: {weight_decay}")

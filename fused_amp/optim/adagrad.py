@@ -3,7 +3,7 @@ from typing import Optional, Union
 
 import torch
 
-from fused_amp.optim._base import MasterWeightOptimizer, check_lr, check_torch_flags, check_weight_decay
+from fused_amp.optim._base import MasterWeightOptimizer, check_eps, check_lr, check_torch_flags, check_weight_decay
 
 
 class Adagrad(MasterWeightOptimizer):
@@ -69,8 +69,7 @@ class Adagrad(MasterWeightOptimizer):
         check_weight_decay(o["weight_decay"])
         if not 0.0 <= o["initial_accumulator_value"]:
             raise ValueError(f"Invalid initial_accumulator_value value: {o['initial_accumulator_value']}")
-        if not 0.0 <= o["eps"]:
-            raise ValueError(f"Invalid epsilon value: {o['eps']}")
+        check_eps(o["eps"])
         if o["fused"] and o["differentiable"]:
             raise RuntimeError("`fused` does not support `differentiable`")
         check_torch_flags(cls.__name__, o["foreach"], o["fused"], o["differentiable"])

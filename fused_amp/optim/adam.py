@@ -3,7 +3,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from fused_amp.optim._base import (MasterWeightOptimizer, check_betas, check_lr, check_torch_flags,
+from fused_amp.optim._base import (MasterWeightOptimizer, check_betas, check_eps, check_lr, check_torch_flags,
                                    check_weight_decay)
 
 
@@ -109,8 +109,7 @@ class Adam(MasterWeightOptimizer):
             if foreach and not capturable:
                 raise ValueError("lr as a Tensor is not supported for capturable=False and foreach=True")
         check_lr(lr)
-        if not 0.0 <= o["eps"]:
-            raise ValueError(f"Invalid epsilon value: {o['eps']}")
+        check_eps(o["eps"])
         check_betas(betas)
         check_weight_decay(o["weight_decay"])
         if not ((isinstance(betas[0], float) and isinstance(betas[1], float))

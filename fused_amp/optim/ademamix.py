@@ -3,7 +3,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from fused_amp.optim._base import MasterWeightOptimizer, check_lr, check_torch_flags, check_weight_decay
+from fused_amp.optim._base import MasterWeightOptimizer, check_eps, check_lr, check_torch_flags, check_weight_decay
 
 
 class AdEMAMix(MasterWeightOptimizer):
@@ -64,8 +64,7 @@ class AdEMAMix(MasterWeightOptimizer):
     def _check_hyperparameters(cls, o):
         """torch's messages for what torch's optimizers share; AdEMAMix's own as clearly."""
         check_lr(o["lr"])
-        if not 0.0 <= o["eps"]:
-            raise ValueError(f"Invalid epsilon value: {o['eps']}")
+        check_eps(o["eps"])
         betas = o["betas"]
         if len(betas) != 3:
             raise ValueError(f"Invalid betas: expected 3 values (beta1, beta2, beta3), got {len(betas)}")

@@ -3,7 +3,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from fused_amp.optim._base import (MasterWeightOptimizer, check_betas, check_lr, check_torch_flags,
+from fused_amp.optim._base import (MasterWeightOptimizer, check_betas, check_eps, check_lr, check_torch_flags,
                                    check_weight_decay)
 
 
@@ -61,8 +61,7 @@ class NAdam(MasterWeightOptimizer):
     def _check_hyperparameters(cls, o):
         """torch.optim.NAdam's checks and messages, in its order."""
         check_lr(o["lr"])
-        if not 0.0 <= o["eps"]:
-            raise ValueError(f"Invalid epsilon value: {o['eps']}")
+        check_eps(o["eps"])
         check_betas(o["betas"])
         check_weight_decay(o["weight_decay"])
         if not 0.0 <= o["momentum_decay"]:

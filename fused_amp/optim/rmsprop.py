@@ -3,7 +3,7 @@ from typing import Optional, Union
 
 import torch
 
-from fused_amp.optim._base import MasterWeightOptimizer, check_lr, check_torch_flags, check_weight_decay
+from fused_amp.optim._base import MasterWeightOptimizer, check_eps, check_lr, check_torch_flags, check_weight_decay
 
 
 class RMSprop(MasterWeightOptimizer):
@@ -59,8 +59,7 @@ class RMSprop(MasterWeightOptimizer):
     def _check_hyperparameters(cls, o):
         """torch.optim.RMSprop's checks and messages, in its order."""
         check_lr(o["lr"])
-        if not 0.0 <= o["eps"]:
-            raise ValueError(f"Invalid epsilon value: {o['eps']}")
+        check_eps(o["eps"])
         if not 0.0 <= o["momentum"]:
             raise ValueError(f"Invalid momentum value: {o['momentum']}")
         check_weight_decay(o["weight_decay"])
