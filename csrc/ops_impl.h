@@ -7,7 +7,6 @@
 //                         const at::Tensor* inv_scale, ops::NormKind kind);
 //   static void update_scale(const core::ScaleTensors&, const ops::ScaleUpdateArgs&);
 //   static void step(const core::StepArgs&);   (any optimizer of optimizers.h)
-//   static void muon(const core::MuonArgs&);
 // register.cpp registers Entry<cpu::Device> for CPU, cuda/cuda_ops.cpp Entry<cuda::Device> for
 // CUDA. Argument meanings: the schemas in register.cpp.
 #include <ATen/core/List.h>
@@ -52,12 +51,13 @@ inline void bump_versions(const c10::List<std::optional<at::Tensor>>& tensors) {
     if (t) bump_versions(*t);
   }
 }
-// What every optimizer step writes: params, masters, state, step counts, absmaxes; the grads
-// when it leaves them unscaled.
+// What every optimizer step writes: params (or outputs), masters, state, step counts, absmaxes;
+// the grads when it leaves them unscaled.
 inline void bump_step_versions(const core::StepTensors& s, at::TensorList params, at::TensorList grads,
                                const c10::List<std::optional<at::Tensor>>& masters, at::TensorList states,
-                               const c10::List<std::optional<at::Tensor>>& absmaxes, at::TensorList steps) {
-  bump_versions(params);
+                               const c10::List<std::optional<at::Tensor>>& absmaxes, at::TensorList steps,
+                               at::TensorList outputs) {
+  bump_versions(outputs.empty() ? params : outputs);
   if (s.write_grads) bump_versions(grads);
   bump_versions(masters);
   bump_versions(states);
@@ -122,7 +122,8 @@ struct Entry {
   static void step_(c10::string_view optimizer, at::TensorList params, at::TensorList grads,
                     const c10::List<std::optional<at::Tensor>>& master_params, at::TensorList states,
                     at::TensorList steps, const c10::List<std::optional<at::Tensor>>& state_absmaxes,
-                    at::TensorList scalar_states, c10::ArrayRef<double> hyper, double lr, const std::optional<at::Tensor>& lr_tensor,
+                    at::TensorList scalar_states, at::TensorList outputs, c10::ArrayRef<double> hyper, double lr,
+                    const std::optional<at::Tensor>& lr_tensor,
                     const std::optional<at::Tensor>& inv_scale, const std::optional<at::Tensor>& found_inf,
                     const std::optional<at::Tensor>& grad_norm, std::optional<double> max_grad_norm,
                     std::optional<int64_t> rounding_seed, bool stochastic_codes, bool unscale_grads,
@@ -142,7 +143,7 @@ struct Entry {
                          core::validate_step(op.c_str(), params, grads, master_params,
                                              {states, Opt::kStateInfo, Opt::kStates, Opt::state_mask(h)},
                                              state_absmaxes, steps, Opt::steps_required(h), scalar_states,
-                                             Opt::kScalarKey, lr, lr_tensor,
+                                             Opt::kScalarKey, outputs, Opt::kWritesOutput, lr, lr_tensor,
                                              inv_scale, found_inf, grad_norm, max_grad_norm, rounding_seed,
                                              stochastic_codes, unscale_grads, check_only ? nullptr : &staging),
                          hyper.vec()};
@@ -151,29 +152,8 @@ struct Entry {
     if (check_only || params.empty()) return;
     Device::step(*a);
     staging.copy_back();
-    bump_step_versions(a->tensors, params, grads, master_params, states, state_absmaxes, steps);
+    bump_step_versions(a->tensors, params, grads, master_params, states, state_absmaxes, steps, outputs);
     bump_versions(scalar_states);
-  }
-
-  static void muon_momentum_(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                             at::TensorList updates, const c10::List<std::optional<at::Tensor>>& state_absmaxes,
-                             double momentum, bool nesterov, const std::optional<at::Tensor>& inv_scale,
-                             const std::optional<at::Tensor>& found_inf,
-                             const std::optional<at::Tensor>& grad_norm, std::optional<double> max_grad_norm,
-                             bool unscale_grads, bool check_only) {
-    BelowAutograd below;
-    core::Staging staging;
-    const core::MuonArgs a{core::validate_muon("muon_momentum_", params, grads, momentum_buffers, updates,
-                                               state_absmaxes, inv_scale, found_inf, grad_norm, max_grad_norm,
-                                               unscale_grads, check_only ? nullptr : &staging),
-                           {momentum, nesterov}};
-    if (check_only || params.empty()) return;
-    Device::muon(a);
-    staging.copy_back();
-    if (a.tensors.write_grads) bump_versions(grads);
-    bump_versions(momentum_buffers);
-    bump_versions(updates);
-    bump_versions(state_absmaxes);
   }
 };
 
@@ -185,7 +165,6 @@ void register_entries(torch::Library& m) {
   m.impl("grad_norm_", &Entry<Device>::grad_norm_);
   m.impl("update_scale_", &Entry<Device>::update_scale_);
   m.impl("step_", &Entry<Device>::step_);
-  m.impl("muon_momentum_", &Entry<Device>::muon_momentum_);
 }
 
 namespace cpu {
@@ -195,7 +174,6 @@ struct Device {
                         const at::Tensor* inv_scale, ops::NormKind kind);
   static void update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args);
   static void step(const core::StepArgs& a);
-  static void muon(const core::MuonArgs& a);
 };
 }  // namespace cpu
 
@@ -208,7 +186,6 @@ struct Device {
                         ops::NormKind) {}
   static void update_scale(const core::ScaleTensors&, const ops::ScaleUpdateArgs&) {}
   static void step(const core::StepArgs&) {}
-  static void muon(const core::MuonArgs&) {}
 };
 }  // namespace meta
 
@@ -219,7 +196,6 @@ struct Device {
                         const at::Tensor* inv_scale, ops::NormKind kind);
   static void update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args);
   static void step(const core::StepArgs& a);
-  static void muon(const core::MuonArgs& a);
 };
 }  // namespace cuda
 

@@ -10,6 +10,7 @@
 #include "ops/adamax.h"
 #include "ops/ademamix.h"
 #include "ops/lion.h"
+#include "ops/muon.h"
 #include "ops/nadam.h"
 #include "ops/radam.h"
 #include "ops/rmsprop.h"
@@ -38,6 +39,6 @@ struct OptimizerList {
 };
 
 using Optimizers = OptimizerList<ops::Adam, ops::Sgd, ops::Lion, ops::Adagrad, ops::Rmsprop, ops::Adamax, ops::Radam,
-                                 ops::Ademamix, ops::Nadam>;
+                                 ops::Ademamix, ops::Nadam, ops::MuonMomentum>;
 
 }  // namespace fused_amp

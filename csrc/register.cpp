@@ -27,18 +27,13 @@ constexpr const char* kSchemas[] = {
     "Tensor(c!)? hysteresis_tracker=None, float? min_scale=None, float? max_scale=None) -> ()",
     "step_(str optimizer, Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
     "Tensor(c!)[] states, Tensor(d!)[] steps, *, Tensor(h!)?[] state_absmaxes, Tensor(e!)[] scalar_states, "
-    "float[] hyper, float lr, "
+    "Tensor(u!)[] outputs, float[] hyper, float lr, "
     "Tensor? lr_tensor=None, Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
     "float? max_grad_norm=None, int? rounding_seed=None, bool stochastic_codes=False, "
-    "bool unscale_grads=True, bool check_only=False) -> ()",
-    "muon_momentum_(Tensor[] params, Tensor(g!)[] grads, Tensor(c!)[] momentum_buffers, "
-    "Tensor(u!)[] updates, *, Tensor(h!)?[] state_absmaxes, float momentum, bool nesterov, "
-    "Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
-    "float? max_grad_norm=None, bool unscale_grads=True, bool check_only=False) -> ()"};
+    "bool unscale_grads=True, bool check_only=False) -> ()"};
 
 // The ops' names, in the order of kSchemas.
-constexpr const char* kOps[] = {"unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_",
-                                "muon_momentum_"};
+constexpr const char* kOps[] = {"unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_"};
 static_assert(std::size(kOps) == std::size(kSchemas));
 
 void define_ops(torch::Library& m) {
@@ -101,7 +96,8 @@ PyObject* build_info(PyObject*, PyObject*) {
 
 // The optimizers of step_ (optimizers.h), for the Python layer:
 // {name: {"states": [(state key, op list name, signed 8-bit map), ...], "hyper": [name, ...],
-//  "scalar": the key of its per-tensor scalar state, or None}}.
+//  "scalar": the key of its per-tensor scalar state, or None, "writes_output": whether it writes
+//  `outputs` instead of the params (ops/optimizer.h)}}.
 PyObject* optimizers(PyObject*, PyObject*) {
   PyObject* table = PyDict_New();
   fused_amp::Optimizers::for_each([&]<class Opt>() {
@@ -113,7 +109,8 @@ PyObject* optimizers(PyObject*, PyObject*) {
     PyObject* hyper = PyList_New(Opt::kHyper);
     for (int k = 0; k < Opt::kHyper; ++k) PyList_SET_ITEM(hyper, k, PyUnicode_FromString(Opt::kHyperNames[k]));
     PyObject* scalar = Opt::kScalarKey ? PyUnicode_FromString(Opt::kScalarKey) : Py_NewRef(Py_None);
-    PyObject* entry = Py_BuildValue("{s:N,s:N,s:N}", "states", states, "hyper", hyper, "scalar", scalar);
+    PyObject* entry = Py_BuildValue("{s:N,s:N,s:N,s:O}", "states", states, "hyper", hyper, "scalar", scalar,
+                                    "writes_output", Opt::kWritesOutput ? Py_True : Py_False);
     PyDict_SetItemString(table, Opt::kName, entry);
     Py_DECREF(entry);
   });

@@ -5,7 +5,7 @@ import torch
 
 from fused_amp import _C, _fake
 
-__all__ = ["unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_", "muon_momentum_",
+__all__ = ["unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_",
            "optimizers"]
 
 _ops = torch.ops.fused_amp
@@ -88,7 +88,8 @@ def optimizers() -> Dict[str, Dict]:
     """The optimizers :func:`step_` runs, from the C++ table (csrc/optimizers.h): for each name,
     ``"states"``, its per-element states as ``(state key, list name, signed)`` (signed: the 8-bit
     map of the state), ``"hyper"``, the names of its hyperparameters, and ``"scalar"``, the key of
-    its per-param scalar state (or None)."""
+    its per-param scalar state (or None), and ``"writes_output"``: whether the step writes
+    ``outputs`` instead of the params (``"muon_momentum"``)."""
     return _OPTIMIZERS
 
 
@@ -101,11 +102,12 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
           lr_tensor: Optional[torch.Tensor] = None,
           state_absmaxes: Optional[List[Optional[torch.Tensor]]] = None,
           scalar_states: Optional[List[torch.Tensor]] = None,
+          outputs: Optional[List[torch.Tensor]] = None,
           inv_scale: Optional[torch.Tensor] = None, found_inf: Optional[torch.Tensor] = None,
           grad_norm: Optional[torch.Tensor] = None, max_grad_norm: Optional[float] = None,
           rounding_seed: Optional[int] = None, stochastic_codes: bool = False,
           unscale_grads: bool = True, check_only: bool = False) -> None:
-    """One fused step of ``optimizer`` (a name of :func:`optimizers`: ``"adam"``, ``"sgd"``,
+    r"""One fused step of ``optimizer`` (a name of :func:`optimizers`: ``"adam"``, ``"sgd"``,
     ``"lion"``, ...) over all params; see its class in ``fused_amp.optim`` for the rule.
 
     ``states`` holds the lists of the states the step keeps, in the optimizer's order (Adam:
@@ -114,7 +116,14 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
     ``hyper`` maps each of its hyperparameter names (booleans as bools) to its value. An
     optimizer with a per-param scalar state (NAdam's ``mu_product``: ``optimizers()[name]
     ["scalar"]``) takes it in ``scalar_states``, one-element fp32 tensors on the params' device,
-    which the step reads and advances (not on an overflow step).
+    which the step reads and advances (not on an overflow step). An optimizer that writes no
+    param (``optimizers()[name]["writes_output"]``) writes its result to ``outputs`` instead:
+    bf16 tensors shaped like the params (rounded to nearest even), the params read for their
+    shapes and layouts only, no masters. ``"muon_momentum"`` is Muon's momentum pass (see
+    ``fused_amp.optim.Muon``): for each element, with :math:`g` the grad times ``inv_scale``
+    (and the clip coefficient), :math:`B \leftarrow \mathrm{lerp}(B, g, 1 - \mu)` and the
+    output :math:`\mathrm{lerp}(g, B, \mu)` with ``nesterov``, else :math:`B`: torch.optim.Muon's
+    steps before Newton-Schulz, each lerp formed as torch's (one fused multiply-add).
     ``master_params[i]`` (fp32) holds the value of a half ``params[i]``, which receives
     ``master.to(dtype)``; an int16 ``master_params[i]`` is the remainder of a bf16 param: the
     param and it hold the fp32 master exactly (its high and low 16 bits, the param rounded to
@@ -152,8 +161,8 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
         hyper: the optimizer's hyperparameters by name, as its torch.optim class takes them.
         lr, lr_tensor: the learning rate, or a one-element tensor holding it (then ``lr`` is
             ignored).
-        state_absmaxes, scalar_states, inv_scale, found_inf, grad_norm, max_grad_norm: as
-            described above.
+        state_absmaxes, scalar_states, outputs, inv_scale, found_inf, grad_norm, max_grad_norm:
+            as described above.
         rounding_seed, stochastic_codes, unscale_grads, check_only: as described above.
 
     Raises:
@@ -174,54 +183,16 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
     steps = _tensors(op, "steps", steps)
     absmaxes = _tensors(op, "state_absmaxes", state_absmaxes or [])
     scalars = _tensors(op, "scalar_states", scalar_states or [])
-    if _no_tensors(*lists, *state_lists, steps, absmaxes, scalars, lr_tensor, inv_scale, found_inf, grad_norm):
+    outputs = _tensors(op, "outputs", outputs or [])
+    if _no_tensors(*lists, *state_lists, steps, absmaxes, scalars, outputs, lr_tensor, inv_scale, found_inf,
+                   grad_norm):
         return
     _ops.step_(optimizer, *lists, [t for s in state_lists for t in s], steps, state_absmaxes=absmaxes,
-               scalar_states=scalars,
+               scalar_states=scalars, outputs=outputs,
                hyper=[float(hyper[n]) for n in names], lr=lr, lr_tensor=lr_tensor,
                inv_scale=inv_scale, found_inf=found_inf, grad_norm=grad_norm,
                max_grad_norm=max_grad_norm, rounding_seed=rounding_seed,
                stochastic_codes=stochastic_codes, unscale_grads=unscale_grads, check_only=check_only)
-
-
-def muon_momentum_(params: List[torch.Tensor], grads: List[torch.Tensor],
-                   momentum_buffers: List[torch.Tensor], updates: List[torch.Tensor], *,
-                   momentum: float, nesterov: bool,
-                   state_absmaxes: Optional[List[Optional[torch.Tensor]]] = None,
-                   inv_scale: Optional[torch.Tensor] = None, found_inf: Optional[torch.Tensor] = None,
-                   grad_norm: Optional[torch.Tensor] = None, max_grad_norm: Optional[float] = None,
-                   unscale_grads: bool = True, check_only: bool = False) -> None:
-    r"""Muon's momentum pass over all params, in one fused pass; see ``fused_amp.optim.Muon``.
-
-    For each element, with :math:`g` the grad times ``inv_scale`` (and the clip coefficient):
-    :math:`B \leftarrow \mathrm{lerp}(B, g, 1 - \mu)`, and ``updates`` (bf16, rounded to
-    nearest even) receives :math:`\mathrm{lerp}(g, B, \mu)` with ``nesterov``, else
-    :math:`B`: torch.optim.Muon's steps before Newton-Schulz, each lerp formed as torch's
-    (one fused multiply-add). The params are not written: they give the shapes and layouts.
-    A nonzero ``found_inf`` writes nothing.
-
-    Args:
-        params: the params (read for their shapes and layouts only).
-        grads: their grads (left unscaled and clipped with ``unscale_grads``, as the steps leave them).
-        momentum_buffers: fp32, bf16 or uint8 codes (signed map, one absmax row in
-            ``state_absmaxes``), shaped like the params.
-        updates: bf16 tensors shaped like the params, written.
-        momentum, nesterov: Muon's hyperparameters (:class:`fused_amp.optim.Muon`).
-        state_absmaxes, inv_scale, found_inf, grad_norm, max_grad_norm: as for :func:`step_`.
-        unscale_grads, check_only: as for :func:`step_`.
-
-    Raises:
-        ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
-    """
-    op = "muon_momentum_"
-    lists = [_tensors(op, "params", params), _tensors(op, "grads", grads),
-             _tensors(op, "momentum_buffers", momentum_buffers), _tensors(op, "updates", updates)]
-    absmaxes = _tensors(op, "state_absmaxes", state_absmaxes or [])
-    if _no_tensors(*lists, absmaxes, inv_scale, found_inf, grad_norm):
-        return
-    _ops.muon_momentum_(*lists, state_absmaxes=absmaxes, momentum=momentum, nesterov=nesterov,
-                        inv_scale=inv_scale, found_inf=found_inf, grad_norm=grad_norm,
-                        max_grad_norm=max_grad_norm, unscale_grads=unscale_grads, check_only=check_only)
 
 
 _fake.register([op for op in __all__ if op != "optimizers"])

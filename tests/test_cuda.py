@@ -362,9 +362,11 @@ def test_muon_momentum_cuda_bitwise_equal_to_cpu():
         gpu_absmaxes = [a.cuda() for a in absmaxes] if absmaxes else None
         for nesterov in (True, False):
             for args, a, device in ((lists, absmaxes, "cpu"), (on_gpu, gpu_absmaxes, "cuda")):
-                ops.muon_momentum_(*args, state_absmaxes=a, momentum=0.95, nesterov=nesterov,
-                                   inv_scale=torch.full((), 1 / 256, device=device),
-                                   grad_norm=torch.full((), 50.0, device=device), max_grad_norm=10.0)
+                params, grads, bufs, updates = args
+                ops.step_("muon_momentum", params, grads, [], [bufs], [], outputs=updates, state_absmaxes=a,
+                          hyper=dict(momentum=0.95, nesterov=nesterov), lr=0.0,
+                          inv_scale=torch.full((), 1 / 256, device=device),
+                          grad_norm=torch.full((), 50.0, device=device), max_grad_norm=10.0)
         for cpu, gpu in zip(sum(lists[1:], []) + (absmaxes or []), sum(on_gpu[1:], []) + (gpu_absmaxes or [])):
             assert_bitwise_equal(gpu.cpu(), cpu)
 

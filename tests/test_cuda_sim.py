@@ -131,9 +131,6 @@ def test_the_launchers_refuse_the_dtypes_they_have_no_kernel_for(sim):
         sim.step("adagrad2", 5, kind(torch.float32), 1, ptr_array([[t, t, None, t, found]]), numel_array([t]),
                  [0.0, 0.0, 1e-10, 0.0], [], ctypes.c_double(1e-3), None, None, None, 0, None, ctypes.c_float(0), 0,
                  ctypes.c_int64(0), 0)
-    with pytest.raises(EmulatorError, match="float64 and uint8 params are not supported"):
-        sim.fa_sim_muon(kind(torch.float64), 1, ptr_array([[t, t, t, t]]), numel_array([t]), (ctypes.c_double * 1)(0.9),
-                        (ctypes.c_int * 1)(0), None, None, 0, None, ctypes.c_float(0), 0)
     assert sim.fa_sim_launches() == before
 
 
@@ -303,15 +300,15 @@ def test_muon_momentum_matches_cpu_op(sim, large, dtype, state_dtype, aligned):
     updates = [torch.zeros(p.shape, dtype=torch.bfloat16) for p in params]
     ref_grads, ref_bufs, ref_updates = ([t.clone() for t in ts] for ts in (grads, bufs, updates))
     inv, norm = torch.tensor([0.5]), torch.tensor([30.0])
-    hyper = (ctypes.c_double * 1)(0.95)
     for nesterov, found in ((1, 0.0), (0, 0.0), (1, 1.0)):
-        flags = (ctypes.c_int * 1)(nesterov)
         found_inf = torch.tensor([found])
-        rows = [[p, g, b, u] for p, g, b, u in zip(params, grads, bufs, updates)]
-        sim.fa_sim_muon(kind(dtype, False, state_dtype), len(params), ptr_array(rows), numel_array(params),
-                        hyper, flags, fptr(inv), fptr(found_inf), 1, fptr(norm), ctypes.c_float(10.0), large)
-        ops.muon_momentum_(params, ref_grads, ref_bufs, ref_updates, momentum=0.95, nesterov=bool(nesterov),
-                           inv_scale=inv, found_inf=found_inf, grad_norm=norm, max_grad_norm=10.0)
+        rows = [[p, g, u, b, None] for p, g, b, u in zip(params, grads, bufs, updates)]
+        sim.step("muon_momentum", 5, kind(dtype, False, state_dtype), len(params), ptr_array(rows),
+                 numel_array(params), [0.95], [nesterov], ctypes.c_double(0.0), None, fptr(inv), fptr(found_inf), 1,
+                 fptr(norm), ctypes.c_float(10.0), 0, ctypes.c_int64(0), large)
+        ops.step_("muon_momentum", params, ref_grads, [], [ref_bufs], [], outputs=ref_updates,
+                  hyper=dict(momentum=0.95, nesterov=bool(nesterov)), lr=0.0, inv_scale=inv, found_inf=found_inf,
+                  grad_norm=norm, max_grad_norm=10.0)
         for i in range(len(params)):
             assert_bitwise_equal(grads[i], ref_grads[i], f"grad {i}")
             assert_bitwise_equal(bufs[i], ref_bufs[i], f"momentum {i}")
@@ -622,14 +619,13 @@ def test_muon_momentum_with_8bit_state_matches_cpu_op(sim, large, aligned):
     codes, absmax = codes_and_absmax(params, 1)
     updates = [torch.zeros(p.shape, dtype=torch.bfloat16) for p in params]
     ref = [[t.clone() for t in ts] for ts in (codes[0], absmax, updates)]
-    hyper = (ctypes.c_double * 1)(0.95)
     for nesterov in (1, 0, 1):
-        flags = (ctypes.c_int * 1)(nesterov)
-        rows = [list(r) for r in zip(params, grads, codes[0], updates, absmax)]
-        sim.fa_sim_muon(q8_kind(torch.bfloat16), len(params), ptr_array(rows), numel_array(params), hyper, flags,
-                        None, None, 0, None, ctypes.c_float(0), large)
-        ops.muon_momentum_(params, grads, ref[0], ref[2], state_absmaxes=ref[1], momentum=0.95,
-                           nesterov=bool(nesterov))
+        rows = [[p, g, u, c, None, a] for p, g, c, u, a in zip(params, grads, codes[0], updates, absmax)]
+        sim.step("muon_momentum", 5, q8_kind(torch.bfloat16), len(params), ptr_array(rows), numel_array(params),
+                 [0.95], [nesterov], ctypes.c_double(0.0), None, None, None, 0, None, ctypes.c_float(0), 0,
+                 ctypes.c_int64(0), large)
+        ops.step_("muon_momentum", params, grads, [], [ref[0]], [], outputs=ref[2], state_absmaxes=ref[1],
+                  hyper=dict(momentum=0.95, nesterov=bool(nesterov)), lr=0.0)
     for i in range(len(params)):
         assert_codes_match(codes[0][i], ref[0][i], absmax[i][0], ref[1][i][0], f"tensor {i}")
         assert_bitwise_equal(updates[i], ref[2][i], f"update {i}")
@@ -727,9 +723,9 @@ def run_muon_8bit(sim, gen):
     params, grads, _ = q8_lists(torch.bfloat16, False, gen, True)
     codes, absmax = codes_and_absmax(params, 1)
     updates = [torch.zeros(p.shape, dtype=torch.bfloat16) for p in params]
-    rows = [list(r) for r in zip(params, grads, codes[0], updates, absmax)]
-    sim.fa_sim_muon(q8_kind(torch.bfloat16), len(params), ptr_array(rows), numel_array(params),
-                    (ctypes.c_double * 1)(0.95), (ctypes.c_int * 1)(1), None, None, 0, None, ctypes.c_float(0), 0)
+    rows = [[p, g, u, c, None, a] for p, g, c, u, a in zip(params, grads, codes[0], updates, absmax)]
+    sim.step("muon_momentum", 5, q8_kind(torch.bfloat16), len(params), ptr_array(rows), numel_array(params),
+             [0.95], [1], ctypes.c_double(0.0), None, None, None, 0, None, ctypes.c_float(0), 0, ctypes.c_int64(0), 0)
     return codes[0] + absmax + updates
 
 

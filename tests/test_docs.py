@@ -91,7 +91,7 @@ def public_callables():
     names = [(f"fused_amp.{n}", getattr(fused_amp, n)) for n in fused_amp.__all__]
     names += [(f"fused_amp.optim.{n}", getattr(fused_amp.optim, n)) for n in fused_amp.optim.__all__]
     names += [(f"fused_amp.ops.{n}", getattr(fused_amp.ops, n)) for n in
-              ("unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_", "muon_momentum_",
+              ("unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_",
                "optimizers")]
     names += [("fused_amp.integrations.install_grad_scaler", fused_amp.integrations.install_grad_scaler)]
     return [(n, obj) for n, obj in names if callable(obj) and not inspect.ismodule(obj)]

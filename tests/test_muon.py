@@ -204,7 +204,12 @@ def test_a_zero_update_stays_zero():
     assert_bitwise_equal(p.detach(), torch.ones(8, 16))
 
 
-# ---- the fused momentum pass (ops.muon_momentum_) ----------------------------------------------
+# ---- the fused momentum pass (ops.step_("muon_momentum")) ----------------------------------------
+
+def momentum_pass(params, grads, bufs, updates, momentum=0.9, nesterov=True, **kw):
+    ops.step_("muon_momentum", params, grads, [], [bufs], [], outputs=updates,
+              hyper=dict(momentum=momentum, nesterov=nesterov), lr=0.0, **kw)
+
 
 @pytest.mark.parametrize("dtype,state_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
                                                (torch.float16, torch.float32), (torch.bfloat16, torch.bfloat16)])
@@ -229,7 +234,7 @@ def test_momentum_pass_is_torchs_lerps_bitwise(dtype, state_dtype, momentum, nes
         ref_b = b.float().lerp(g32, 1 - momentum)
         ref_u = (g32.lerp(ref_b, momentum) if nesterov else ref_b).bfloat16()
         expected.append((unscaled, ref_b.to(state_dtype), ref_u))
-    ops.muon_momentum_(params, grads, bufs, updates, momentum=momentum, nesterov=nesterov, inv_scale=inv)
+    momentum_pass(params, grads, bufs, updates, momentum=momentum, nesterov=nesterov, inv_scale=inv)
     for g, b, u, (eg, eb, eu) in zip(grads, bufs, updates, expected):
         assert_bitwise_equal(g, eg)
         assert_bitwise_equal(b, eb)
@@ -237,20 +242,27 @@ def test_momentum_pass_is_torchs_lerps_bitwise(dtype, state_dtype, momentum, nes
     assert all(not p.any() for p in params)  # read for their shapes only
 
 
-def test_momentum_pass_writes_nothing_on_overflow_and_refuses_bad_updates_first():
+def test_momentum_pass_writes_nothing_on_overflow_and_refuses_bad_outputs_first():
     p, g, b = torch.zeros(4, 8), torch.randn(4, 8), torch.randn(4, 8)
     u = torch.zeros(4, 8, dtype=torch.bfloat16)
-    before = [t.clone() for t in (g, b, u)]
-    ops.muon_momentum_([p], [g], [b], [u], momentum=0.9, nesterov=True, inv_scale=torch.tensor(0.5),
-                       found_inf=torch.tensor(1.0))
-    for t, e in zip((g, b, u), before):
+    before = [t.clone() for t in (p, g, b, u)]
+    momentum_pass([p], [g], [b], [u], inv_scale=torch.tensor(0.5), found_inf=torch.tensor(1.0))
+    for t, e in zip((p, g, b, u), before):
         assert_bitwise_equal(t, e)
-    with pytest.raises(TypeError, match=r"updates\[0\] has dtype Float, expected BFloat16"):
-        ops.muon_momentum_([p], [g], [b], [torch.zeros(4, 8)], momentum=0.9, nesterov=True,
-                           inv_scale=torch.tensor(0.5))
-    with pytest.raises(ValueError, match="updates"):
-        ops.muon_momentum_([p, p.clone()], [g, g.clone()], [b, b.clone()], [u], momentum=0.9, nesterov=True)
-    for t, e in zip((g, b, u), before):
+    with pytest.raises(TypeError, match=r"outputs\[0\] has dtype Float, expected BFloat16"):
+        momentum_pass([p], [g], [b], [torch.zeros(4, 8)], inv_scale=torch.tensor(0.5))
+    with pytest.raises(ValueError, match=r"outputs has 1 tensors but params has 2"):
+        momentum_pass([p, p.clone()], [g, g.clone()], [b, b.clone()], [u])
+    with pytest.raises(ValueError, match=r"outputs has 0 tensors but params has 1"):
+        momentum_pass([p], [g], [b], [])
+    with pytest.raises(ValueError, match=r"master_params\[0\] is given but the step writes no param"):
+        ops.step_("muon_momentum", [p.bfloat16()], [g.bfloat16()], [p.clone()], [[b]], [], outputs=[u],
+                  hyper=dict(momentum=0.9, nesterov=True), lr=0.0)
+    with pytest.raises(ValueError, match=r"step_\(sgd\): outputs must be empty: the step writes the params"):
+        ops.step_("sgd", [p], [g], [], [[b]], [torch.zeros(())], outputs=[u],
+                  hyper=dict(momentum=0.9, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False),
+                  lr=0.1)
+    for t, e in zip((p, g, b, u), before):
         assert_bitwise_equal(t, e)
 
 

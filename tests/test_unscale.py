@@ -181,7 +181,7 @@ def test_empty_list_is_a_no_op():
 
 def test_cuda_kernels_registered_when_built():
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    for op in ("unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_", "muon_momentum_"):
+    for op in ("unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_"):
         assert has(f"fused_amp::{op}", "CPU")
         assert has(f"fused_amp::{op}", "CUDA") == fused_amp.build_info()["cuda"]
 

@@ -94,7 +94,7 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
                           const c10::List<std::optional<at::Tensor>>& master_params, const StateLists& states,
                           const c10::List<std::optional<at::Tensor>>& state_absmaxes,
                           at::TensorList steps, bool steps_required, at::TensorList scalars,
-                          const char* scalar_key, double lr,
+                          const char* scalar_key, at::TensorList outputs, bool writes_output, double lr,
                           const std::optional<at::Tensor>& lr_tensor,
                           const std::optional<at::Tensor>& inv_scale,
                           const std::optional<at::Tensor>& found_inf,
@@ -111,6 +111,7 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
     check_length(op, "state_absmaxes", state_absmaxes.size(), 0, true);
     TORCH_CHECK_VALUE(steps.empty(), op, ": steps has ", steps.size(), " tensors but params has 0");
     TORCH_CHECK_VALUE(scalars.empty(), op, ": scalar_states has ", scalars.size(), " tensors but params has 0");
+    TORCH_CHECK_VALUE(outputs.empty(), op, ": outputs has ", outputs.size(), " tensors but params has 0");
     return s;
   }
   const at::Device device = params[0].device();
@@ -151,6 +152,8 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
   for (size_t i = 0; i < master_params.size(); ++i) {
     const std::optional<at::Tensor> m = master_params[i];
     if (!m.has_value() || !m->defined()) continue;
+    TORCH_CHECK_VALUE(!writes_output, op, ": master_params[", i, "] is given but the step writes no param "
+                      "(its result goes to outputs)");
     TORCH_CHECK_VALUE(params[i].scalar_type() != at::kFloat, op, ": master_params[", i,
                       "] is given but params[", i, "] is float32, which is updated in place");
     // an int16 or uint8 master is the remainder of a bf16 param (ops/rounding.h)
@@ -182,52 +185,37 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
     TORCH_CHECK_VALUE(scalars.empty(), op, ": scalar_states must be empty: the optimizer keeps no scalar state, got ",
                       scalars.size(), " tensors");
   }
+  if (writes_output) {
+    check_length(op, "outputs", outputs.size(), params.size(), false);
+    for (size_t i = 0; i < outputs.size(); ++i) check_partner(op, "outputs", i, outputs[i], params[i], at::kBFloat16, true);
+    check_distinct(op, "outputs", outputs);
+    s.outputs = outputs.vec();
+  } else {
+    TORCH_CHECK_VALUE(outputs.empty(), op, ": outputs must be empty: the step writes the params, got ",
+                      outputs.size(), " tensors");
+  }
   if (staging) stage_step(op, s, staging);
   return s;
 }
 
 void stage_step(const char* op, StepTensors& s, Staging* staging) {
   for (size_t i = 0; i < s.params.size(); ++i) {
-    s.params[i] = staging->dense(s.params[i], true);
+    s.params[i] = staging->dense(s.params[i], s.outputs.empty());  // (read only for their layout otherwise)
     const at::Tensor& param = s.params[i];
     s.grads[i] = staging->like(s.grads[i], param, s.write_grads);
-    std::vector<std::vector<at::Tensor>*> partners{&s.masters};
+    std::vector<std::vector<at::Tensor>*> partners{&s.masters, &s.outputs};
     for (auto& list : s.states) partners.push_back(&list);
     for (auto* list : partners) {
       if (list->empty() || !(*list)[i].defined()) continue;
       // 8-bit codes are not staged: their blocks follow their own memory order, which must be the
       // order in which the kernels walk the param
-      TORCH_CHECK_VALUE(!s.is_quantized(i) || list == &s.masters || (*list)[i].strides() == param.strides(), op,
+      const bool is_state = list != &s.masters && list != &s.outputs;
+      TORCH_CHECK_VALUE(!is_state || !s.is_quantized(i) || (*list)[i].strides() == param.strides(), op,
                         ": the 8-bit state of params[", i, "] must be laid out as the param (strides ",
                         param.strides(), "), got strides ", (*list)[i].strides());
       (*list)[i] = staging->like((*list)[i], param, true);
     }
   }
-}
-
-StepTensors validate_muon(const char* op, at::TensorList params, at::TensorList grads,
-                          at::TensorList momentum_buffers, at::TensorList updates,
-                          const c10::List<std::optional<at::Tensor>>& state_absmaxes,
-                          const std::optional<at::Tensor>& inv_scale,
-                          const std::optional<at::Tensor>& found_inf,
-                          const std::optional<at::Tensor>& grad_norm,
-                          std::optional<double> max_grad_norm, bool unscale_grads, Staging* staging) {
-  const c10::List<std::optional<at::Tensor>> no_masters;
-  static constexpr ops::StateInfo kBuffer{"momentum_buffers", "momentum_buffer", true, false};
-  StepTensors s = validate_step(op, params, grads, no_masters, {momentum_buffers, &kBuffer, 1, 1u}, state_absmaxes,
-                                {}, false, {}, nullptr, 0.0, std::nullopt, inv_scale,
-                                found_inf, grad_norm, max_grad_norm, std::nullopt, false, unscale_grads, nullptr);
-  check_length(op, "updates", updates.size(), params.size(), false);
-  for (size_t i = 0; i < updates.size(); ++i) {
-    check_partner(op, "updates", i, updates[i], params[i], at::kBFloat16, true);
-  }
-  if (!updates.empty()) check_distinct(op, "updates", updates);
-  s.updates = updates.vec();
-  if (!staging) return s;
-  // every check has passed: stage what the kernels cannot walk as it is
-  stage_step(op, s, staging);
-  for (size_t i = 0; i < s.updates.size(); ++i) s.updates[i] = staging->like(s.updates[i], s.params[i], true);
-  return s;
 }
 
 }  // namespace fused_amp::core

@@ -1,5 +1,5 @@
 #pragma once
-// The arguments of one optimizer step (step_, muon_momentum_), validated once for both devices.
+// The arguments of one optimizer step (step_), validated once for both devices.
 #include <ATen/core/Tensor.h>
 #include <ATen/core/List.h>
 
@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "core/validate.h"
-#include "ops/muon.h"
 #include "ops/optimizer.h"
 #include "ops/update_scale.h"
 
@@ -24,8 +23,9 @@ struct StepTensors {
   // With 8-bit state (uint8 codes, ops/quantize.h), absmaxes[i] holds the fp32 absmax of every
   // block of param i's states: one row per state kept, in state order; undefined for other state.
   std::vector<at::Tensor> absmaxes;
-  // muon_momentum_ only: the bf16 tensors it writes its Newton-Schulz inputs to, shaped like params
-  std::vector<at::Tensor> updates;
+  // An optimizer that writes no param (ops::Elementwise::kWritesOutput) writes these instead:
+  // bf16, shaped like the params; empty for every other optimizer.
+  std::vector<at::Tensor> outputs;
   // masters[i] is undefined where params[i] is updated in place, fp32 for a master, int16 for the
   // remainder of a bf16 param, uint8 for the byte of a 24-bit master (ops/rounding.h).
   std::optional<at::Tensor> lr_tensor, inv_scale, found_inf;
@@ -73,14 +73,16 @@ struct StateLists {
 // inv_scale, found_inf, grad_norm) and, for 8-bit state, its absmaxes (one row per state kept,
 // one column per block); raises before anything is touched. `steps` must be given when
 // `steps_required`, else may be; `scalars` (one-element fp32 tensors, one per param) when
-// `scalar_key` names the optimizer's scalar state, else must be empty. With `staging`, tensors
+// `scalar_key` names the optimizer's scalar state, else must be empty. With `writes_output` the
+// params are read for their shapes and layouts only, `outputs` (bf16, shaped like them) are
+// written and masters are refused; without, `outputs` must be empty. With `staging`, tensors
 // whose layout the kernels cannot walk are replaced by staged copies (core::Staging); without,
 // only checks.
 StepTensors validate_step(const char* op, at::TensorList params, at::TensorList grads,
                           const c10::List<std::optional<at::Tensor>>& master_params, const StateLists& states,
                           const c10::List<std::optional<at::Tensor>>& state_absmaxes,
                           at::TensorList steps, bool steps_required, at::TensorList scalars,
-                          const char* scalar_key, double lr,
+                          const char* scalar_key, at::TensorList outputs, bool writes_output, double lr,
                           const std::optional<at::Tensor>& lr_tensor,
                           const std::optional<at::Tensor>& inv_scale,
                           const std::optional<at::Tensor>& found_inf,
@@ -100,21 +102,5 @@ struct StepArgs {
   StepTensors tensors;
   std::vector<double> hyper;
 };
-// muon_momentum_: params are read for their shapes and layouts only; momentum buffers in
-// states[0]; the bf16 outputs in `updates`.
-struct MuonArgs {
-  StepTensors tensors;
-  ops::MuonHyper hyper;
-};
-
-// validate_step for muon_momentum_ (no masters, lr or steps: it updates no param), and its
-// `updates`: bf16, shaped like the params, written (staged where not laid out as the param).
-StepTensors validate_muon(const char* op, at::TensorList params, at::TensorList grads,
-                          at::TensorList momentum_buffers, at::TensorList updates,
-                          const c10::List<std::optional<at::Tensor>>& state_absmaxes,
-                          const std::optional<at::Tensor>& inv_scale,
-                          const std::optional<at::Tensor>& found_inf,
-                          const std::optional<at::Tensor>& grad_norm,
-                          std::optional<double> max_grad_norm, bool unscale_grads, Staging* staging);
 
 }  // namespace fused_amp::core

@@ -121,7 +121,7 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
                     quantized ? s.absmaxes[t].stride(0) : 0, e - b, b, round_key,
                     s.rounding_seed.has_value(), s.stochastic_codes, write_grads};
   for (int k = 0; k < ops::kMaxStates; ++k) r.state[k] = at_b(s.states[k], state_bytes);
-  if (!s.updates.empty()) r.update = static_cast<c10::BFloat16*>(s.updates[t].data_ptr()) + b;
+  if (!s.outputs.empty()) r.output = static_cast<c10::BFloat16*>(s.outputs[t].data_ptr()) + b;
   return r;
 }
 
@@ -239,14 +239,6 @@ void Device::step(const core::StepArgs& a) {
     for (size_t t = 0; t < s.scalars.size(); ++t) *s.scalars[t].data_ptr<float>() = Opt::advance(h, tensor_steps[t]);
   });
   increment_steps(s);
-}
-
-void Device::muon(const core::MuonArgs& a) {
-  const core::StepTensors& s = a.tensors;
-  if (skip_step(s)) return;
-  const float mult = step_grad_mult(s);
-  const std::vector<ops::MuonCoeffs> coeffs(s.params.size(), ops::muon_coeffs(a.hyper, mult));
-  update_all(s, mult, coeffs, round_keys_of(s), loops().muon);
 }
 
 }  // namespace fused_amp::cpu

@@ -8,7 +8,6 @@
 #include <cstdint>
 
 #include "ops/grad_norm.h"
-#include "ops/muon.h"
 #include "optimizers.h"
 
 namespace fused_amp::cpu {
@@ -43,8 +42,8 @@ struct UpdateRange {
   // streaming stores of the param (see update_range); off for the short ranges of 8-bit state,
   // where the fence after each would stall every block
   bool may_stream = true;
-  // Muon's momentum pass: the bf16 Newton-Schulz input it writes (the param is not touched)
-  c10::BFloat16* update = nullptr;
+  // an optimizer that writes no param (ops::Elementwise::kWritesOutput): its bf16 output
+  c10::BFloat16* output = nullptr;
 };
 
 // The state dtypes a step loop exists for, as indices into the Loops arrays.
@@ -64,15 +63,14 @@ struct Loops {
   double (*norm_double[3])(const double*, int64_t, float);
   double (*norm_half[3])(const c10::Half*, int64_t, float);
   double (*norm_bfloat16[3])(const c10::BFloat16*, int64_t, float);
-  // The step loops of each optimizer (in the order of `Optimizers`) and of Muon's momentum pass,
-  // by param dtype and StateType; the coefficients are the optimizer's Coeffs.
+  // The step loops of each optimizer (in the order of `Optimizers`), by param dtype and
+  // StateType; the coefficients are the optimizer's Coeffs.
   struct Step {
     void (*on_float[kStateTypes])(const UpdateRange<float>&, const void* coeffs);
     void (*on_half[kStateTypes])(const UpdateRange<c10::Half>&, const void* coeffs);
     void (*on_bfloat16[kStateTypes])(const UpdateRange<c10::BFloat16>&, const void* coeffs);
   };
   Step step[Optimizers::size];
-  Step muon;  // the momentum buffer in state[0], coefficients ops::MuonCoeffs
 };
 
 namespace DEFAULT { const Loops& loops(); }

@@ -18,7 +18,6 @@
 // The op templates must come after the vector spellings to see them.
 #include "cpu/loops.h"
 #include "ops/grad_norm.h"
-#include "ops/muon.h"
 #include "ops/quantize.h"
 #include "ops/rounding.h"
 #include "ops/unscale.h"
@@ -63,10 +62,7 @@ const Loops& loops() {
              norm_range<c10::Half, ops::NormKind::L2>},
             {norm_range<BF16, ops::NormKind::Inf>, norm_range<BF16, ops::NormKind::L1>,
              norm_range<BF16, ops::NormKind::L2>},
-            {},
-            {{muon_range<float, float>, muon_range<float, BF16>, muon_range_q8<float>},
-             {muon_range<c10::Half, float>, muon_range<c10::Half, BF16>, muon_range_q8<c10::Half>},
-             {muon_range<BF16, float>, muon_range<BF16, BF16>, muon_range_q8<BF16>}}};
+            {}};
     const auto steps = all_step_loops(Optimizers{});
     std::copy(steps.begin(), steps.end(), t.step);
     return t;

@@ -240,7 +240,7 @@ void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, int
     if (sub.master) sub.master += b;
     if (sub.remainder) sub.remainder += b;
     if (sub.remainder8) sub.remainder8 += b;
-    if (sub.update) sub.update += b;
+    if (sub.output) sub.output += b;
     sub.n = n;
     sub.first = r.first + b;
     sub.may_stream = false;
@@ -272,11 +272,4 @@ void step_range_q8(const UpdateRange<T>& r, const void* coeffs) {
     if (Opt::has_state(c, k)) states[count] = quantized_state(r, k, count, Opt::kStateInfo[k].is_signed), ++count;
   }
   quantized_blocks(r, states, count, [&](const UpdateRange<T>& sub) { step_range<Opt, T, float>(sub, coeffs); });
-}
-
-// Muon's momentum (in state[0]) signed, row 0.
-template <typename T>
-void muon_range_q8(const UpdateRange<T>& r, const void* coeffs) {
-  const QuantizedState states[1] = {quantized_state(r, 0, 0, true)};
-  quantized_blocks(r, states, 1, [&](const UpdateRange<T>& sub) { muon_range<T, float>(sub, coeffs); });
 }

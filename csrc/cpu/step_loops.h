@@ -1,4 +1,4 @@
-// The optimizer step loops (every optimizer of optimizers.h, and Muon's momentum pass) over one range, for fp32 and bf16 state: the fp32 value
+// The optimizer step loops (every optimizer of optimizers.h) over one range, for fp32 and bf16 state: the fp32 value
 // of the param and its storage (load_value/store_value), the state's storage (store_state2),
 // the vector and scalar paths of one range. Part of cpu/loops_impl.h.
 // ---- the step loops ----------------------------------------------------------------------
@@ -210,7 +210,11 @@ FA_VECTOR_LOOP void step_vectors(const UpdateRange<T> r, const C c, int64_t begi
   for (int k = 0; k < K; ++k) keeps_state |= Opt::has_state(c, k);
   for (int64_t i = begin; i < end; i += kStep<T>) {
     VecF p0, p1, g0, g1, s0[K], s1[K];
-    load_value(r, i, p0, p1);
+    if constexpr (Opt::kWritesOutput) {
+      p0 = p1 = VecF(0.f);
+    } else {
+      load_value(r, i, p0, p1);
+    }
     load2(r.grad + i, g0, g1);
 #pragma GCC unroll 4
     for (int k = 0; k < K; ++k) {
@@ -220,7 +224,11 @@ FA_VECTOR_LOOP void step_vectors(const UpdateRange<T> r, const C c, int64_t begi
     store_unscaled_grad(r, i, g0, g1, c.inv_scale, shift);
     Opt::update(p0, g0, s0, c);
     Opt::update(p1, g1, s1, c);
-    store_value(r, i, p0, p1, stream);
+    if constexpr (Opt::kWritesOutput) {
+      store2(r.output + i, p0, p1);  // rounded to nearest even, as torch's .bfloat16()
+    } else {
+      store_value(r, i, p0, p1, stream);
+    }
     if (!keeps_state) continue;
     U32 bits[4];
     const U32* random = vector_rounding_bits(r, i, bits);
@@ -240,12 +248,16 @@ void step_range_with(const UpdateRange<T>& r, const C& c) {
       r, [&](int64_t begin, int64_t end, bool stream) { step_vectors<Opt, T, S>(r, c, begin, end, stream); },
       [&](int64_t i) {
         const bool read = Opt::reads_states(c);
-        float p = value_at(r, i), st[K];
+        float p = Opt::kWritesOutput ? 0.f : value_at(r, i), st[K];
         for (int k = 0; k < K; ++k) {
           st[k] = Opt::has_state(c, k) && read ? state_at(static_cast<S*>(r.state[k]), i) : 0.f;
         }
         Opt::update(p, grad_at(r, i, c.inv_scale), st, c);
-        set_value_at(r, i, p);
+        if constexpr (Opt::kWritesOutput) {
+          r.output[i] = static_cast<c10::BFloat16>(p);
+        } else {
+          set_value_at(r, i, p);
+        }
         const uint32_t bits = r.stochastic ? ops::rounding_bits(r.round_key, r.first + i) : 0u;
         for (int k = 0; k < K; ++k) {
           if (!Opt::has_state(c, k)) continue;
@@ -260,37 +272,4 @@ template <class Opt, typename T, typename S>
 void step_range(const UpdateRange<T>& r, const void* coeffs) {
   Opt::with_fixed_options(*static_cast<const typename Opt::Coeffs*>(coeffs),
                           [&](const auto& c) { step_range_with<Opt, T, S>(r, c); });
-}
-
-// Muon's momentum pass: the grad (unscaled, clipped) into the momentum, and the Newton-Schulz
-// input written as bf16 (rounded to nearest even, as torch's .bfloat16()); no param is read.
-template <typename T, typename S>
-FA_VECTOR_LOOP void muon_vectors(const UpdateRange<T> r, const ops::MuonCoeffs c, int64_t begin, int64_t end,
-                                 bool) {
-  S* const buf = static_cast<S*>(r.state[0]);
-  const ExponentShift shift = exponent_shift_of<T>(c.inv_scale, r.write_grad);
-  for (int64_t i = begin; i < end; i += kStep<T>) {
-    VecF g0, g1, b0, b1;
-    load2(r.grad + i, g0, g1);
-    load2(buf + i, b0, b1);
-    store_unscaled_grad(r, i, g0, g1, c.inv_scale, shift);
-    const VecF u0 = ops::muon_momentum(g0, b0, c);
-    const VecF u1 = ops::muon_momentum(g1, b1, c);
-    store2(r.update + i, u0, u1);
-    store_state2(buf + i, b0, b1, nullptr);
-  }
-}
-
-template <typename T, typename S>
-void muon_range(const UpdateRange<T>& r, const void* coeffs) {
-  const ops::MuonCoeffs& c = *static_cast<const ops::MuonCoeffs*>(coeffs);
-  S* const buf = static_cast<S*>(r.state[0]);
-  update_range(
-      r, [&](int64_t begin, int64_t end, bool stream) { muon_vectors<T, S>(r, c, begin, end, stream); },
-      [&](int64_t i) {
-        float b = state_at(buf, i);
-        const float u = ops::muon_momentum(grad_at(r, i, c.inv_scale), b, c);
-        r.update[i] = static_cast<c10::BFloat16>(u);
-        set_state_at(buf, i, b, false, 0u);
-      });
 }

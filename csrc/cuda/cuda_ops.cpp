@@ -167,7 +167,7 @@ void Device::step(const core::StepArgs& a) {
         TensorPtrs t{};
         t.p[kParam] = st.params[i].data_ptr();
         t.p[kGrad] = st.grads[i].data_ptr();
-        t.p[kMasterList] = ptr_or_null(st.masters, i);
+        t.p[kMasterList] = st.outputs.empty() ? ptr_or_null(st.masters, i) : st.outputs[i].data_ptr();
         for (int k = 0; k < states; ++k) t.p[kFirstState + k] = ptr_or_null(st.states[k], i);
         t.p[step_list(states)] = ptr_or_null(st.steps, i);
         if (scalars) t.p[step_list(states) + 1] = st.scalars[i].data_ptr();
@@ -177,19 +177,6 @@ void Device::step(const core::StepArgs& a) {
       },
       [&](const StepKind& kind, const std::vector<TensorPtrs>& list, const StepScalars& s,
           cudaStream_t stream) { cuda::step(a.optimizer, kind, list, a.hyper.data(), s, stream); });
-}
-
-void Device::muon(const core::MuonArgs& a) {
-  const core::StepTensors& st = a.tensors;
-  optimizer_step(
-      st,
-      [&](size_t i) {
-        return ptrs_of({st.params[i].data_ptr(), st.grads[i].data_ptr(), st.states[0][i].data_ptr(),
-                        st.updates[i].data_ptr(), ptr_or_null(st.absmaxes, i)},
-                       st.params[i].numel());
-      },
-      [&](const StepKind& kind, const std::vector<TensorPtrs>& list, const StepScalars& s,
-          cudaStream_t stream) { cuda::muon(kind, list, a.hyper, s, stream); });
 }
 
 }  // namespace fused_amp::cuda

@@ -1,6 +1,6 @@
 #pragma once
 // The CUDA entry points, free of torch headers: cuda_ops.cpp turns tensors into raw pointers
-// and calls these; amp.cu, norm.cu, optimizer_step.cu and muon.cu implement them.
+// and calls these; amp.cu, norm.cu and optimizer_step.cu implement them.
 #include <cstdint>
 #include <vector>
 
@@ -11,7 +11,6 @@
 #endif
 
 #include "ops/grad_norm.h"
-#include "ops/muon.h"
 #include "ops/optimizer.h"
 #include "ops/update_scale.h"
 
@@ -63,8 +62,10 @@ struct StepScalars {
 };
 
 // Where the fp32 value of a param lives: the param itself, an fp32 master, a bf16 param with an
-// int16 remainder, or a 24-bit master as a bf16 param with a byte (ops/rounding.h).
-enum class MasterKind : int { None = 0, Fp32 = 1, Remainder = 2, Remainder8 = 3 };
+// int16 remainder, or a 24-bit master as a bf16 param with a byte (ops/rounding.h). Output: an
+// optimizer that writes no param (ops::Elementwise::kWritesOutput) starts from 0 and writes its
+// bf16 output, in the master's list; the kernels take it from the descriptor, the host passes None.
+enum class MasterKind : int { None = 0, Fp32 = 1, Remainder = 2, Remainder8 = 3, Output = 4 };
 
 // What one launch sequence of an optimizer step is compiled for.
 struct StepKind {
@@ -74,7 +75,8 @@ struct StepKind {
 };
 
 // Lists per tensor of an optimizer step: param, grad, master, the optimizer's kStates states
-// (ops/optimizer.h), step, and its scalar state if it keeps one. All params share the kind's
+// (ops/optimizer.h), step, and its scalar state if it keeps one (master: the output of an
+// optimizer that writes no param). All params share the kind's
 // dtypes; master, the states not kept and SGD's step without momentum are null. With 8-bit state
 // one list more follows: the tensor's absmaxes, one row of ops::quant_blocks(numel) per state
 // kept, in state order.
@@ -84,15 +86,10 @@ constexpr int step_list(int states) { return kFirstState + states; }
 // The lists of an optimizer with `states` states and `scalars` (0 or 1) scalar states, less the
 // absmaxes' (the last, with 8-bit state).
 constexpr int step_lists(int states, int scalars) { return step_list(states) + 1 + scalars; }
-// Muon's momentum pass: param (not read), grad, momentum buffer, bf16 update.
-enum MuonList { kMuonGrad = 1, kMuonBuffer, kMuonUpdate, kMuonAbsmax };
 
 // One step of the optimizer named `optimizer` (optimizers.h), its hyperparameters in its
 // descriptor's order.
 void step(const char* optimizer, const StepKind& kind, const std::vector<TensorPtrs>& tensors, const double* hyper,
-          const StepScalars& s, cudaStream_t stream);
-// kind.master is always None: the pass updates no param
-void muon(const StepKind& kind, const std::vector<TensorPtrs>& tensors, const ops::MuonHyper& h,
           const StepScalars& s, cudaStream_t stream);
 
 // steps[i] += 1 unless found_inf is nonzero; runs after the update that read the old steps.

@@ -59,7 +59,8 @@ struct OptimizerLaunch {
   cudaStream_t stream;
   template <typename param_t, MasterKind kMasterKind, typename state_t>
   void run() const {
-    using Functor = StepFunctor<Opt, param_t, kMasterKind, state_t>;
+    constexpr MasterKind kKind = Opt::kWritesOutput ? MasterKind::Output : kMasterKind;
+    using Functor = StepFunctor<Opt, param_t, kKind, state_t>;
     static_assert(Functor::kLists + 1 <= kMaxLists, "every list of the optimizer (absmaxes too) fits TensorPtrs");
     apply_step<Functor::kLists, state_t>(tensors, Functor{h, s, spec}, stream);
   }

@@ -1,5 +1,5 @@
 #pragma once
-// What the optimizer kernels (optimizer_step.cu, muon.cu) share: one pass per step that reads each grad,
+// What the optimizer kernel (optimizer_step.cu) is made of: one pass per step that reads each grad,
 // updates the fp32 value of the param (master, param with remainder, or the param itself) and
 // the state, and writes the param back rounded to its dtype.
 #include "cuda/step_states.cuh"
@@ -12,15 +12,17 @@ template <typename param_t, MasterKind kMasterKind>
 struct ParamAccess {
   param_t* param;
   param_t* grad;
-  void* master;     // float* (kMasterKind == Fp32), uint16_t* (Remainder) or uint8_t* (Remainder8)
+  void* master;     // float* (Fp32), uint16_t* (Remainder), uint8_t* (Remainder8), __nv_bfloat16* (Output)
   bool write_grad;  // leave the grad as the step used it (unscaled, clipped), as torch's recipe does
 
   FA_DEVICE float* master_f() const { return static_cast<float*>(master); }
   FA_DEVICE uint16_t* remainder() const { return static_cast<uint16_t*>(master); }
   FA_DEVICE uint8_t* remainder8() const { return static_cast<uint8_t*>(master); }
+  FA_DEVICE __nv_bfloat16* output() const { return static_cast<__nv_bfloat16*>(master); }
   FA_DEVICE uint16_t* param_bits() const { return reinterpret_cast<uint16_t*>(param); }
 
   FA_DEVICE bool aligned() const {
+    if (kMasterKind == MasterKind::Output) return is_aligned(grad) && is_aligned(output());
     if (!is_aligned(param) || !is_aligned(grad)) return false;
     if (kMasterKind == MasterKind::Fp32) return is_aligned(master_f());
     if (kMasterKind == MasterKind::Remainder) return is_aligned(remainder());
@@ -43,6 +45,9 @@ struct ParamAccess {
       load_ilp(lo, remainder8(), ix);
 #pragma unroll
       for (int j = 0; j < kILP; ++j) p[j] = ops::float_of(ops::master24_of(hi[j], lo[j]));
+    } else if constexpr (kMasterKind == MasterKind::Output) {
+#pragma unroll
+      for (int j = 0; j < kILP; ++j) p[j] = 0.f;
     } else {
       load_ilp(p, param, ix);
     }
@@ -80,6 +85,8 @@ struct ParamAccess {
       }
       store_ilp(param_bits(), hi, ix);
       store_ilp(remainder8(), lo, ix);
+    } else if constexpr (kMasterKind == MasterKind::Output) {
+      store_ilp(output(), p, ix);  // rounded to nearest even, as torch's .bfloat16()
     } else {
       if constexpr (kMasterKind == MasterKind::Fp32) store_ilp(master_f(), p, ix);
       store_ilp(param, p, ix);
@@ -94,6 +101,7 @@ FA_DEVICE ParamAccess<param_t, kMasterKind> param_access(const Meta& meta, int t
   if (kMasterKind == MasterKind::Fp32) master = list_at<float>(meta.ptr[kMasterList][t], start);
   if (kMasterKind == MasterKind::Remainder) master = list_at<uint16_t>(meta.ptr[kMasterList][t], start);
   if (kMasterKind == MasterKind::Remainder8) master = list_at<uint8_t>(meta.ptr[kMasterList][t], start);
+  if (kMasterKind == MasterKind::Output) master = list_at<__nv_bfloat16>(meta.ptr[kMasterList][t], start);
   return {list_at<param_t>(meta.ptr[kParam][t], start), list_at<param_t>(meta.ptr[kGrad][t], start),
           master, write_grad};
 }

@@ -1,11 +1,13 @@
 #pragma once
 #include "ops/lerp.h"
+#include "ops/optimizer.h"
 
 namespace fused_amp::ops {
 
 // Muon's momentum pass (torch.optim.Muon's per-param loop before Newton-Schulz):
 //   g = grad * inv_scale;  B = lerp(B, g, 1 - momentum);  update = lerp(g, B, momentum) (nesterov) or B
-// The update is written as bf16, Newton-Schulz's input; the step itself is applied elsewhere.
+// The update is written as bf16, Newton-Schulz's input (an output list of the step op: the
+// descriptor writes no param); the step itself is applied elsewhere (fused_amp/optim/muon.py).
 struct MuonCoeffs {
   float momentum;
   float one_minus_momentum;  // (float)(1 - momentum), the weight torch's lerp_ receives
@@ -34,5 +36,26 @@ FA_HD T muon_momentum(T grad, T& buf, const MuonCoeffs& c) {
   buf = torch_lerp_(buf, grad, c.one_minus_momentum);
   return c.nesterov ? torch_lerp_(grad, buf, c.momentum) : buf;
 }
+
+// The descriptor (ops/optimizer.h): the update's value is the Newton-Schulz input.
+struct MuonMomentum : Elementwise {
+  static constexpr const char* kName = "muon_momentum";
+  static constexpr bool kWritesOutput = true;
+  static constexpr int kStates = 1;
+  // the momentum rounds to nearest (Muon refuses stochastic rounding of it)
+  static constexpr StateInfo kStateInfo[kStates] = {{"momentum_buffers", "momentum_buffer", true, false}};
+  static constexpr int kHyper = 2;
+  static constexpr const char* kHyperNames[kHyper] = {"momentum", "nesterov"};
+  using Hyper = MuonHyper;
+  using Coeffs = MuonCoeffs;
+  FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1] != 0}; }
+  FA_HD unsigned state_mask(const Hyper&) { return 1u; }
+  FA_HD bool steps_required(const Hyper&) { return false; }
+  FA_HD Coeffs coeffs(const Hyper& h, double, const TensorStep&, float grad_mult) {
+    return muon_coeffs(h, grad_mult);
+  }
+  template <typename T>
+  FA_HD void update(T& out, T g, T (&s)[kStates], const Coeffs& c) { out = muon_momentum(g, s[0], c); }
+};
 
 }  // namespace fused_amp::ops

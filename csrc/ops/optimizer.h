@@ -19,6 +19,9 @@
 //   bool has_state(const C&, int k), bool reads_states(const C&)      (defaults: every state, read)
 //   void with_fixed_options(const Coeffs&, F&& f)  f(c) or f(a type fixing c's options at compile
 //       time, for the CPU loops; default f(c))
+//   kWritesOutput              (default false) the optimizer writes no param or master: update()
+//       starts from 0 and its result goes to the op's `outputs`, bf16 tensors shaped like the
+//       params (Muon's momentum pass, whose result is Newton-Schulz's input)
 #include "ops/common.h"
 
 namespace fused_amp::ops {
@@ -41,6 +44,7 @@ struct TensorStep {
 
 struct Elementwise {
   static constexpr const char* kScalarKey = nullptr;
+  static constexpr bool kWritesOutput = false;
   template <class H>
   FA_HD float advance(const H&, const TensorStep& s) { return s.scalar; }
   template <class C>

@@ -153,7 +153,7 @@ class Muon(MasterWeightOptimizer):
         for indices, stack in stacks:
             for i, matrix in zip(indices, stack.unbind()):
                 updates[i] = matrix
-        momentum = dict(momentum=group["momentum"], nesterov=group["nesterov"],
+        momentum = dict(hyper=dict(momentum=group["momentum"], nesterov=group["nesterov"]), lr=0.0,
                         state_absmaxes=lists["state_absmaxes"], inv_scale=scalars["inv_scale"],
                         found_inf=scalars["found_inf"], grad_norm=scalars.get("grad_norm"),
                         max_grad_norm=scalars.get("max_grad_norm"), unscale_grads=group["unscale_grads"])
@@ -162,7 +162,8 @@ class Muon(MasterWeightOptimizer):
         # before it writes
         ops.step_("sgd", params, grads, masters, [], steps, hyper=_apply_hyper(0.0), lr=0.0, check_only=True,
                   **apply)
-        ops.muon_momentum_(params, grads, lists["momentum_buffer"], updates, check_only=check_only, **momentum)
+        ops.step_("muon_momentum", params, grads, [], [lists["momentum_buffer"]], [], outputs=updates,
+                  check_only=check_only, **momentum)
         if check_only or not params:
             return
         orthogonal = self._orthogonalize(group, stacks, sharded, len(params))

@@ -7,7 +7,6 @@
 #include "cuda/amp.cu"
 #include "cuda/norm.cu"
 #include "cuda/optimizer_step.cu"
-#include "cuda/muon.cu"
 #include "entry.h"
 
 using namespace fused_amp::cuda;
@@ -78,7 +77,7 @@ int fa_sim_update_scale(float* scale, int* growth_tracker, int* hysteresis_track
 // One step of `optimizer` (optimizers.h), then the step counts' increment. `kind`: param dtype,
 // master kind (0 none, 1 fp32, 2 remainder, 3 24-bit), state dtype (4: 8-bit codes, with the
 // absmaxes as one list more); `lists`: the lists per tensor (launch.h's StepList: param, grad,
-// master, the states, step, the scalar state if the optimizer keeps one); `hyper`: the
+// master (or output), the states, step, the scalar state if the optimizer keeps one); `hyper`: the
 // optimizer's hyperparameters in its descriptor's order; with `stochastic` 1 bf16 state and
 // 24-bit masters round stochastically with `seed`, 2 also 8-bit codes.
 int fa_sim_step(const char* optimizer, const int* kind, int n, int lists, void** ptrs, const int64_t* numels,
@@ -99,19 +98,6 @@ int fa_sim_step(const char* optimizer, const int* kind, int n, int lists, void**
       if (list[i].p[step]) steps.push_back(TensorPtrs{{list[i].p[step]}, 1});
     }
     increment_steps(steps, found_inf, nullptr);
-  });
-}
-
-// Muon's momentum pass: lists (param, grad, momentum buffer, bf16 update); kind as above
-// (master 0); hyper = (momentum), flags = (nesterov).
-int fa_sim_muon(const int* kind, int n, void** ptrs, const int64_t* numels, const double* hyper,
-                const int* flags, const float* inv_scale, const float* found_inf, int write_grads,
-                const float* grad_norm, float max_grad_norm, int large) {
-  return guarded([&] {
-    fused_amp_sim_large_args = large;
-    const fused_amp::ops::MuonHyper h{hyper[0], flags[0] != 0};
-    muon(step_kind(kind), tensors_of(n, lists_of(4, kind), ptrs, numels), h,
-         {0.0, nullptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm, false, 0, false}, nullptr);
   });
 }
 
