@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import fused_amp
 from fused_amp import ops
 from fused_amp.optim import Adam, AdamW
-from fused_amp.optim._quantize import ABSMAX, QUANT_BLOCK, _sqrt, dequantize, quantize
+from fused_amp.optim._quantize import ABSMAX, QUANT_BLOCK, _sqrt, constant_code, dequantize, quantize
 from helpers import assert_bitwise_equal, rounding_bits, rounding_key, adam_step_
 from optim_registry import CASES, IDS, PARAM_DTYPES
 
@@ -144,6 +144,18 @@ def test_every_code_dequantizes_to_its_closed_form_and_quantizes_back(signed):
     back, back_absmax = quantize(values, codes, signed)
     assert_bitwise_equal(back, codes)
     assert back_absmax.item() == pytest.approx(absmax, rel=2e-7)
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_a_constant_state_codes_as_quantize_codes_it(signed):
+    """constant_code (new state at its initial value, without tensors for torch.compile) is
+    quantize of the filled tensor: every code and every block's absmax, a partial block too."""
+    values = [0.0, 0.1, 1e-2, 3.0, 1e-39, math.inf] + ([-0.5, -1e-3] if signed else [])
+    for value in values:
+        codes, absmax = quantize(torch.full((2 * QUANT_BLOCK + 5,), value), torch.empty(2 * QUANT_BLOCK + 5), signed)
+        code, a = constant_code(value, signed)
+        assert_bitwise_equal(codes, torch.full_like(codes, code))
+        assert_bitwise_equal(absmax, torch.full_like(absmax, a))
 
 
 def test_a_positive_second_moment_never_codes_to_zero():

@@ -16,6 +16,9 @@ static inline VecF sign_(const VecF& x) {
   return VecF::blendv(s, x, x.isnan());
 }
 static inline VecD abs_(const VecD& x) { return x.abs(); }
+static inline VecF where_positive_(const VecF& x, const VecF& a, const VecF& b) {
+  return VecF::blendv(b, a, x > VecF(0.f));
+}
 // at::vec::maximum propagates NaN, as the norm's max must
 static inline VecF nan_max_(const VecF& a, const VecF& b) { return at::vec::maximum(a, b); }
 static inline VecD nan_max_(const VecD& a, const VecD& b) { return at::vec::maximum(a, b); }

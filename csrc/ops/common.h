@@ -24,6 +24,8 @@ FA_HD float abs_(float x) { return fabsf(x); }
 FA_HD double abs_(double x) { return fabs(x); }
 // torch.sign: -1, 0 or 1; NaN stays NaN
 FA_HD float sign_(float x) { return x > 0.f ? 1.f : (x < 0.f ? -1.f : (x == x ? 0.f : x)); }
+// a where x > 0, else b (NaN is not > 0), as torch.where(x.gt(0), a, b)
+FA_HD float where_positive_(float x, float a, float b) { return x > 0.f ? a : b; }
 #if defined(FUSED_AMP_NO_FMA)
 // The portable CPU build: the processor may lack FMA, and at::vec's portable fmadd (like torch's
 // own portable kernels) rounds a * b + c twice; the scalar path does the same.

@@ -259,15 +259,12 @@ def bring_state(name: str, p: torch.Tensor, group, state, keys, initial=None) ->
     if keys and quantized(p, group):
         codes = [state.get(k) for k in keys]
         absmax = state.get(_quantize.ABSMAX)
-        if all(c is None for c in codes) and absmax is None and any(initial.get(k, 0) for k in keys):
-            # nonzero initial values: quantized below, as a checkpoint's fp32 state is
-            state.update({k: torch.full_like(p, initial.get(k, 0), dtype=torch.float32,
-                                             memory_format=torch.preserve_format) for k in keys})
-        elif all(c is None for c in codes) and absmax is None:
-            state.update({k: torch.zeros_like(p, dtype=torch.uint8, memory_format=torch.preserve_format)
-                          for k in keys})
-            state[_quantize.ABSMAX] = torch.zeros(_absmax_shape(p, len(keys)), dtype=torch.float32,
-                                                  device=p.device)
+        if all(c is None for c in codes) and absmax is None:  # new: each state its initial value
+            coded = [_quantize.constant_code(initial.get(k, 0), k in SIGNED_STATES) for k in keys]
+            state.update({k: torch.full_like(p, code, dtype=torch.uint8, memory_format=torch.preserve_format)
+                          for k, (code, _) in zip(keys, coded)})
+            rows = torch.tensor([a for _, a in coded], dtype=torch.float32, device=p.device)
+            state[_quantize.ABSMAX] = rows[:, None].expand(_absmax_shape(p, len(keys))).contiguous()
             return
         if (all(c is not None and c.dtype == torch.uint8 for c in codes) and absmax is not None
                 and absmax.shape == _absmax_shape(p, len(keys))):

@@ -6,7 +6,8 @@ A state tensor's codes have the param's shape and layout; its blocks are runs of
 ``QUANT_BLOCK`` elements in their memory order, each with one fp32 absmax, kept for all of a
 param's states in ``state["state_absmax"]`` (one row per state, in the optimizer's state order).
 """
-from typing import Sequence
+import struct
+from typing import Sequence, Tuple
 
 import torch
 
@@ -82,6 +83,21 @@ def quantize(values: torch.Tensor, like: torch.Tensor, signed: bool):
     _memory_order(codes).copy_(c.to(torch.int32).reshape(-1)[:staged.numel()].to(torch.uint8))
     stored = torch.where(absmax < _FLT_MIN, torch.zeros_like(absmax), absmax)
     return codes, stored.reshape(-1)
+
+
+def constant_code(value: float, signed: bool) -> Tuple[int, float]:
+    """(code, block absmax) of a state whose every element is ``value`` (its initial value: zero,
+    Adagrad's ``initial_accumulator_value``, Rprop's ``lr``), as :func:`quantize` gives them, from
+    Python numbers: a first step that torch.compile traces creates the state without a graph
+    break. Unsigned states are never negative."""
+    v = struct.unpack("f", struct.pack("f", value))[0]  # the fp32 value
+    a = abs(v)
+    if a < _FLT_MIN:  # zero (or an fp32 denormal): absmax 0, code 0
+        return 0, 0.0
+    if not a <= _FLT_MAX:  # inf or NaN: not coded, the absmax says what it was
+        return 0, a
+    # every element is the absmax: the top code (a negative signed one as int8 bits)
+    return (int(_SIGNED_LEVELS) if v > 0 else 256 - int(_SIGNED_LEVELS)) if signed else int(_UNSIGNED_LEVELS), a
 
 
 def quantize_states(values: Sequence[torch.Tensor], like: torch.Tensor, signed: Sequence[bool]):
