@@ -5,6 +5,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "ops/adadelta.h"
 #include "ops/adagrad.h"
 #include "ops/adam.h"
 #include "ops/adamax.h"
@@ -14,6 +15,7 @@
 #include "ops/nadam.h"
 #include "ops/radam.h"
 #include "ops/rmsprop.h"
+#include "ops/rprop.h"
 #include "ops/sgd.h"
 
 namespace fused_amp {
@@ -39,6 +41,7 @@ struct OptimizerList {
 };
 
 using Optimizers = OptimizerList<ops::Adam, ops::Sgd, ops::Lion, ops::Adagrad, ops::Rmsprop, ops::Adamax, ops::Radam,
-                                 ops::Ademamix, ops::Nadam, ops::MuonMomentum>;
+                                 ops::Ademamix, ops::Nadam, ops::MuonMomentum, ops::Adadelta,
+                                 ops::Rprop>;
 
 }  // namespace fused_amp

@@ -7,7 +7,7 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from fused_amp.optim import SGD, Adagrad, Adam, Adamax, AdamW, AdEMAMix, Lion, NAdam, RAdam, RMSprop
+from fused_amp.optim import SGD, Adadelta, Adagrad, Adam, Adamax, AdamW, AdEMAMix, Lion, NAdam, RAdam, RMSprop, Rprop
 from reference_optim import ReferenceAdEMAMix, ReferenceLion
 
 
@@ -70,6 +70,14 @@ OPTIMIZERS: List[OptimEntry] = [
         dict(lr=1e-3),
         dict(lr=1e-3, betas=(0.8, 0.99, 0.999), alpha=2.0, t_alpha=50, t_beta3=50, weight_decay=0.1,
              maximize=True),
+    )),
+    OptimEntry(Adadelta, torch.optim.Adadelta, (
+        dict(lr=1.0),
+        dict(lr=0.5, rho=0.8, eps=1e-5, weight_decay=0.1, maximize=True),
+    )),
+    OptimEntry(Rprop, torch.optim.Rprop, (
+        dict(lr=1e-2),
+        dict(lr=1e-3, etas=(0.4, 1.5), step_sizes=(1e-4, 2e-2), maximize=True),
     )),
 ]
 

@@ -1,4 +1,5 @@
 """torch.optim-style optimizers with fp32 master weights and one fused pass per step."""
+from fused_amp.optim.adadelta import Adadelta
 from fused_amp.optim.adagrad import Adagrad
 from fused_amp.optim.adam import Adam, AdamW
 from fused_amp.optim.adamax import Adamax
@@ -10,7 +11,9 @@ from fused_amp.optim.muon import Muon
 from fused_amp.optim.nadam import NAdam
 from fused_amp.optim.radam import RAdam
 from fused_amp.optim.rmsprop import RMSprop
+from fused_amp.optim.rprop import Rprop
 from fused_amp.optim.sgd import SGD
 
 __all__ = ["Adam", "AdamW", "SGD", "Lion", "Muon", "Adagrad", "RMSprop", "Adamax", "RAdam", "NAdam", "AdEMAMix",
+           "Adadelta", "Rprop",
            "export_fp32", "import_fp32", "from_optimizer"]

@@ -4,17 +4,20 @@ import inspect
 
 import torch
 
+from fused_amp.optim.adadelta import Adadelta
 from fused_amp.optim.adagrad import Adagrad
 from fused_amp.optim.adam import Adam, AdamW
 from fused_amp.optim.adamax import Adamax
 from fused_amp.optim.nadam import NAdam
 from fused_amp.optim.radam import RAdam
 from fused_amp.optim.rmsprop import RMSprop
+from fused_amp.optim.rprop import Rprop
 from fused_amp.optim.sgd import SGD
 
 _COUNTERPARTS = {torch.optim.Adam: Adam, torch.optim.AdamW: AdamW, torch.optim.SGD: SGD,
                  torch.optim.Adagrad: Adagrad, torch.optim.RMSprop: RMSprop, torch.optim.Adamax: Adamax,
-                 torch.optim.RAdam: RAdam, torch.optim.NAdam: NAdam}
+                 torch.optim.RAdam: RAdam, torch.optim.NAdam: NAdam, torch.optim.Adadelta: Adadelta,
+                 torch.optim.Rprop: Rprop}
 
 
 def from_optimizer(optimizer: torch.optim.Optimizer, **options):
@@ -22,8 +25,8 @@ def from_optimizer(optimizer: torch.optim.Optimizer, **options):
     same param groups, with every group option carried across (lr, betas, weight decay per
     group, ``amsgrad``, ``maximize``, ...), and its state if it has stepped.
 
-    ``torch.optim.Adam``, ``AdamW``, ``SGD``, ``Adagrad``, ``RMSprop``, ``Adamax``, ``RAdam`` and
-    ``NAdam`` become their namesakes here; ``options`` are ours for every group (``master_weights``, ``state_dtype``,
+    ``torch.optim.Adam``, ``AdamW``, ``SGD``, ``Adagrad``, ``RMSprop``, ``Adamax``, ``RAdam``,
+    ``NAdam``, ``Adadelta`` and ``Rprop`` become their namesakes here; ``options`` are ours for every group (``master_weights``, ``state_dtype``,
     ``max_grad_norm``, ...)::
 
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)  # library code's

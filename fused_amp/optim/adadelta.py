@@ -1,0 +1,70 @@
+"""Adadelta with fp32 master weights, one fused pass per step."""
+from typing import Optional, Union
+
+import torch
+
+from fused_amp.optim._base import MasterWeightOptimizer, check_eps, check_lr, check_torch_flags, check_weight_decay
+
+
+class Adadelta(MasterWeightOptimizer):
+    r"""Adadelta with fp32 master weights, in one fused multi-tensor pass per step.
+
+    Same arguments, defaults and update as :class:`torch.optim.Adadelta` (grads unscaled by the
+    GradScaler's :math:`1/s` inside the same pass):
+
+    .. math::
+        g &\leftarrow \pm g / s + \lambda\theta \qquad v \leftarrow \rho v + (1-\rho) g^2 \qquad
+        \Delta = \frac{\sqrt{u + \epsilon}}{\sqrt{v + \epsilon}}\, g \\
+        u &\leftarrow \rho u + (1-\rho) \Delta^2 \qquad \theta \leftarrow \theta - \gamma \Delta
+
+    in fp32 on the master; the state is ``square_avg`` and ``acc_delta``, as torch's.
+
+    Args:
+        params: iterable of parameters or dicts defining parameter groups.
+        lr (float or Tensor): coefficient that scales :math:`\Delta` (default: 1.0).
+        rho (float): coefficient of the running averages (default: 0.9).
+        eps (float): added inside both square roots (default: 1e-6).
+        weight_decay (float): weight decay (L2 penalty) (default: 0).
+        foreach, capturable: accepted; the step is always one fused pass that runs on the device.
+        maximize (bool): maximize the objective instead of minimizing (default: False).
+        differentiable (bool): must be False: the fused step runs outside autograd.
+        master_weights, state_dtype, stochastic_rounding, rounding_seed, min_8bit_size: as for
+            :class:`fused_amp.optim.Adam` (8-bit: both states unsigned).
+        unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
+    """
+
+    def __init__(self, params, lr: Union[float, torch.Tensor] = 1.0, rho: float = 0.9, eps: float = 1e-6,
+                 weight_decay: float = 0, foreach: Optional[bool] = None, *, capturable: bool = False,
+                 maximize: bool = False, differentiable: bool = False, master_weights: Union[bool, str] = True,
+                 unscale_grads: bool = True, max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
+                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
+                 rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
+        defaults = dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay, maximize=maximize,
+                        capturable=capturable, foreach=foreach, differentiable=differentiable,
+                        master_weights=master_weights, unscale_grads=unscale_grads,
+                        state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
+                        rounding_seed=rounding_seed, min_8bit_size=min_8bit_size)
+        self._check_hyperparameters(defaults)
+        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
+
+    @classmethod
+    def _check_hyperparameters(cls, o):
+        """torch.optim.Adadelta's checks and messages, in its order."""
+        check_lr(o["lr"])
+        if not 0.0 <= o["rho"] <= 1.0:
+            raise ValueError(f"Invalid rho value: {o['rho']}")
+        check_eps(o["eps"])
+        check_weight_decay(o["weight_decay"])
+        check_torch_flags(cls.__name__, o["foreach"], None, o["differentiable"])
+
+    _group_defaults = dict(MasterWeightOptimizer._group_defaults, foreach=None, maximize=False,
+                           differentiable=False, capturable=False)
+
+    def _state_keys_for(self, group):
+        return ("square_avg", "acc_delta")
+
+    _kernel = "adadelta"
+
+    def _hyper(self, group):
+        return dict(rho=group["rho"], eps=group["eps"], weight_decay=group["weight_decay"],
+                    maximize=group["maximize"])

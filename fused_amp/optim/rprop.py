@@ -1,0 +1,78 @@
+"""Rprop with fp32 master weights, one fused pass per step."""
+from typing import Optional, Tuple, Union
+
+import torch
+
+from fused_amp.optim._base import MasterWeightOptimizer, check_lr, check_torch_flags
+
+
+class Rprop(MasterWeightOptimizer):
+    r"""Rprop (resilient backpropagation) with fp32 master weights, in one fused multi-tensor
+    pass per step.
+
+    Same arguments, defaults and update as :class:`torch.optim.Rprop` (grads unscaled by the
+    GradScaler's :math:`1/s` inside the same pass); per element, with :math:`g \leftarrow \pm g/s`
+    and :math:`\sigma = \operatorname{sign}(g\, g_{prev})`:
+
+    .. math::
+        \eta &\leftarrow \operatorname{clamp}\big(\eta \cdot (\eta_+ \text{ if } \sigma > 0,\
+        \eta_- \text{ if } \sigma < 0, \text{ else } 1),\ \Gamma_{min}, \Gamma_{max}\big) \\
+        g &\leftarrow 0 \text{ where } \sigma < 0 \qquad
+        \theta \leftarrow \theta - \eta \operatorname{sign}(g) \qquad g_{prev} \leftarrow g
+
+    in fp32 on the master; the state is ``prev`` and ``step_size`` (which starts at ``lr``: the
+    learning rate sets the first step sizes only, as in torch), as torch's.
+
+    Args:
+        params: iterable of parameters or dicts defining parameter groups.
+        lr (float or Tensor): the initial step size (default: 1e-2).
+        etas (Tuple[float, float]): the multiplicative decrease and increase factors
+            :math:`(\eta_-, \eta_+)` (default: (0.5, 1.2)).
+        step_sizes (Tuple[float, float]): the minimal and maximal step sizes (default: (1e-6, 50)).
+        capturable, foreach: accepted; the step is always one fused pass that runs on the device.
+        maximize (bool): maximize the objective instead of minimizing (default: False).
+        differentiable (bool): must be False: the fused step runs outside autograd.
+        master_weights, state_dtype, stochastic_rounding, rounding_seed, min_8bit_size: as for
+            :class:`fused_amp.optim.Adam` (8-bit: ``prev`` signed, ``step_size`` unsigned).
+        unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
+    """
+
+    def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-2, etas: Tuple[float, float] = (0.5, 1.2),
+                 step_sizes: Tuple[float, float] = (1e-6, 50), *, capturable: bool = False,
+                 foreach: Optional[bool] = None, maximize: bool = False, differentiable: bool = False,
+                 master_weights: Union[bool, str] = True, unscale_grads: bool = True,
+                 max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
+                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
+                 rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
+        defaults = dict(lr=lr, etas=etas, step_sizes=step_sizes, foreach=foreach, maximize=maximize,
+                        differentiable=differentiable, capturable=capturable,
+                        master_weights=master_weights, unscale_grads=unscale_grads,
+                        state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
+                        rounding_seed=rounding_seed, min_8bit_size=min_8bit_size)
+        self._check_hyperparameters(defaults)
+        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
+
+    @classmethod
+    def _check_hyperparameters(cls, o):
+        """torch.optim.Rprop's checks and messages, in its order."""
+        check_lr(o["lr"])
+        etas = o["etas"]
+        if not 0.0 < etas[0] < 1.0 < etas[1]:
+            raise ValueError(f"Invalid eta values: {etas[0]}, {etas[1]}")
+        check_torch_flags(cls.__name__, o["foreach"], None, o["differentiable"])
+
+    _group_defaults = dict(MasterWeightOptimizer._group_defaults, foreach=None, maximize=False,
+                           differentiable=False, capturable=False)
+
+    def _state_keys_for(self, group):
+        return ("prev", "step_size")
+
+    def _initial_state(self, group):
+        return {"step_size": float(group["lr"])}
+
+    _kernel = "rprop"
+
+    def _hyper(self, group):
+        return dict(eta_minus=float(group["etas"][0]), eta_plus=float(group["etas"][1]),
+                    step_size_min=float(group["step_sizes"][0]), step_size_max=float(group["step_sizes"][1]),
+                    maximize=group["maximize"])
