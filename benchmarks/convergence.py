@@ -166,6 +166,8 @@ def _optimizers():
         "RAdam": (o.RAdam, torch.optim.RAdam, 2e-3, {}),
         "NAdam": (o.NAdam, torch.optim.NAdam, 2e-3, {}),
         "AdEMAMix": (o.AdEMAMix, ReferenceAdEMAMix, 2e-3, dict(weight_decay=0.0)),
+        "Adadelta": (o.Adadelta, torch.optim.Adadelta, 1.0, {}),
+        "Rprop": (o.Rprop, torch.optim.Rprop, 1e-4, dict(step_sizes=(1e-6, 1e-3))),
     }
 
 
@@ -188,11 +190,11 @@ def compare_optimizers(seeds: List[int], steps: int, names: List[str] = None) ->
     return out
 
 
-if __name__ == "__main__":  # python -m benchmarks.convergence: the optimizers' rows, 3 seeds
+if __name__ == "__main__":  # python -m benchmarks.convergence [steps [name ...]]: the optimizers' rows, 3 seeds
     import sys
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 1500
     print(f"char LM, {steps} steps, seeds 0-2: final held-out loss, mean (spread)")
-    for name, row in compare_optimizers([0, 1, 2], steps).items():
+    for name, row in compare_optimizers([0, 1, 2], steps, sys.argv[2:] or None).items():
         cells = [f"{label} {r['mean']:.4f} ({r['spread']:.4f})" for label, r in row.items()]
         diff = row["fused_amp bf16 + masters"]["mean"] - row["torch fp32"]["mean"]
         print(f"{name:20s} " + "   ".join(cells) + f"   difference {diff:+.4f}")

@@ -94,6 +94,8 @@ OPTIMIZERS = {
     "radam": (fused_amp.optim.RAdam, torch.optim.RAdam, dict(lr=1e-3)),
     "nadam": (fused_amp.optim.NAdam, torch.optim.NAdam, dict(lr=2e-3)),
     "ademamix": (fused_amp.optim.AdEMAMix, ForeachAdEMAMix, dict(lr=1e-3)),
+    "adadelta": (fused_amp.optim.Adadelta, torch.optim.Adadelta, dict(lr=1.0)),
+    "rprop": (fused_amp.optim.Rprop, torch.optim.Rprop, dict(lr=1e-2)),
 }
 INIT_SCALE = 1024.0  # small enough that scaled fp16 grads stay finite
 # fused_amp's optimizer settings in every suite: the default, torch's behaviour (p.grad left

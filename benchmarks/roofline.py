@@ -24,6 +24,8 @@ BYTES_PER_PARAM = {
     # Adamax (exp_avg, exp_inf), RAdam and NAdam (exp_avg, exp_avg_sq): as Adam, two fp32 states
     # (NAdam's mu_product: 4 bytes per tensor, nothing per param)
     ("adamax", "bfloat16"): 28, ("radam", "bfloat16"): 28, ("nadam", "bfloat16"): 28,
+    # Adadelta (square_avg, acc_delta) and Rprop (prev, step_size): two fp32 states, as Adam
+    ("adadelta", "bfloat16"): 28, ("rprop", "bfloat16"): 28,
     # AdEMAMix: three fp32 states: read g 2, master 4, m1 4, m2 4, nu 4; write master 4, 12, p 2
     ("ademamix", "bfloat16"): 36,
     # Adam with gradient clipping: the global norm must be known before any update, so the grads

@@ -254,6 +254,35 @@ def test_fsdp2_mixed_precision_policy_fp32_shards():
             assert torch.equal(a, b)
 
 
+def every_optimizer_ddp_and_zero_run(rank, world):
+    """Each optimizer of the registry (its stateful option set) under DDP and under ZeRO-1
+    (ZeroRedundancyOptimizer over DDP) with fused_amp's GradScaler, an overflow on rank 1 at
+    step 2: the ZeRO run (each rank steps the params it owns, then broadcasts them) must leave
+    the params of the DDP run bit for bit, and the ranks must agree."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from optim_registry import OPTIMIZERS
+
+    out = {}
+    for entry in OPTIMIZERS:
+        kw = entry.options[1]
+        runs = []
+        for zero in (False, True):
+            model = torch.nn.parallel.DistributedDataParallel(make_model())
+            opt = (ZeroRedundancyOptimizer(model.parameters(), optimizer_class=entry.ours, **kw) if zero
+                   else entry.ours(model.parameters(), **kw))
+            train(rank, model, opt, 4, 2)
+            runs.append([p.detach().clone() for p in model.parameters()])
+        out[entry.ours.__name__] = (all(torch.equal(a, b) for a, b in zip(*runs)), runs[0])
+    return out
+
+
+def test_every_optimizer_steps_alike_under_ddp_and_zero1():
+    results = run_ranks(every_optimizer_ddp_and_zero_run, 2)
+    for name, (zero_equals_ddp, params) in results[0].items():
+        assert zero_equals_ddp, name
+        assert all(torch.equal(a, b) for a, b in zip(params, results[1][name][1])), name
+
+
 def every_optimizer_fsdp_run(rank, world):
     """Each optimizer of the registry (its stateful option set) over FSDP2's bf16 shards with
     fp32 masters (bf16 training, no scaler), beside the same optimizer over plain full copies of

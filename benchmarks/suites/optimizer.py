@@ -14,9 +14,8 @@ def cases(ctx):
     # Adam in both half dtypes; every other optimizer in bf16 (torch's side: its fused one, else
     # foreach; for Lion and AdEMAMix, which torch ships none of, a _foreach one as users write it);
     # a quick run (its minute's budget) takes the first five
-    combos = [("adam", "bfloat16"), ("adam", "float16"), ("adamw", "bfloat16"), ("sgd", "bfloat16"),
-              ("lion", "bfloat16"), ("adagrad", "bfloat16"), ("rmsprop", "bfloat16"), ("adamax", "bfloat16"),
-              ("radam", "bfloat16"), ("nadam", "bfloat16"), ("ademamix", "bfloat16")][:5 if ctx.quick else None]
+    combos = ([("adam", "bfloat16"), ("adam", "float16")]
+              + [(name, "bfloat16") for name in impls.OPTIMIZERS if name != "adam"])[:5 if ctx.quick else None]
     out = [(f"{opt}/{dtype}/{n // 1_000_000}M",
             lambda c, o=opt, d=dtype, n=n: run(c, o, d, workloads.model_like_shapes(n)))
            for opt, dtype in combos]
