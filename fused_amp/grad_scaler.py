@@ -16,6 +16,7 @@ from torch.amp.grad_scaler import OptState
 from torch.optim.optimizer import _global_optimizer_pre_hooks
 
 from fused_amp import _scaling, ops
+from fused_amp.optim import in_backward
 from fused_amp.optim._grad_norm import Gathered, gather, total_grad_norm
 
 try:  # torch builds without distributed support lack it
@@ -190,6 +191,11 @@ class GradScaler(torch.amp.GradScaler):
         self._last_overflow: Dict[int, Any] = {}
 
     def scale(self, outputs):
+        if self._enabled and in_backward.any_active():
+            raise RuntimeError("GradScaler: a fused_amp.optim optimizer steps in backward (step_in_backward), with "
+                               "the grads as backward leaves them: a scaled loss would step scaled grads, and the "
+                               "scaler's skip of an overflowing step needs every grad before any param steps (handle.remove() "
+                               "ends it)")
         if self._enabled:
             _scaling.scaled_a_loss(self)  # for a clip_grad_norm_ before the optimizer's first step
         return super().scale(outputs)

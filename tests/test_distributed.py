@@ -540,3 +540,51 @@ def test_the_fsdp2_example_runs_and_learns():
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = [float(line.split()[-1]) for line in proc.stdout.splitlines() if "loss" in line]
     assert losses[-1] < losses[0] / 10
+
+
+def in_backward_fsdp_run(rank, world, bucket_bytes):
+    """FSDP2 bf16 shards with exact masters (remainder): the post-accumulate hooks fire on each
+    reduce-scattered grad shard, which steps there and is freed; the normal FSDP2 loop's params
+    and state, bit for bit."""
+    from torch.distributed.fsdp import fully_shard
+
+    out = []
+    for in_backward in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).bfloat16()
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+        opt = fused_amp.optim.AdamW(model.parameters(), lr=1e-2, master_weights="remainder")
+        handle = fused_amp.optim.step_in_backward(opt, bucket_bytes) if in_backward else None
+        for step in range(4):
+            model(batch(rank, step, None)).float().pow(2).mean().backward()
+            if in_backward:
+                assert all(p.grad is None for p in model.parameters())
+            opt.step()
+            opt.zero_grad()
+        if handle is not None:
+            handle.remove()
+        out.append([p.full_tensor() for p in model.parameters()]
+                   + [opt.state[p][k].full_tensor() for p in model.parameters() for k in ("exp_avg", "exp_avg_sq")])
+    return all(torch.equal(a, b) for a, b in zip(*out))
+
+
+def in_backward_ddp_run(rank, world):
+    model = torch.nn.parallel.DistributedDataParallel(make_model())
+    opt = fused_amp.optim.AdamW(model.parameters(), lr=1e-2)
+    try:
+        fused_amp.optim.step_in_backward(opt)
+    except RuntimeError as e:
+        return str(e)
+
+
+def test_ddp_is_refused_by_step_in_backward():
+    for message in run_ranks(in_backward_ddp_run, 2):
+        assert "is not a DTensor in a 2-rank run: under DDP the reducer averages the grads" in message
+
+
+@pytest.mark.parametrize("bucket_bytes", [0, None])
+def test_fsdp2_steps_in_backward_as_its_normal_loop(bucket_bytes):
+    assert all(run_ranks(in_backward_fsdp_run, 2, bucket_bytes))

@@ -6,6 +6,7 @@ from fused_amp.optim.adamax import Adamax
 from fused_amp.optim.ademamix import AdEMAMix
 from fused_amp.optim.export import export_fp32, import_fp32
 from fused_amp.optim.from_torch import from_optimizer
+from fused_amp.optim.in_backward import step_in_backward
 from fused_amp.optim.lion import Lion
 from fused_amp.optim.muon import Muon
 from fused_amp.optim.nadam import NAdam
@@ -16,4 +17,4 @@ from fused_amp.optim.sgd import SGD
 
 __all__ = ["Adam", "AdamW", "SGD", "Lion", "Muon", "Adagrad", "RMSprop", "Adamax", "RAdam", "NAdam", "AdEMAMix",
            "Adadelta", "Rprop",
-           "export_fp32", "import_fp32", "from_optimizer"]
+           "export_fp32", "import_fp32", "from_optimizer", "step_in_backward"]

@@ -300,6 +300,9 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             if len(mine) == len(params) and all(map(operator.is_, mine, params)):
                 return handed.grads[start:start + len(params)], handed.refs
         grads, _, _, _, refs = local_grads(params)
+        only = self.__dict__.get("_only")
+        if only is not None:  # (_step_params)
+            grads = [g if p in only else None for p, g in zip(params, grads)]
         return grads, refs
 
     def _plan_lists(self, lists) -> None:
@@ -328,11 +331,28 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         """Perform a single optimization step. ``closure`` re-evaluates the model and returns
-        the loss (optional)."""
+        the loss (optional). While the params step in backward
+        (:func:`fused_amp.optim.step_in_backward`) it only runs the closure: they have stepped."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self.__dict__.get("_in_backward") is not None:  # the params stepped in backward (in_backward.py)
+            return loss
+        self._fused_step()
+        return loss
+
+    @torch.no_grad()
+    def _step_params(self, params) -> None:
+        """One step of ``params`` only (those of them with grads), as :meth:`step` steps them:
+        step_in_backward's, for the params whose grads have arrived."""
+        self._only = set(params)
+        try:
+            self._fused_step()
+        finally:
+            self._only = None
+
+    def _fused_step(self) -> None:
         if getattr(self, "found_inf", None) is None and not torch.compiler.is_compiling():
             _scaling.stepped(self)  # without a GradScaler (host bookkeeping, left out when traced)
         max_grad_norm, grad_norm_type = check_same_clip_options(type(self).__name__, self.param_groups)
@@ -377,7 +397,6 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             # frees them as it does with torch's optimizers
             for _, lists, _ in calls:
                 lists["grads"], lists["grad_refs"] = [], None
-        return loss
 
     # ---- gradient clipping ------------------------------------------------------------------
     @torch.compiler.disable  # eager under torch.compile, as GradScaler.step (whose pass it may be)
@@ -400,6 +419,9 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         leaves the clipped grads in ``p.grad`` as torch does. ``foreach`` is accepted and
         ignored (one fused pass either way); ``zero_grad`` drops a clip not yet applied.
         """
+        if self.__dict__.get("_in_backward") is not None:
+            raise RuntimeError(f"clip_grad_norm_: {type(self).__name__} steps in backward (step_in_backward): each "
+                               "param has stepped before the global norm of the grads could be known")
         scaler = _scaling.scaler_of(self)
         inv_scale = self._inv_scale()
         if scaler is not None:
@@ -437,6 +459,9 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         return self._clip.last_norm
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """As torch's; does nothing while the params step in backward (their grads are freed there)."""
+        if self.__dict__.get("_in_backward") is not None:
+            return
         self._clip.pending = None
         super().zero_grad(set_to_none)
 
