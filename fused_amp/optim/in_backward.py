@@ -1,5 +1,6 @@
 """Step in backward: each param steps as soon as its grad is accumulated, and its grad is freed
 ("gradient release": torchtune's optimizer_in_bwd, FlashOptim's 5 bytes per param)."""
+import contextlib
 import weakref
 from typing import Optional
 
@@ -59,20 +60,17 @@ class StepInBackward:
         for p in pending:
             p.grad = None
 
+    @contextlib.contextmanager
     def no_step(self):
         """A context manager: backward passes inside it accumulate the grads as without
         step_in_backward (nothing steps, nothing is freed); the next backward outside it steps
         with the accumulated grads. Gradient accumulation over k micro-batches: k - 1 backwards
         inside, the last outside."""
-        handle = self
-
-        class _NoStep:
-            def __enter__(self):
-                handle._accumulating = True
-
-            def __exit__(self, *exc):
-                handle._accumulating = False
-        return _NoStep()
+        self._accumulating = True
+        try:
+            yield
+        finally:
+            self._accumulating = False
 
     def remove(self) -> None:
         """Restore the normal loop: hooks removed, ``step()`` and ``zero_grad()`` work again."""
@@ -92,8 +90,9 @@ def step_in_backward(optimizer: MasterWeightOptimizer, bucket_bytes: Optional[in
     when backward ends, they take one fused step (the same step as :meth:`step`, with the
     group's lr and options read then: LR schedulers and param-group changes apply as they do
     with ``step()``) and their ``.grad`` is set to None. The grads of a bf16 model are never all
-    held at once: 2 bytes per param less (``master_weights=True`` 6 instead of 8 bytes per param
-    with 8-bit state, ``"remainder8"`` 5 instead of 7), at the cost of one op call per bucket.
+    held at once: 2 bytes per param less (with 8-bit state, ``master_weights="remainder"`` 6
+    instead of 8 bytes per param, ``"remainder8"`` 5 instead of 7), at the cost of one op call
+    per bucket.
 
     While the returned handle is in force, ``optimizer.step()`` and ``zero_grad()`` do nothing
     (a loop written for the normal path runs unchanged), every backward is one step of each
