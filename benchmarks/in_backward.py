@@ -39,29 +39,38 @@ def rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # (KiB on Linux)
 
 
-def one_setting(device, mode, bucket, steps, width, blocks):
-    """Runs in its own process: peak memory above the start, per param, and step times."""
+def timed_steps(device, params, loss, options, bucket, steps):
+    """(optimizer, seconds per step): AdamW with ``options`` over ``params``, stepping in
+    backward with ``bucket`` (None: the normal loop), ``steps`` times loss().backward(), step,
+    zero_grad."""
     import fused_amp
 
-    torch.manual_seed(0)
-    base_rss = rss_bytes()
-    x = torch.randn(2, 64, width, device=device, dtype=torch.bfloat16)
-    model = torch.nn.Sequential(*[Block(width, device=device, dtype=torch.bfloat16) for _ in range(blocks)])
-    n = sum(p.numel() for p in model.parameters())
-    opt = fused_amp.optim.AdamW(model.parameters(), lr=1e-4, **MODES[mode][0])
+    opt = fused_amp.optim.AdamW(params, lr=1e-4, **options)
     if bucket is not None:
         fused_amp.optim.step_in_backward(opt, bucket)
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(steps):
         start = time.perf_counter()
-        model(x).float().pow(2).mean().backward()
+        loss().backward()
         opt.step()
         opt.zero_grad()
         if device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+    return opt, times
+
+
+def one_setting(device, mode, bucket, steps, width, blocks):
+    """Runs in its own process: peak memory above the start, per param, and step times."""
+    torch.manual_seed(0)
+    base_rss = rss_bytes()
+    x = torch.randn(2, 64, width, device=device, dtype=torch.bfloat16)
+    model = torch.nn.Sequential(*[Block(width, device=device, dtype=torch.bfloat16) for _ in range(blocks)])
+    n = sum(p.numel() for p in model.parameters())
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    _, times = timed_steps(device, model.parameters(), lambda: model(x).float().pow(2).mean(), MODES[mode][0],
+                           bucket, steps)
     out = dict(params=n, rss_per_param=(rss_bytes() - base_rss) / n, step_ms=1e3 * statistics.median(times[1:]))
     if device == "cuda":
         out["allocated_per_param"] = torch.cuda.max_memory_allocated() / n
@@ -71,22 +80,20 @@ def one_setting(device, mode, bucket, steps, width, blocks):
 def host_time(device, bucket, tensors=512, numel=256, steps=20):
     """Milliseconds of backward + step over many small params, where the op calls' fixed cost
     (one per bucket in backward, one per group in the normal step) shows."""
-    import fused_amp
-
     params = [torch.nn.Parameter(torch.randn(numel, device=device, dtype=torch.bfloat16)) for _ in range(tensors)]
-    opt = fused_amp.optim.AdamW(params, lr=1e-4)
-    if bucket is not None:
-        fused_amp.optim.step_in_backward(opt, bucket)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        sum((p.float() * p.float()).sum() for p in params).backward()
-        opt.step()
-        opt.zero_grad()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+    _, times = timed_steps(device, params, lambda: sum((p.float() * p.float()).sum() for p in params), {}, bucket,
+                           steps)
     return 1e3 * statistics.median(times[2:])
+
+
+def in_child(args, setting, *extra):
+    """What ``setting`` prints when run in a fresh process (--one)."""
+    cmd = [sys.executable, "-m", "benchmarks.in_backward", "--device", args.device, *extra, "--one", json.dumps(setting)]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+
+
+def loop_name(bucket):
+    return "normal" if bucket is None else f"in backward, bucket {bucket >> 10} KiB"
 
 
 def main(argv=None):
@@ -110,27 +117,21 @@ def main(argv=None):
     print("|---|---|---|---|---|")
     for mode, (_, with_grads) in MODES.items():
         for bucket in BUCKETS:
-            cmd = [sys.executable, "-m", "benchmarks.in_backward", "--device", args.device, "--steps",
-                   str(args.steps), "--width", str(args.width), "--blocks", str(args.blocks),
-                   "--one", json.dumps([mode, bucket])]
-            r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
-            loop = "normal" if bucket is None else f"in backward, bucket {bucket >> 10} KiB"
+            r = in_child(args, [mode, bucket], "--steps", str(args.steps), "--width", str(args.width),
+                         "--blocks", str(args.blocks))
             predicted = with_grads if bucket is None else with_grads - 2
             extra = f" ({r['allocated_per_param']:.2f} allocated)" if "allocated_per_param" in r else ""
-            print(f"| {mode} | {loop} | {predicted} | {r['rss_per_param']:.2f}{extra} | {r['step_ms']:.0f} |",
-                  flush=True)
+            print(f"| {mode} | {loop_name(bucket)} | {predicted} | {r['rss_per_param']:.2f}{extra} | "
+                  f"{r['step_ms']:.0f} |", flush=True)
     print("\nHost time: backward + step over 512 bf16 params of 256 elements (median of 18 steps), each "
           "loop in its own process")
     print("| loop | ms | per param vs normal |")
     print("|---|---|---|")
     normal = None
     for bucket in BUCKETS:
-        cmd = [sys.executable, "-m", "benchmarks.in_backward", "--device", args.device, "--one",
-               json.dumps(["host", bucket])]
-        ms = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+        ms = in_child(args, ["host", bucket])
         normal = ms if bucket is None else normal
-        loop = "normal" if bucket is None else f"in backward, bucket {bucket >> 10} KiB"
-        print(f"| {loop} | {ms:.2f} | {1e3 * (ms - normal) / 512:+.1f} us |", flush=True)
+        print(f"| {loop_name(bucket)} | {ms:.2f} | {1e3 * (ms - normal) / 512:+.1f} us |", flush=True)
 
 
 if __name__ == "__main__":

@@ -288,20 +288,14 @@ def every_optimizer_fsdp_run(rank, world):
     fp32 masters (bf16 training, no scaler), beside the same optimizer over plain full copies of
     the params given the full (reduce-scattered, gathered) grads: the shards must step as the
     whole tensors do, bit for bit (an elementwise step does not see where a shard ends)."""
-    from torch.distributed.fsdp import fully_shard
     from optim_registry import OPTIMIZERS
 
     out = {}
     for entry in OPTIMIZERS:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).bfloat16()
-        whole = [torch.nn.Parameter(p.detach().clone()) for p in model.parameters()]
-        start = [w.detach().clone() for w in whole]
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        fully_shard(model)
+        model = sharded_mlp(32, 4)
         params = list(model.parameters())
+        whole = [torch.nn.Parameter(p.full_tensor().detach().clone()) for p in params]
+        start = [w.detach().clone() for w in whole]
         kw = entry.options[1]
         opt, twin = entry.ours(params, **kw), entry.ours(whole, **kw)
         for step in range(3):
@@ -546,16 +540,9 @@ def in_backward_fsdp_run(rank, world, bucket_bytes):
     """FSDP2 bf16 shards with exact masters (remainder): the post-accumulate hooks fire on each
     reduce-scattered grad shard, which steps there and is freed; the normal FSDP2 loop's params
     and state, bit for bit."""
-    from torch.distributed.fsdp import fully_shard
-
     out = []
     for in_backward in (False, True):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).bfloat16()
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer)
-        fully_shard(model)
+        model = sharded_mlp(32, 4)
         opt = fused_amp.optim.AdamW(model.parameters(), lr=1e-2, master_weights="remainder")
         handle = fused_amp.optim.step_in_backward(opt, bucket_bytes) if in_backward else None
         for step in range(4):

@@ -88,6 +88,28 @@ void check_state_lists(const char* op, const StateLists& st, at::TensorList para
   }
 }
 
+// What validate_step does once every check has passed: stages the tensors the kernels cannot
+// walk as they are (core::Staging).
+void stage_step(const char* op, StepTensors& s, Staging* staging) {
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    s.params[i] = staging->dense(s.params[i], s.outputs.empty());  // (read only for their layout otherwise)
+    const at::Tensor& param = s.params[i];
+    s.grads[i] = staging->like(s.grads[i], param, s.write_grads);
+    std::vector<std::vector<at::Tensor>*> partners{&s.masters, &s.outputs};
+    for (auto& list : s.states) partners.push_back(&list);
+    for (auto* list : partners) {
+      if (list->empty() || !(*list)[i].defined()) continue;
+      // 8-bit codes are not staged: their blocks follow their own memory order, which must be the
+      // order in which the kernels walk the param
+      const bool is_state = list != &s.masters && list != &s.outputs;
+      TORCH_CHECK_VALUE(!is_state || !s.is_quantized(i) || (*list)[i].strides() == param.strides(), op,
+                        ": the 8-bit state of params[", i, "] must be laid out as the param (strides ",
+                        param.strides(), "), got strides ", (*list)[i].strides());
+      (*list)[i] = staging->like((*list)[i], param, true);
+    }
+  }
+}
+
 }  // namespace
 
 StepTensors validate_step(const char* op, at::TensorList params, at::TensorList grads,
@@ -198,24 +220,5 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
   return s;
 }
 
-void stage_step(const char* op, StepTensors& s, Staging* staging) {
-  for (size_t i = 0; i < s.params.size(); ++i) {
-    s.params[i] = staging->dense(s.params[i], s.outputs.empty());  // (read only for their layout otherwise)
-    const at::Tensor& param = s.params[i];
-    s.grads[i] = staging->like(s.grads[i], param, s.write_grads);
-    std::vector<std::vector<at::Tensor>*> partners{&s.masters, &s.outputs};
-    for (auto& list : s.states) partners.push_back(&list);
-    for (auto* list : partners) {
-      if (list->empty() || !(*list)[i].defined()) continue;
-      // 8-bit codes are not staged: their blocks follow their own memory order, which must be the
-      // order in which the kernels walk the param
-      const bool is_state = list != &s.masters && list != &s.outputs;
-      TORCH_CHECK_VALUE(!is_state || !s.is_quantized(i) || (*list)[i].strides() == param.strides(), op,
-                        ": the 8-bit state of params[", i, "] must be laid out as the param (strides ",
-                        param.strides(), "), got strides ", (*list)[i].strides());
-      (*list)[i] = staging->like((*list)[i], param, true);
-    }
-  }
-}
 
 }  // namespace fused_amp::core

@@ -91,10 +91,6 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
                           std::optional<int64_t> rounding_seed, bool stochastic_codes,
                           bool unscale_grads, Staging* staging);
 
-// What validate_step does once every check has passed: stages the tensors the kernels cannot
-// walk as they are (core::Staging).
-void stage_step(const char* op, StepTensors& s, Staging* staging);
-
 // The validated arguments of step_, as the devices take them (ops_impl.h): the optimizer's name
 // and its hyperparameter list, in the order of its descriptor's kHyperNames.
 struct StepArgs {

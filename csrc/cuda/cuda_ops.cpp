@@ -85,30 +85,19 @@ MasterKind master_kind(const core::StepTensors& st, size_t i) {
   return st.is_remainder(i) ? MasterKind::Remainder : MasterKind::Fp32;
 }
 
-// One optimizer step on the current stream: params grouped by kind (param dtype, master kind,
-// state dtype), one launch sequence per group (`ptrs(i)`: the pointers of param i, its absmaxes
-// last (launch.h);
-// `kernel(...)`: a group's launch), then the step counts (those that exist) incremented unless
-// found_inf says overflow.
-template <class Ptrs, class Kernel>
-void optimizer_step(const core::StepTensors& st, Ptrs&& ptrs, Kernel&& kernel) {
-  const c10::cuda::CUDAGuard guard(st.params[0].device());
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const Scalars sc = scalars_of(st);
-  std::map<std::tuple<Dtype, MasterKind, Dtype>, std::vector<TensorPtrs>> groups;
-  for (size_t i = 0; i < st.params.size(); ++i) {
-    groups[{dtype_of(st.params[i].scalar_type()), master_kind(st, i), dtype_of(st.state_dtype(i))}]
-        .push_back(ptrs(i));
-  }
-  for (const auto& [key, list] : groups) {
-    const auto [param, master, state] = key;
-    kernel(StepKind{param, master, state}, list, sc.s, stream);
-  }
-  if (!st.steps.empty()) {
-    std::vector<TensorPtrs> steps;
-    for (const auto& step : st.steps) steps.push_back(ptrs_of({step.data_ptr()}, 1));
-    increment_steps(steps, float_ptr(st.found_inf), stream);
-  }
+// The pointers of param i in launch.h's StepList order, for an optimizer with `states` states
+// and `scalars` (0 or 1) scalar states; the absmaxes last.
+TensorPtrs step_ptrs(const core::StepTensors& st, size_t i, int states, int scalars) {
+  TensorPtrs t{};
+  t.p[kParam] = st.params[i].data_ptr();
+  t.p[kGrad] = st.grads[i].data_ptr();
+  t.p[kMasterList] = st.outputs.empty() ? ptr_or_null(st.masters, i) : st.outputs[i].data_ptr();
+  for (int k = 0; k < states; ++k) t.p[kFirstState + k] = ptr_or_null(st.states[k], i);
+  t.p[step_list(states)] = ptr_or_null(st.steps, i);
+  if (scalars) t.p[step_list(states) + 1] = st.scalars[i].data_ptr();
+  t.p[step_lists(states, scalars)] = ptr_or_null(st.absmaxes, i);
+  t.numel = st.params[i].numel();
+  return t;
 }
 
 }  // namespace
@@ -154,6 +143,9 @@ void Device::update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArg
                      t.found_inf.data_ptr<float>(), args, c10::cuda::getCurrentCUDAStream());
 }
 
+// One optimizer step on the current stream: params grouped by kind (param dtype, master kind,
+// state dtype), one launch sequence per group, then the step counts (those that exist)
+// incremented unless found_inf says overflow.
 void Device::step(const core::StepArgs& a) {
   const core::StepTensors& st = a.tensors;
   int states = 0, scalars = 0;
@@ -161,22 +153,23 @@ void Device::step(const core::StepArgs& a) {
     states = Opt::kStates;
     scalars = Opt::kScalarKey != nullptr;
   });
-  optimizer_step(
-      st,
-      [&](size_t i) {  // launch.h's StepList
-        TensorPtrs t{};
-        t.p[kParam] = st.params[i].data_ptr();
-        t.p[kGrad] = st.grads[i].data_ptr();
-        t.p[kMasterList] = st.outputs.empty() ? ptr_or_null(st.masters, i) : st.outputs[i].data_ptr();
-        for (int k = 0; k < states; ++k) t.p[kFirstState + k] = ptr_or_null(st.states[k], i);
-        t.p[step_list(states)] = ptr_or_null(st.steps, i);
-        if (scalars) t.p[step_list(states) + 1] = st.scalars[i].data_ptr();
-        t.p[step_lists(states, scalars)] = ptr_or_null(st.absmaxes, i);
-        t.numel = st.params[i].numel();
-        return t;
-      },
-      [&](const StepKind& kind, const std::vector<TensorPtrs>& list, const StepScalars& s,
-          cudaStream_t stream) { cuda::step(a.optimizer, kind, list, a.hyper.data(), s, stream); });
+  const c10::cuda::CUDAGuard guard(st.params[0].device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const Scalars sc = scalars_of(st);
+  std::map<std::tuple<Dtype, MasterKind, Dtype>, std::vector<TensorPtrs>> groups;
+  for (size_t i = 0; i < st.params.size(); ++i) {
+    groups[{dtype_of(st.params[i].scalar_type()), master_kind(st, i), dtype_of(st.state_dtype(i))}]
+        .push_back(step_ptrs(st, i, states, scalars));
+  }
+  for (const auto& [key, list] : groups) {
+    const auto [param, master, state] = key;
+    cuda::step(a.optimizer, StepKind{param, master, state}, list, a.hyper.data(), sc.s, stream);
+  }
+  if (!st.steps.empty()) {
+    std::vector<TensorPtrs> steps;
+    for (const auto& step : st.steps) steps.push_back(ptrs_of({step.data_ptr()}, 1));
+    increment_steps(steps, float_ptr(st.found_inf), stream);
+  }
 }
 
 }  // namespace fused_amp::cuda

@@ -128,20 +128,19 @@ def step_in_backward(optimizer: MasterWeightOptimizer, bucket_bytes: Optional[in
     if optimizer.max_grad_norm is not None:
         raise ValueError(f"step_in_backward: {name} has max_grad_norm={optimizer.max_grad_norm}; clipping by the "
                          "global grad norm needs every grad before any param steps")
+    dist = torch.distributed
+    ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     for index, group in enumerate(optimizer.param_groups):
         for i, p in enumerate(group["params"]):
             if p.dtype == torch.float16:
                 raise ValueError(f"step_in_backward: param {i} of group {index} is float16; fp16 training needs a "
                                  "GradScaler, whose skip-the-whole-step contract needs every grad before any "
                                  "param steps (bf16 or fp32 weights need none)")
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        for index, group in enumerate(optimizer.param_groups):
-            for i, p in enumerate(group["params"]):
-                if torch.distributed.get_world_size() > 1 and not (DTensor is not None and isinstance(p, DTensor)):
-                    raise RuntimeError(f"step_in_backward: param {i} of group {index} is not a DTensor in a "
-                                       f"{torch.distributed.get_world_size()}-rank run: under DDP the reducer "
-                                       "averages the grads after they arrive, so a param stepping then would step "
-                                       "its own rank's grad; shard the model with FSDP2 (fully_shard) instead")
+            if ranks > 1 and not (DTensor is not None and isinstance(p, DTensor)):
+                raise RuntimeError(f"step_in_backward: param {i} of group {index} is not a DTensor in a "
+                                   f"{ranks}-rank run: under DDP the reducer averages the grads after they "
+                                   "arrive, so a param stepping then would step its own rank's grad; shard the "
+                                   "model with FSDP2 (fully_shard) instead")
     bucket = DEFAULT_BUCKET_BYTES if bucket_bytes is None else int(bucket_bytes)
     if bucket < 0:
         raise ValueError(f"step_in_backward: bucket_bytes must be >= 0, got {bucket_bytes}")
