@@ -44,7 +44,7 @@ test: build
 # the outside references of the memory suite's convergence runs are optional
 bench: build
 	$(PY) -m pip install -r requirements-bench.txt || echo "optional benchmark dependencies not installed: their rows are skipped"
-	$(PY) benchmarks/run.py $(BENCH_ARGS)
+	$(PY) -m fused_amp.benchmark $(BENCH_ARGS)
 
 # autodoc imports the built package; the generator comes from requirements-docs.txt
 docs: build

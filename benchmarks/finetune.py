@@ -14,15 +14,12 @@ for exact masters to cover the offsets (3 sigma = 300 updates of lr).
     python benchmarks/finetune.py [--steps 500] [--seeds 0 1 2]
 """
 import argparse
-import os
 import statistics
-import sys
 from typing import Callable, Dict, List
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.convergence import _fused, _torchao_sr, available  # noqa: E402
+from fused_amp.benchmark.convergence import _fused, _torchao_sr, available
 
 WIDTH = 128
 TEACHER_OFFSET = 0.01

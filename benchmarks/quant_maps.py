@@ -1,6 +1,6 @@
 """Which 8-bit code map for Adam's moments: measured, not assumed (issue 22).
 
-Trains the char LM of benchmarks/convergence.py with fp32 AdamW state, then (1) quantizes the
+Trains the char LM of fused_amp/benchmark/convergence.py with fp32 AdamW state, then (1) quantizes the
 moments it reached with each candidate map and block size and reports the error of one step's
 update m / (sqrt(v) + eps) against the fp32 state's, and the largest update any element gets
 (the hazard: a v that dequantizes to 0 beside a nonzero m moves a weight by lr * m / eps); and
@@ -18,15 +18,12 @@ Candidates, each a pair (map of m, map of v), blockwise absmax scaling:
     python benchmarks/quant_maps.py [--steps 600] [--seeds 3]
 """
 import argparse
-import os
 import statistics
-import sys
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import convergence  # noqa: E402
+from fused_amp.benchmark import convergence
 
 
 def dynamic_map(signed: bool) -> torch.Tensor:

@@ -5,9 +5,10 @@ import subprocess
 import sys
 
 import pytest
+from test_benchmark_cli import assert_tables_fit
 
-from benchmarks import harness, report, workloads
-from benchmarks.roofline import bytes_per_param
+from fused_amp.benchmark import harness, report, workloads
+from fused_amp.benchmark.roofline import bytes_per_param
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -75,21 +76,21 @@ def test_repeats_give_median_range_and_a_verdict_only_when_all_agree(ratios, wor
     assert ours["speedup_range"]["torch_amp"] == pytest.approx([min(ratios), max(ratios)])
     for r in recs:
         harness.validate_record(r)
-    line = next(ln for ln in report.summary_lines(recs) if "adam/bfloat16" in ln)
+    line = next(ln for ln in report.verdict_lines(recs) if "adam/bfloat16" in ln)
     assert f"vs torch_amp: {word}" in line
 
 
 def test_a_result_above_the_ceiling_says_the_ceiling_is_wrong(tmp_path):
     recs = report.aggregate(runs_of([1.0]), ceiling_gbps=1.0)  # 28 GB/s against a ceiling of 1
     assert report.over_ceiling(recs)
-    assert "the ceiling is wrong" in report.summary_lines(recs)[0] and "%" not in report.summary_lines(recs)[0]
+    assert "the ceiling is wrong" in report.verdict_lines(recs)[0] and "%" not in report.verdict_lines(recs)[0]
     machine = dict(cpu="x", threads=2, torch="t", date="d", fused_amp_build={"cpu_isa": "AVX2"})
     report.write_markdown(str(tmp_path / "r.md"), machine, {"ceiling_gbps": 1.0}, recs, 1, [])
     assert "The ceiling is wrong" in (tmp_path / "r.md").read_text()
 
 
 def test_train_cases_of_an_emulated_dtype_are_skipped_and_reported():
-    from benchmarks.suites import train
+    from fused_amp.benchmark.suites import train
 
     class Ctx:
         device, native, skipped = "cpu", {"bfloat16": (12.0, False)}, []
@@ -113,12 +114,32 @@ def test_alternating_timing_runs_each_impl_in_turn():
 
 
 def test_markdown_writer_and_summary_mark_losses():
-    times = {"fused_amp": [2.0], "torch": [1.0]}
-    recs = harness.make_records("unscale", "slow-case", "cpu", "float32", 100, 1, times, 1.0, 8)
-    table = report.markdown_table(recs, "unscale")
-    assert table.splitlines()[0].startswith("| case | impl |")
-    assert "slow-case" in table and "0.50" in table
-    assert any("vs torch: SLOWER" in line for line in report.summary_lines(recs))
+    times = {"fused_amp": [2.0], "torch_amp": [1.0]}
+    recs = [r for case in ("slow-case", "other") for r in
+            harness.make_records("unscale", case, "cpu", "float32", 100, 1, times, 1.0, 8)]
+    table = report.markdown(report.suite_table(recs, "unscale"))
+    assert table.splitlines()[0].startswith("| case | impl | time ms (range) | × torch (range) |")
+    assert "slow-case" in table and "0.50×" in table
+    assert any("vs torch_amp: SLOWER" in line for line in report.verdict_lines(recs))
+
+
+def test_suite_tables_compare_with_torchs_recipe_and_the_best_anchor_only():
+    """However many implementations a case has, a table has the two ratio columns and at most
+    MAX_COLUMNS columns; the best anchor is the fastest outside one of each case; a suite of one
+    case has no case column."""
+    impls = ["fused_amp", "fused_amp[remainder]", "torch_amp", "torch_bf16", "bitsandbytes[Adam8bit]",
+             "torchao[AdamW8bit]", "deepspeed[Adam]"] + [f"fused_amp[mode {i}]" for i in range(20)]
+    times = {name: [1e-3 * (1 + i)] for i, name in enumerate(impls)}
+    recs = harness.make_records("memory", "m", "cpu", "bfloat16", 1000, 1, times, 10.0, 28,
+                                {k: {"loss": 1.0, "tokens_per_s": 5.0, "host_syncs_per_step": 0,
+                                     "held_bytes": 16000, "outside_ns_frac": 0.1} for k in impls})
+    table = report.suite_table(recs, "memory")
+    assert len(table[0]) == report.MAX_COLUMNS
+    assert table[0][:6] == ["impl", "time ms (range)", "× torch (range)", "× best anchor", "of ceiling",
+                            "holds B/param"]
+    rows = {row[0]: row for row in table[1:]}
+    assert rows["fused_amp"][2].startswith("3.00×") and rows["fused_amp"][3].startswith("5.00×")  # bnb: 5 ms
+    assert rows["torch_amp"][2] == "–" and rows["fused_amp"][5] == "16.0"
 
 
 def test_workload_shapes_match_the_architectures():
@@ -139,7 +160,8 @@ def test_scaling_fit_recovers_overhead_and_slope():
 
 def test_quick_run_end_to_end_within_its_minute(tmp_path):
     """README promises --quick in under a minute on any 2-core machine: the whole quick plan,
-    real sizes, with the run's own budget check (exit 3 when over)."""
+    real sizes, with the run's own budget check (exit 3 when over); benchmarks/run.py is the
+    package's command."""
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), "--device", "cpu",
                            "--quick", "--time-budget", "60", "--out", str(out)],
@@ -150,33 +172,42 @@ def test_quick_run_end_to_end_within_its_minute(tmp_path):
     assert data["ceiling"]["ceiling_gbps"] > 0
     suites = {r["suite"] for r in data["records"]} | {s["suite"] for s in data["skipped"]}
     assert suites == {"unscale", "optimizer", "memory", "muon", "train", "scaling", "distributed"}
-    assert proc.stdout.lstrip().startswith("Adam step with GradScaler")
     for rec in data["records"]:
         harness.validate_record(rec)
     impls = {r["impl"] for r in data["records"] if r["suite"] == "optimizer"}
     assert impls == {"fused_amp", "torch_amp", "torch_master"}
-    assert (out / "results.md").read_text().startswith("# fused_amp benchmark results")
+    # the summary first: the memory suite's recipes, torch's recipe the first row
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("adam/bfloat16/16M/modes: 16.0M params in ")
+    assert lines[1].startswith("One Adam step with a GradScaler (scaler step + update) on ")
+    assert lines[3].split() == ["recipe", "masters", "state", "step", "ms", "(range)", "×", "torch", "(range)",
+                                "holds", "B/param", "holds", "GiB", "of", "ceiling"]
+    assert lines[4].split()[0] == "torch_amp" and lines[5].split()[0] == "fused_amp"
+    md = (out / "results.md").read_text()
+    assert md.startswith("# fused_amp benchmark: ")
+    assert_tables_fit(md)
     assert (out / "speedup.png").stat().st_size > 1000
-    assert "fused_amp (optimizer settings: unscale_grads=True) against stock PyTorch" in proc.stdout
     assert data["fused_amp_settings"] == {"unscale_grads": True}
-    assert "unscale_grads=True" in (out / "results.md").read_text()
+    assert "unscale_grads=True" in md
 
 
 def test_user_summary_first_and_predicted_for_the_users_size():
     recs = []
     for impl_times in ({"fused_amp": [0.010], "torch_amp": [0.012], "torch_master": [0.015]},):
         recs += harness.make_records("optimizer", "adam/bfloat16/1M", "cpu", "bfloat16", 1_000_000, 3,
-                                     impl_times, 10.0, 28, {k: {"state_bytes": 16_000_000} for k in impl_times})
+                                     impl_times, 10.0, 28, {k: {"held_bytes": 16_000_000} for k in impl_times})
     for n in (1_000_000, 4_000_000):  # 1 ms + 2 ns/param for every impl
         recs += harness.make_records("scaling", f"params/{n // 1_000_000}M", "cpu", "bfloat16", n, 3,
                                      {k: [(1.0 + 2e-6 * n) / 1e3] for k in ("fused_amp", "torch_amp", "torch_master")},
                                      10.0, 28)
     machine = dict(cpu="x", threads=2, torch="t", fused_amp_build={"cpu_isa": "AVX2"})
-    lines = report.user_lines(recs, machine, 1, model_params=10_000_000)
-    assert lines[0].startswith("Adam step with GradScaler, 1M params, bfloat16")
-    assert "fused_amp" in lines[2] and "32 B/param" in lines[2] and "16.0 B/param" in lines[2]
-    assert "1.20x" in lines[5] and "vs torch_amp" in lines[5]
-    assert "predicted for 10M params" in lines[6] and "fused_amp 21.0 ms, holds 0.15 GiB" in lines[6]
+    lines = report.summary(recs, machine, 1, model_params=10_000_000)
+    assert lines[0] == "adam/bfloat16/1M: 1.0M params in 3 tensors."
+    assert lines[3].split()[:2] == ["recipe", "masters"]
+    assert lines[4].split()[:5] == ["torch_amp", "–", "–", "12.0", "(12.0–12.0)"]
+    assert lines[5].split()[:7] == ["fused_amp", "–", "–", "10.0", "(10.0–10.0)", "1.20×", "(1.20–1.20)"]
+    assert lines[5].split()[7:10] == ["16.0", "0.01", "28%"]  # 28 B/param over 10 ms at a 10 GB/s ceiling
+    assert "predicted for 10M params" in lines[7] and "fused_amp 21.0 ms, holds 0.15 GiB" in lines[7]
 
 
 def test_distributed_suite_reports_time_per_rank_and_bytes_held(tmp_path):
@@ -212,7 +243,7 @@ def test_distributed_suite_reports_time_per_rank_and_bytes_held(tmp_path):
 
 
 def test_the_host_time_note_gives_medians_and_ranges_over_every_run():
-    from benchmarks.suites import distributed
+    from fused_amp.benchmark.suites import distributed
 
     def run(fused, plain, torch_fused):  # us per param; the other rows 1.0
         wall = dict.fromkeys(distributed.host_rows(), 1.0)
@@ -258,4 +289,47 @@ def test_fsdp_prediction_scales_the_host_time_per_tensor_to_a_llama_layout():
     line, = report.fsdp_prediction(recs, int(6.74e9), ranks=8, ceiling_gbps=1000.0)
     assert "fused_amp 1.5 ms" in line and "AdamW 11.6 ms" in line and "of CPU time" in line
     # a run of the distributed suite alone (no optimizer suite) predicts it too
-    assert report.user_lines(recs, {}, 1, int(6.74e9)) == report.fsdp_prediction(recs, int(6.74e9)) != []
+    assert report.summary(recs, {}, 1, int(6.74e9)) == report.fsdp_prediction(recs, int(6.74e9)) != []
+
+
+class _Ctx:
+    device, reps, ceiling_gbps = "cpu", 1, 10.0
+
+    def __init__(self):
+        self.skipped, self.notes = [], {}
+
+    def skip(self, suite, case, reason):
+        self.skipped.append(dict(suite=suite, case=case, reason=reason))
+
+    def note(self, suite, text):
+        self.notes[suite] = text
+
+
+def test_recipes_that_do_not_fit_together_are_timed_in_batches_with_torchs(monkeypatch):
+    """Where the recipes do not all fit in memory, each batch has torch's recipe in it, so every
+    ratio to torch's is timed in turns; torch's row is reported once; a recipe that does not fit
+    even beside torch's alone is skipped and named."""
+    from fused_amp.benchmark import recipes
+    shapes = [(4096,)] * 4  # 8-bit state from min_8bit_size (4096) up
+    n = 4 * 4096
+    names = [recipes.TORCH, "fused_amp", "fused_amp[remainder]", "fused_amp[24-bit masters + 8-bit state]"]
+    monkeypatch.setattr(recipes, "_batches", {})
+    # needs per param while timed: torch's 20, fused_amp 18, remainder 16, 24-bit + 8-bit 9
+    monkeypatch.setattr(recipes, "free_bytes", lambda device: n * 50 / 0.7)
+    ctx = _Ctx()
+    recs = recipes.run(ctx, "memory", "c", shapes, names)
+    assert [r["impl"] for r in recs] == names
+    assert all(recipes.TORCH in r["speedup_vs"] for r in recs[1:])
+    assert "fused_amp" not in recs[2]["speedup_vs"]  # another batch
+    assert "timed in 2 batches" in ctx.notes["memory"]
+    by = {r["impl"]: r for r in recs}
+    for name in ("fused_amp", recipes.TORCH):  # weights, grads, state; and a step count per tensor
+        assert n * 16 <= by[name]["held_bytes"] <= n * 16 + 4 * 8
+    assert n * 7 < by["fused_amp[24-bit masters + 8-bit state]"]["held_bytes"] < n * 7.1
+    monkeypatch.setattr(recipes, "_batches", {})
+    monkeypatch.setattr(recipes, "free_bytes", lambda device: n * 30 / 0.7)
+    ctx = _Ctx()
+    recs = recipes.run(ctx, "memory", "c", shapes, names)
+    assert [r["impl"] for r in recs] == [recipes.TORCH, "fused_amp[24-bit masters + 8-bit state]"]
+    assert [s["case"] for s in ctx.skipped] == ["c fused_amp", "c fused_amp[remainder]"]
+    assert "does not fit beside torch's recipe" in ctx.skipped[0]["reason"]

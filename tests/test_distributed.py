@@ -11,13 +11,13 @@ import torch
 import torch.distributed as dist
 
 import fused_amp
-from benchmarks import harness
+from fused_amp.benchmark import harness
 
 DEADLINE_S = 120
 
 
 def run_ranks(fn, world, *args):
-    """fn(rank, world, *args) in ``world`` gloo ranks (benchmarks.harness.run_ranks); a rank
+    """fn(rank, world, *args) in ``world`` gloo ranks (fused_amp.benchmark.harness.run_ranks); a rank
     that fails or a run past the deadline fails the test."""
     try:
         return harness.run_ranks(fn, world, *args, deadline_s=DEADLINE_S)

@@ -34,6 +34,8 @@ def test_dry_run_runs_every_step_in_order_and_summarises(tmp_path):
     for step in ("info", "cuda-tests", "tests", "bench"):
         assert (out / f"{step}.log").stat().st_size > 0
     assert (out / "bench" / "results.json").exists()
+    bench = next(s for s in summary["steps"] if s["step"] == "bench")
+    assert any(ln.startswith("fused_amp per case, against torch's recipe") for ln in bench["lines"]), bench["lines"]
     assert "gpu-check summary" in proc.stdout and "all steps ok" in proc.stdout
 
 

@@ -1,13 +1,13 @@
-"""The memory modes against fp32 masters on real text (benchmarks/convergence.py)."""
+"""The memory modes against fp32 masters on real text (fused_amp/benchmark/convergence.py)."""
 import math
 
-from benchmarks import convergence
+from fused_amp.benchmark import convergence
 
 
 def test_memory_modes_train_as_fp32_masters_do_on_real_text():
     """A char-level LM on Python's documentation, bf16 weights, 3 seeds: remainder mode ends
     within the seeds' spread of fp32 masters (only ties round differently), bf16 state within
-    0.5% of their final loss; plain bf16 is reported beside (benchmarks/suites/memory.py has
+    0.5% of their final loss; plain bf16 is reported beside (fused_amp/benchmark/suites/memory.py has
     the longer runs and the outside references)."""
     modes = ["fp32 masters", "remainder", "bf16 state", "bf16 state, stochastic", "plain bf16 (no masters)"]
     res = convergence.compare(modes, seeds=[0, 1, 2], steps=250)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The route a user takes from a source release: build the sdist, build a wheel from it against
 # the torch already installed (--no-build-isolation, as README says), install that wheel into a
-# fresh venv that sees torch but not this checkout, and run tests against the installed copy.
+# fresh venv that sees torch but not this checkout, and run tests against the installed copy,
+# the benchmark on a user's model from a folder outside the tree among them.
 # Usage: tools/check_sdist.sh [PYTHON]  (default .venv/bin/python: it has torch, build, pytest)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +15,8 @@ trap 'rm -rf "$WORK"' EXIT
 SDIST="$(ls "$WORK"/dist/fused_amp-*.tar.gz)"
 LISTING="$(tar tzf "$SDIST")"
 echo "sdist: $(basename "$SDIST") ($(wc -l <<< "$LISTING") files)"
-for f in csrc/ops/adam.h csrc/cuda/multi_tensor_apply.cuh csrc/cuda/norm.cu fused_amp/optim/_base.py; do
+for f in csrc/ops/adam.h csrc/cuda/multi_tensor_apply.cuh csrc/cuda/norm.cu fused_amp/optim/_base.py \
+         fused_amp/benchmark/__main__.py fused_amp/benchmark/suites/model.py; do
   grep -q "/$f\$" <<< "$LISTING" || { echo "sdist lacks $f"; exit 1; }
 done
 
@@ -35,4 +37,5 @@ cd "$WORK"
 import fused_amp, sys
 assert fused_amp.__file__.startswith('$WORK/venv'), fused_amp.__file__
 print('installed from the wheel:', fused_amp.__file__, fused_amp.build_info())"
-"$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/tests/test_unscale.py" "$OLDPWD/tests/test_clip.py"
+"$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/tests/test_unscale.py" "$OLDPWD/tests/test_clip.py" \
+  "$OLDPWD/tests/test_benchmark_cli.py"

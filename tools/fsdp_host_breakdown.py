@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from benchmarks import harness  # noqa: E402
+from fused_amp.benchmark import harness  # noqa: E402
 
 PARTS = ("gather", "check", "all_reduce", "device_lists", "op")
 
@@ -25,7 +25,7 @@ PARTS = ("gather", "check", "all_reduce", "device_lists", "op")
 def _worker(rank, world, reps):
     import torch.distributed as dist
 
-    from benchmarks.suites import distributed
+    from fused_amp.benchmark.suites import distributed
     from fused_amp import ops
     from fused_amp.grad_scaler import GradScaler
     from fused_amp.optim._base import MasterWeightOptimizer
@@ -67,7 +67,7 @@ def _worker(rank, world, reps):
 
 def main():
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    from benchmarks.suites import distributed
+    from fused_amp.benchmark.suites import distributed
     us = harness.run_ranks(_worker, distributed.WORLD, reps)[0]
     print(f"{distributed.HOST_CASE}, rank 0, CPU time per param (us), {reps} reps x "
           f"{distributed.STEPS_PER_TURN} steps:")

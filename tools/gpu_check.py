@@ -9,7 +9,7 @@ Steps, in order, each with its log under the output folder (``FUSED_AMP_GPU_OUT`
 2. build      fused_amp._C in place for this GPU's architecture only (all cores)
 3. cuda-tests ``pytest -m cuda``
 4. tests      the rest of the suite (``pytest -m "not cuda"``)
-5. bench      ``benchmarks/run.py --device cuda --quick``
+5. bench      ``python -m fused_amp.benchmark --device cuda --quick``
 6. sanitizer  the CUDA tests of the ops under ``compute-sanitizer --tool memcheck``
 7. racecheck  those of the kernels with shared memory and block reductions (the clipping
 8. synccheck  norm, 8-bit state) under the racecheck and synccheck tools (6-8 optional: only where
@@ -117,9 +117,11 @@ def pytest_tail(text):
 
 
 def bench_summary(text):
+    """The report's summary and per-case verdicts: what follows the first blank line (after the
+    progress bars)."""
     lines = text.strip().splitlines()
-    start = next((i for i, ln in enumerate(lines) if ln.startswith("fused_amp (")), None)
-    return lines[start:start + 20] if start is not None else lines[-3:]
+    start = next((i for i, ln in enumerate(lines) if not ln.strip()), None)
+    return [ln for ln in lines[start:] if ln.strip()][:30] if start is not None else lines[-3:]
 
 
 def main(argv=None):
@@ -154,9 +156,9 @@ def main(argv=None):
         pytest = [python, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider"]
         check.run("cuda-tests", pytest + ["-m", "cuda"] + extra, 150, env, keep=pytest_tail)
         check.run("tests", pytest + ["-m", "not cuda"] + extra, 240, env, keep=pytest_tail)
-        bench = ([python, "benchmarks/run.py", "--device", "cpu", "--quick", "--size-scale", "0.002",
-                  "--suite", "unscale"] if args.dry_run else
-                 [python, "benchmarks/run.py", "--device", "cuda", "--quick"])
+        bench = [python, "-m", "fused_amp.benchmark"] + (
+            ["--device", "cpu", "--quick", "--size-scale", "0.002", "--suite", "unscale"] if args.dry_run else
+            ["--device", "cuda", "--quick"])
         check.run("bench", bench + ["--out", os.path.join(check.out, "bench")], 150, env,
                   keep=bench_summary)
         cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")

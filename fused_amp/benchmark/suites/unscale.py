@@ -1,8 +1,8 @@
 """fused_amp.ops.unscale_ against torch._amp_foreach_non_finite_check_and_unscale_."""
 import torch
 
-from benchmarks import harness, workloads
-from benchmarks.roofline import bytes_per_param
+from fused_amp.benchmark import harness, workloads
+from fused_amp.benchmark.roofline import bytes_per_param
 from fused_amp import ops
 
 

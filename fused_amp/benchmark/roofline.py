@@ -48,6 +48,11 @@ BYTES_PER_PARAM = {
     ("adam_24bit_8bit_state", "bfloat16"): 12,
     #   24-bit masters, fp32 state: read g 2, p 2, byte 1, m 4, v 4; write p 2, byte 1, m 4, v 4
     ("adam_24bit", "bfloat16"): 24,
+    #   no masters (master_weights=False): read g 2, p 2, m 4, v 4; write p 2, m 4, v 4
+    ("adam_no_masters", "bfloat16"): 22,
+    #   torch's Adam on half params (moments in the params' dtype): read g 2, p 2, m 2, v 2; write
+    #   p 2, m 2, v 2
+    ("adam_half", "bfloat16"): 14,
     #   fp32 params without masters (bitsandbytes', torchao's 8-bit Adam): read g 4, p 4, m 1, v 1;
     #   write p 4, m 1, v 1
     ("adam_8bit_state", "float32"): 16,
@@ -57,18 +62,7 @@ BYTES_PER_PARAM = {
 def bytes_per_param(op: str, dtype: str) -> int:
     """Roofline bytes per parameter of ``op`` ("unscale", "adam", "adamw", "sgd", "adam_clip",
     and the memory modes "adam_remainder", "adam_bf16_state", "adam_remainder_bf16_state",
-    "adam_8bit_state", "adam_remainder_8bit_state", "adam_24bit", "adam_24bit_8bit_state")."""
+    "adam_8bit_state", "adam_remainder_8bit_state", "adam_24bit", "adam_24bit_8bit_state",
+    "adam_no_masters", and torch's Adam on half params "adam_half")."""
     return BYTES_PER_PARAM[("adam" if op == "adamw" else op, dtype)]
 
-
-# What each implementation of a whole scaler step moves per param, for Adam on half params
-# (fp32 params for torch_amp), counted pass by pass: the numbers the user summary reports.
-RECIPE_BYTES_ADAM = {
-    # inf/NaN check of the half grads (2), the fused update (28), the unscaled grad written back (2)
-    "fused_amp": 2 + 28 + 2,
-    # torch.amp.GradScaler's check of the fp32 grads (4), fused Adam (28) writing the unscaled grad (4)
-    "torch_amp": 4 + 28 + 4,
-    # unscale the half grads in place (4), copy them to fp32 master grads (6), fused Adam on the
-    # masters (28), copy the masters back to the half params (6)
-    "torch_master": 4 + 6 + 28 + 6,
-}

@@ -19,7 +19,7 @@ RECORD_FIELDS = {
     "n_tensors": int, "time_ms": float, "time_ms_min": float, "time_ms_max": float,
     "gparams_per_s": float, "gbytes_per_s": (float, type(None)), "ceiling_frac": (float, type(None)),
     "bytes_per_param": (int, type(None)), "peak_mem_bytes": (int, type(None)),
-    "state_bytes": (int, type(None)), "host_syncs_per_step": (int, type(None)),
+    "held_bytes": (int, type(None)), "host_syncs_per_step": (int, type(None)),
     "speedup_vs": dict, "speedup_range": dict, "repeats": int, "loss": (float, type(None)),
 }
 
@@ -138,7 +138,7 @@ def make_records(suite: str, case: str, device: str, dtype: str, n_params: int, 
                    time_ms_min=min(ts) * 1e3, time_ms_max=max(ts) * 1e3,
                    gparams_per_s=n_params / t / 1e9, gbytes_per_s=gbps,
                    ceiling_frac=gbps / ceiling_gbps if gbps else None,
-                   bytes_per_param=bytes_per_param, peak_mem_bytes=None, state_bytes=None,
+                   bytes_per_param=bytes_per_param, peak_mem_bytes=None, held_bytes=None,
                    host_syncs_per_step=None, loss=None,
                    speedup_vs={other: medians[other] / t for other in medians if other != name},
                    repeats=1)
@@ -170,6 +170,8 @@ def machine_info(device: str) -> Dict:
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
         info["gpu_memory_bytes"] = torch.cuda.get_device_properties(0).total_memory
+    else:
+        info["memory_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return info
 
 

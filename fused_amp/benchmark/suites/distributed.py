@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from benchmarks import harness, workloads
+from fused_amp.benchmark import harness, workloads
 
 WORLD = 2
 INIT_SCALE = 1024.0
@@ -33,7 +33,7 @@ def run(ctx, n):
     total = workloads.n_params(shapes)
     records = harness.make_records("distributed", f"fsdp2-adam/{total // 1_000_000}M", "cpu", "bfloat16",
                                    total, len(shapes), rank0["times"], ctx.ceiling_gbps, None,
-                                   {k: {"state_bytes": v} for k, v in rank0["state_bytes"].items()})
+                                   {k: {"held_bytes": v} for k, v in rank0["held_bytes"].items()})
     d = WORLD
     held = {k: v / total for k, v in rank0["held"].items()}
     ctx.note("distributed", f"bytes per param held by each of {d} ranks (params, grads, optimizer state; "
@@ -122,14 +122,14 @@ def _worker(rank, world, shapes, reps):
                 times[kind].append(t)
     held = {"FSDP2 fp32 shards (torch Adam)": _held(steps["torch_fused"][1], steps["torch_fused"][2]),
             "FSDP2 bf16 shards + fp32 masters": _held(steps["fused_amp"][1], steps["fused_amp"][2])}
-    state_bytes = {"fused_amp": held["FSDP2 bf16 shards + fp32 masters"],
+    held_bytes = {"fused_amp": held["FSDP2 bf16 shards + fp32 masters"],
                    "torch_fused": held["FSDP2 fp32 shards (torch Adam)"]}
     del steps
     for kind, label in (("zero1", "ZeRO-1 bf16 + masters"), ("ddp", "DDP bf16 + masters")):
         step, params, opt = build(kind)
         step()  # creates the state (ZeRO: on the owning rank only)
         held[label] = _held(params, opt.optim if kind == "zero1" else opt)
-    return dict(times=times, held=held, state_bytes=state_bytes)
+    return dict(times=times, held=held, held_bytes=held_bytes)
 
 
 # ---- host time per param: 200 blocks of Linear(64, 64) + LayerNorm(64), 800 params ---------------
@@ -251,7 +251,7 @@ def _host_worker(rank, world, reps):
     from torch.distributed.tensor import DTensor
 
     import fused_amp
-    from benchmarks.suites.muon import identity_ns
+    from fused_amp.benchmark.suites.muon import identity_ns
     from fused_amp.optim import _whole_matrices
 
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))

@@ -17,7 +17,7 @@ import torch
 
 import fused_amp
 import fused_amp.optim.muon as fused_amp_muon
-from benchmarks import harness, impls
+from fused_amp.benchmark import harness, impls
 
 KW = dict(lr=0.02, weight_decay=0.1)
 
@@ -104,7 +104,7 @@ def run(ctx, layers, d):
             continue
         t.prepare()
         extra[t.name] = {"host_syncs_per_step": harness.count_host_syncs(t.run, device),
-                         "state_bytes": harness.tensor_bytes(built[t.name].tensors()),
+                         "held_bytes": harness.tensor_bytes(built[t.name].tensors()),
                          "outside_ns_frac": statistics.median(outside[t.name]) / statistics.median(times[t.name])}
     n = sum(a * b for a, b in shapes)
     return harness.make_records("muon", f"muon/bfloat16/{layers}x{d}", device, "bfloat16", n, len(shapes),

@@ -1,5 +1,5 @@
 """The memory-bandwidth ceiling of the device, measured in this run."""
-from benchmarks import harness
+from fused_amp.benchmark import harness
 
 
 def cases(ctx):

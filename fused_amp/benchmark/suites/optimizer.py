@@ -1,8 +1,8 @@
 """One optimizer step (scaler step + update, grads given) for the three implementations."""
 import torch
 
-from benchmarks import harness, impls, workloads
-from benchmarks.roofline import bytes_per_param
+from fused_amp.benchmark import harness, impls, workloads
+from fused_amp.benchmark.roofline import bytes_per_param
 
 
 def cases(ctx):
@@ -39,7 +39,7 @@ def run(ctx, opt_name, dtype_name, shapes, suite="optimizer", case=None, max_gra
         step = steps[t.name][0]
         t.prepare()
         extra[t.name] = {"host_syncs_per_step": harness.count_host_syncs(t.run, ctx.device),
-                         "state_bytes": harness.tensor_bytes(step.tensors())}
+                         "held_bytes": harness.tensor_bytes(step.tensors())}
     n = workloads.n_params(shapes)
     clip = "/clip" if max_grad_norm is not None else ""
     case = case or f"{opt_name}/{dtype_name}/{_size_label(shapes, n)}{clip}"

@@ -1,6 +1,6 @@
 """Adam step time against parameter count and against tensor count: overhead and slope."""
-from benchmarks import workloads
-from benchmarks.suites import optimizer
+from fused_amp.benchmark import workloads
+from fused_amp.benchmark.suites import optimizer
 
 
 def cases(ctx):

@@ -3,8 +3,8 @@ transformer and an MLP, for the three implementations on the same batches."""
 import torch
 
 import fused_amp
-from benchmarks import harness, impls, workloads
-from benchmarks.impls import INIT_SCALE, torch_best_optimizer
+from fused_amp.benchmark import harness, impls, workloads
+from fused_amp.benchmark.impls import INIT_SCALE, torch_best_optimizer
 
 
 def cases(ctx):
@@ -96,9 +96,11 @@ class Trainer:
             torch._amp_update_scale_(self.scale, self.tracker, found, 2.0, 0.5, 2000)
         self.loss = loss.detach()
 
-    def state_tensors(self):
+    def held_tensors(self):
+        """weights, grads, masters and optimizer state"""
         extra = getattr(self, "masters", [])
-        return (list(self.model.parameters()) + extra
+        params = list(self.model.parameters())
+        return (params + [p.grad for p in params if p.grad is not None] + extra
                 + [t for s in self.opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)])
 
 
@@ -127,7 +129,7 @@ def run(ctx, name, dtype_name):
     for impl, trainer in trainers.items():
         x, y = next(batches(name, 1, ctx.device, batch, seq))
         extra[impl] = {"loss": float(trainer.loss.item()),
-                       "state_bytes": harness.tensor_bytes(trainer.state_tensors()),
+                       "held_bytes": harness.tensor_bytes(trainer.held_tensors()),
                        "peak_mem_bytes": peaks[impl] if ctx.device == "cuda" else None,
                        "host_syncs_per_step": harness.count_host_syncs(lambda: trainer.step(x, y), ctx.device)}
     records = harness.make_records("train", f"{name}/{dtype_name}", ctx.device, dtype_name, n,

@@ -1,0 +1,203 @@
+"""The ways to train with Adam in mixed precision that the memory and model suites time against
+each other on one parameter list: torch's recipes, fused_amp in each memory mode, and the outside
+anchors with 8-bit state where installed. Every recipe steps with a GradScaler (scaler step +
+update), on the same values and scaled grads.
+
+Recipes that do not all fit in memory at once are timed in batches, each with torch's recipe in
+it, so that every ratio to torch's recipe is still measured in turns."""
+import importlib.util
+from typing import Callable, Dict, List, NamedTuple, Optional
+
+import torch
+
+import fused_amp
+from fused_amp.benchmark import harness, impls
+from fused_amp.benchmark.roofline import bytes_per_param
+
+TORCH = "torch_amp"  # torch's AMP recipe: fp32 weights, its fused Adam, torch.amp.GradScaler
+
+
+class Recipe(NamedTuple):
+    fp32_params: bool  # fp32 weights, else bf16
+    build: Callable  # (params, opt_name, device) -> a step (impls.ScalerStep)
+    op: str  # roofline operation: the bytes the step must move (roofline.py)
+    holds: float  # bytes held per param (weights, grads, optimizer state), for the fit check
+    masters: str  # what the update is applied to: one of MASTERS
+    state: str = "fp32"  # the optimizer state's storage: fp32, bf16 or 8-bit
+    module: Optional[str] = None  # an outside anchor's package: skipped when not installed
+
+
+def _fused(**options):
+    return lambda params, opt, device: impls.fused_amp_step(params, opt, device, **options)
+
+
+def _torch(params, opt, device):
+    return impls.torch_amp_step(params, opt, device)
+
+
+def _anchor(make):
+    return lambda params, opt, device: impls.ScalerStep(params, make(params), torch.amp.GradScaler, device)
+
+
+def _bnb_adam8bit(params):
+    from bitsandbytes.optim import Adam8bit
+    return Adam8bit(params, lr=1e-3)
+
+
+def _deepspeed_adam(params):
+    """DeepSpeed's Adam for the params' device: its CPU Adam (the optimizer of ZeRO-Offload), or
+    its fused CUDA Adam; both compile their kernels on first use."""
+    if params[0].device.type == "cpu":
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        return DeepSpeedCPUAdam(params, lr=1e-3, adamw_mode=False)
+    from deepspeed.ops.adam import FusedAdam
+    return FusedAdam(params, lr=1e-3, adam_w_mode=False)
+
+
+def _torchao_adam8bit(params):
+    from torchao.optim import AdamW8bit
+    return AdamW8bit(params, lr=1e-3, weight_decay=0.0)
+
+
+# what each recipe applies the update to, and whether that keeps every update (exact)
+MASTERS = {"fp32 weights": True, "fp32": True, "bf16 + remainder": True, "bf16 + 8 bits": False, "none": False}
+REMAINDER8 = dict(master_weights="remainder8", rounding_seed=0)
+RECIPES: Dict[str, Recipe] = {
+    TORCH: Recipe(True, _torch, "adam", 16, "fp32 weights"),
+    "torch_bf16": Recipe(False, _torch, "adam_half", 8, "none", "bf16"),
+    "fused_amp": Recipe(False, _fused(), "adam", 16, "fp32"),
+    "fused_amp[fp32 params]": Recipe(True, _fused(), "adam", 16, "fp32 weights"),
+    "fused_amp[remainder]": Recipe(False, _fused(master_weights="remainder"), "adam_remainder", 14, "bf16 + remainder"),
+    "fused_amp[no masters]": Recipe(False, _fused(master_weights=False), "adam_no_masters", 12, "none"),
+    "fused_amp[bf16 state]": Recipe(False, _fused(state_dtype=torch.bfloat16), "adam_bf16_state", 12, "fp32", "bf16"),
+    "fused_amp[bf16 state, stochastic]": Recipe(
+        False, _fused(state_dtype=torch.bfloat16, stochastic_rounding=True, rounding_seed=0),
+        "adam_bf16_state", 12, "fp32", "bf16"),
+    "fused_amp[remainder + bf16 state]": Recipe(
+        False, _fused(master_weights="remainder", state_dtype=torch.bfloat16), "adam_remainder_bf16_state",
+        10, "bf16 + remainder", "bf16"),
+    "fused_amp[8-bit state]": Recipe(False, _fused(state_dtype=torch.uint8), "adam_8bit_state", 10, "fp32", "8-bit"),
+    "fused_amp[8-bit state, stochastic]": Recipe(
+        False, _fused(state_dtype=torch.uint8, stochastic_rounding=True, rounding_seed=0), "adam_8bit_state",
+        10, "fp32", "8-bit"),
+    "fused_amp[remainder + 8-bit state]": Recipe(
+        False, _fused(master_weights="remainder", state_dtype=torch.uint8), "adam_remainder_8bit_state", 8,
+        "bf16 + remainder", "8-bit"),
+    "fused_amp[24-bit masters]": Recipe(False, _fused(**REMAINDER8), "adam_24bit", 13, "bf16 + 8 bits"),
+    "fused_amp[24-bit masters + 8-bit state]": Recipe(
+        False, _fused(**REMAINDER8, state_dtype=torch.uint8), "adam_24bit_8bit_state", 7, "bf16 + 8 bits", "8-bit"),
+    # the outside anchors: their Adam on fp32 weights (no masters) under torch's GradScaler, as
+    # their users run it
+    "bitsandbytes[Adam8bit]": Recipe(True, _anchor(_bnb_adam8bit), "adam_8bit_state", 10, "fp32 weights",
+                                     "8-bit", "bitsandbytes"),
+    "torchao[AdamW8bit]": Recipe(True, _anchor(_torchao_adam8bit), "adam_8bit_state", 10, "fp32 weights",
+                                 "8-bit", "torchao"),
+    "deepspeed[Adam]": Recipe(True, _anchor(_deepspeed_adam), "adam", 16, "fp32 weights", "fp32", "deepspeed"),
+}
+ANCHORS = tuple(name for name, r in RECIPES.items() if r.module)
+
+
+PIP_NAMES = {"optimi": "torch-optimi"}
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def not_installed(module: str) -> str:
+    """Why an outside anchor's rows are skipped, and how to get them."""
+    return f"{module} is not installed (optional: pip install {PIP_NAMES.get(module, module)})"
+
+
+def free_bytes(device: str) -> int:
+    """Memory a new allocation can take now: the GPU's free memory, or the OS's MemAvailable."""
+    if device == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    with open("/proc/meminfo") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["MemAvailable"].split()[0]) * 1024
+
+
+def params_and_grads(shapes, dtype: torch.dtype, device: str, seed: int = 0):
+    """Params of ``shapes`` in ``dtype`` with scaled grads (the same values for every dtype and
+    every call with one seed), and the pristine grads that a step's prepare copies back; drawn
+    tensor by tensor, so that no fp32 copy of the whole list is ever held."""
+    gen = torch.Generator(device).manual_seed(seed)
+    params, pristine = [], []
+    for s in shapes:
+        p = torch.nn.Parameter(torch.randn(s, generator=gen, device=device).to(dtype))
+        g = torch.randn(s, generator=gen, device=device).mul_(impls.INIT_SCALE).to(dtype)
+        p.grad = g.clone()
+        params.append(p)
+        pristine.append(g)
+    return params, pristine
+
+
+_batches = {}  # (suite, case, recipes) -> the batches that fit, as the first repeat found them
+
+
+def _fit(ctx, suite, case, n, chosen):
+    """The recipes in batches that fit in 70% of the free memory, torch's recipe in each."""
+    budget = 0.7 * free_bytes(ctx.device)
+    # bytes each needs while timed: what it holds, and the pristine grads its prepare copies from
+    need = {name: n * (RECIPES[name].holds + (4 if RECIPES[name].fp32_params else 2)) for name in chosen}
+    batches, current = [], [TORCH]
+    for name in chosen:
+        if name == TORCH:
+            continue
+        if need[TORCH] + need[name] > budget:
+            ctx.skip(suite, f"{case} {name}", f"does not fit beside torch's recipe: needs "
+                     f"{(need[TORCH] + need[name]) / 2 ** 30:.1f} GiB, {budget / 2 ** 30:.1f} GiB usable")
+        elif sum(need[m] for m in current) + need[name] > budget:
+            batches.append(current)
+            current = [TORCH, name]
+        else:
+            current.append(name)
+    return batches + [current]
+
+
+def run(ctx, suite: str, case: str, shapes, names: List[str], opt_name: str = "adam",
+        skip_anchors: bool = False) -> List[Dict]:
+    """Times the recipes ``names`` (torch's among them) on ``shapes`` (bf16 weights, or fp32) in
+    turns, in as few batches as fit in memory; records carry the bytes each holds
+    (``held_bytes``: weights, grads, optimizer state) and its own roofline bytes per param."""
+    n = sum(torch.Size(s).numel() for s in shapes)
+    chosen = []
+    for name in names:
+        recipe = RECIPES[name]
+        if recipe.module and skip_anchors:  # torchao compiles its step first: tens of seconds
+            ctx.skip(suite, name, "full runs only")
+        elif recipe.module and not installed(recipe.module):
+            ctx.skip(suite, name, not_installed(recipe.module))
+        else:
+            chosen.append(name)
+    key = (suite, case, tuple(chosen))
+    if key not in _batches:  # decided once: every repeat of the plan times the same batches
+        _batches[key] = _fit(ctx, suite, case, n, chosen)
+    batches = _batches[key]
+    records = []
+    for i, batch in enumerate(batches):
+        steps = {}
+        for name in batch:
+            recipe = RECIPES[name]
+            params, pristine = params_and_grads(shapes, torch.float32 if recipe.fp32_params else torch.bfloat16,
+                                                 ctx.device)
+            steps[name] = (recipe.build(params, opt_name, ctx.device), pristine)
+        timed = [harness.Impl(name, step.step, (lambda s=step, p=pristine: impls.refresh_grads(s, p)))
+                 for name, (step, pristine) in steps.items()]
+        times = harness.time_alternating(timed, ctx.device, ctx.reps)
+        extra = {name: {"held_bytes": harness.tensor_bytes(step.tensors())} for name, (step, _) in steps.items()}
+        del steps, timed
+        batch_records = harness.make_records(suite, case, ctx.device, "bfloat16", n, len(shapes),
+                                             times, ctx.ceiling_gbps, None, extra)
+        records += [r for r in batch_records if i == 0 or r["impl"] != TORCH]  # torch's: the first batch's
+    for rec in records:  # each recipe at its own bytes: the step's, and the scaler's check of the grads
+        recipe = RECIPES[rec["impl"]]
+        dtype, grad = ("float32", 4) if recipe.fp32_params else ("bfloat16", 2)
+        rec["bytes_per_param"] = bytes_per_param(recipe.op, dtype) + 2 * grad
+        rec["gbytes_per_s"] = rec["bytes_per_param"] * n / (rec["time_ms"] / 1e3) / 1e9
+        rec["ceiling_frac"] = rec["gbytes_per_s"] / ctx.ceiling_gbps if ctx.ceiling_gbps else None
+        rec["masters"], rec["state"] = recipe.masters, recipe.state
+    if len(batches) > 1:
+        ctx.note(suite, f"{case}: timed in {len(batches)} batches that fit in memory, torch's recipe in each")
+    return records

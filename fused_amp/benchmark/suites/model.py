@@ -1,0 +1,27 @@
+"""The user's own model (``--model``): one AdamW step (scaler step + update) over its trainable
+parameter list, same shapes and count, in every recipe that applies: torch's AMP recipe and
+plain bf16, fused_amp in each memory mode of README's choice table, and the outside anchors that
+are installed (recipes.py)."""
+import math
+
+from fused_amp.benchmark import recipes
+
+NAMES = [recipes.TORCH, "torch_bf16", "fused_amp", "fused_amp[fp32 params]", "fused_amp[remainder]",
+         "fused_amp[remainder + bf16 state]", "fused_amp[remainder + 8-bit state]",
+         "fused_amp[24-bit masters + 8-bit state]", "fused_amp[no masters]", *recipes.ANCHORS]
+
+
+def case_name(model) -> str:
+    n = sum(math.prod(s) for s in model.shapes)
+    return f"{model.name}/{n / 1e6:.1f}M"
+
+
+def cases(ctx):
+    if ctx.model is None:
+        return []
+    return [(case_name(ctx.model), run)]
+
+
+def run(ctx):
+    return recipes.run(ctx, "model", case_name(ctx.model), ctx.model.shapes, NAMES, opt_name="adamw")
+
