@@ -141,3 +141,39 @@ def test_make_docs_builds_the_pages_this_test_reads():
         if page.name != "index.md":
             assert re.search(rf"^{re.escape(page.stem)}$", index, re.M), page.name
     assert os.path.exists(ROOT / "docs" / "conf.py")
+
+
+def paragraphs(text: str):
+    """The prose paragraphs of a Markdown page (no code, tables, headings or directives), each
+    with its first line number; a list item counts as a paragraph of its own."""
+    para, start, fence = [], 0, False
+    for n, line in enumerate(text.splitlines() + [""], 1):
+        if line.startswith("```"):
+            fence = not fence
+        starts_item = re.match(r"^\s*([-*]|\d+\.) ", line)
+        if fence or not line.strip() or line.startswith(("#", "|", "```", ":")) or starts_item:
+            if para:
+                yield start, " ".join(para)
+            para = []
+            if starts_item and not fence:
+                para, start = [line], n
+            continue
+        if not para:
+            start = n
+        para.append(line)
+
+
+@pytest.mark.parametrize("page", PAGES[1:], ids=lambda p: p.name)
+def test_paragraphs_are_short_and_code_fits_the_column(page):
+    """A reader's page: no paragraph over about 120 words, no line of code over black's 88
+    characters (docs/; tests/test_docs_browser.py renders the pages and checks their widths)."""
+    text = page.read_text()
+    long = [f"line {n}: {len(p.split())} words" for n, p in paragraphs(text) if len(p.split()) > 130]
+    assert not long, long
+    wide, fence = [], False
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.startswith("```"):
+            fence = not fence
+        elif fence and len(line) > 88:
+            wide.append(f"line {n}: {len(line)} characters")
+    assert not wide, wide
