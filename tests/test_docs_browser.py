@@ -1,7 +1,8 @@
 """The documentation as a reader sees it: the site built with warnings as errors, every page
-rendered in headless Chromium at a 1280-pixel window, and no element wider than its container
-(no table or code block that scrolls sideways or sticks out of the column). Skipped, saying
-why, where Chromium or Sphinx is absent (.ci/run installs Chromium from Debian's packages)."""
+rendered in headless Chromium at a 1280-pixel window, with a title and its text, and no
+element wider than its container (no table or code block that scrolls sideways or sticks out
+of the column). Skipped, saying why, where Chromium or Sphinx is absent (.ci/run installs
+Chromium from Debian's packages)."""
 import json
 import re
 import shutil
@@ -15,6 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)),
                 None)
 WIDTH = 1280
+GENERATED = {"genindex.html", "search.html", "py-modindex.html"}  # Sphinx's, with little text
 
 # Runs at the load event of each page: every element of the article that scrolls sideways (its
 # content wider than its box) or reaches past the right edge of a container that does not clip
@@ -39,7 +41,10 @@ window.addEventListener("load", () => {
   }
   const out = document.createElement("pre");
   out.id = "layout-report";
-  out.textContent = JSON.stringify({width: window.innerWidth, bad: bad});
+  const title = article.querySelector("h1");
+  out.textContent = JSON.stringify({width: window.innerWidth, bad: bad,
+                                    title: title ? title.textContent.trim() : "",
+                                    text: (article.innerText || "").length});
   document.body.appendChild(out);
 });
 </script>
@@ -82,8 +87,11 @@ def test_every_page_fits_a_1280_pixel_window(site):
     for page in rendered:
         report = render(page)
         assert report["width"] == WIDTH
-        if report["bad"]:
-            failures[str(page.relative_to(site))] = report["bad"][:5]
+        bad = report["bad"][:5]
+        if page.name not in GENERATED and (not report["title"] or report["text"] < 300):
+            bad.append(f"a page without its content: title {report['title']!r}, {report['text']} characters")
+        if bad:
+            failures[str(page.relative_to(site))] = bad
     assert not failures, json.dumps(failures, indent=1, ensure_ascii=False)
 
 
