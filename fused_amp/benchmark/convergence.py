@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import fused_amp
+from fused_amp.benchmark import recipes
 
 VOCAB = 128  # ASCII; the few other characters of the text map to 0
 CONTEXT = 16
@@ -99,13 +100,7 @@ OPTIONAL = {"torch-optimi Kahan AdamW": "optimi", "torchao bf16 SR AdamW": "torc
 
 def available(mode: str, optional: Dict[str, str] = OPTIONAL) -> bool:
     """False for an outside reference (``optional``: mode -> package) whose package is not installed."""
-    if mode not in optional:
-        return True
-    try:
-        __import__(optional[mode])
-        return True
-    except ImportError:
-        return False
+    return mode not in optional or recipes.installed(optional[mode])
 
 
 def train(mode: str, seed: int, steps: int, lr: float = 2e-3, batch: int = 64,

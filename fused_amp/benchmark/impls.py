@@ -189,35 +189,33 @@ def param_dtype(impl: str, half_dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if impl == "torch_amp" else half_dtype
 
 
-def random_values(shapes, device, seed=0):
-    """fp32 param values and scaled grads for ``shapes``, drawn on the device."""
-    gen = torch.Generator(device).manual_seed(seed)
-    values = [torch.randn(s, generator=gen, device=device) for s in shapes]
-    grads = [torch.randn(s, generator=gen, device=device).mul_(INIT_SCALE) for s in shapes]
-    return values, grads
-
-
 def build_steps(shapes, opt_name: str, half_dtype: torch.dtype, device: str, impls=IMPLS,
                 max_grad_norm: Optional[float] = None) -> Dict:
     """For each implementation: its step object, and the pristine scaled grads that its
     ``prepare`` copies into .grad before every timed step (the unscale happens in place in
     torch's implementations, so a timed step never sees an already-unscaled grad)."""
-    out = {}
-    values, grads = random_values(shapes, device)  # drawn once: the same data for every impl
-    for impl in impls:
-        params, pristine = params_with_grads(values, grads, param_dtype(impl, half_dtype))
-        out[impl] = (STEP_CLASSES[impl](params, opt_name, device, max_grad_norm), pristine)
+    data = params_and_grads(shapes, [param_dtype(impl, half_dtype) for impl in impls], device)
+    return {impl: (STEP_CLASSES[impl](params, opt_name, device, max_grad_norm), pristine)
+            for impl, (params, pristine) in zip(impls, data)}
+
+
+def params_and_grads(shapes, dtypes: List[torch.dtype], device: str, seed: int = 0) -> List:
+    """For each of ``dtypes`` (one entry per implementation, repeats allowed): params of
+    ``shapes`` in that dtype with scaled grads, and the pristine grads that a step's prepare
+    copies back. Every tensor is drawn once, for all of them alike, and no fp32 copy of the whole
+    list is ever held."""
+    gen = torch.Generator(device).manual_seed(seed)
+    out = [([], []) for _ in dtypes]
+    for s in shapes:
+        value = torch.randn(s, generator=gen, device=device)
+        grad = torch.randn(s, generator=gen, device=device).mul_(INIT_SCALE)
+        for dtype, (params, pristine) in zip(dtypes, out):
+            p = torch.nn.Parameter(value.to(dtype, copy=True))
+            g = grad.to(dtype, copy=True)
+            p.grad = g.clone()
+            params.append(p)
+            pristine.append(g)
     return out
-
-
-def params_with_grads(values, grads, dtype: torch.dtype):
-    """Params holding ``values`` in ``dtype`` with ``grads`` as their .grad, and the pristine
-    grads that a step's ``prepare`` copies back."""
-    params = [torch.nn.Parameter(v.to(dtype, copy=True)) for v in values]
-    pristine = [g.to(dtype, copy=True) for g in grads]
-    for p, g in zip(params, pristine):
-        p.grad = g.clone()
-    return params, pristine
 
 
 def refresh_grads(step_obj, pristine):

@@ -5,13 +5,13 @@ update), on the same values and scaled grads.
 
 Recipes that do not all fit in memory at once are timed in batches, each with torch's recipe in
 it, so that every ratio to torch's recipe is still measured in turns."""
-import importlib.util
+import importlib
 from typing import Callable, Dict, List, NamedTuple, Optional
 
 import torch
 
 import fused_amp
-from fused_amp.benchmark import harness, impls
+from fused_amp.benchmark import harness, impls, workloads
 from fused_amp.benchmark.roofline import bytes_per_param
 
 TORCH = "torch_amp"  # torch's AMP recipe: fp32 weights, its fused Adam, torch.amp.GradScaler
@@ -101,7 +101,12 @@ PIP_NAMES = {"optimi": "torch-optimi"}
 
 
 def installed(module: str) -> bool:
-    return importlib.util.find_spec(module) is not None
+    """Whether an outside package imports (installed, and loads on this machine)."""
+    try:
+        importlib.import_module(module)
+        return True
+    except ImportError:
+        return False
 
 
 def not_installed(module: str) -> str:
@@ -116,21 +121,6 @@ def free_bytes(device: str) -> int:
     with open("/proc/meminfo") as f:
         fields = dict(line.split(":", 1) for line in f)
     return int(fields["MemAvailable"].split()[0]) * 1024
-
-
-def params_and_grads(shapes, dtype: torch.dtype, device: str, seed: int = 0):
-    """Params of ``shapes`` in ``dtype`` with scaled grads (the same values for every dtype and
-    every call with one seed), and the pristine grads that a step's prepare copies back; drawn
-    tensor by tensor, so that no fp32 copy of the whole list is ever held."""
-    gen = torch.Generator(device).manual_seed(seed)
-    params, pristine = [], []
-    for s in shapes:
-        p = torch.nn.Parameter(torch.randn(s, generator=gen, device=device).to(dtype))
-        g = torch.randn(s, generator=gen, device=device).mul_(impls.INIT_SCALE).to(dtype)
-        p.grad = g.clone()
-        params.append(p)
-        pristine.append(g)
-    return params, pristine
 
 
 _batches = {}  # (suite, case, recipes) -> the batches that fit, as the first repeat found them
@@ -161,7 +151,7 @@ def run(ctx, suite: str, case: str, shapes, names: List[str], opt_name: str = "a
     """Times the recipes ``names`` (torch's among them) on ``shapes`` (bf16 weights, or fp32) in
     turns, in as few batches as fit in memory; records carry the bytes each holds
     (``held_bytes``: weights, grads, optimizer state) and its own roofline bytes per param."""
-    n = sum(torch.Size(s).numel() for s in shapes)
+    n = workloads.n_params(shapes)
     chosen = []
     for name in names:
         recipe = RECIPES[name]
@@ -177,12 +167,9 @@ def run(ctx, suite: str, case: str, shapes, names: List[str], opt_name: str = "a
     batches = _batches[key]
     records = []
     for i, batch in enumerate(batches):
-        steps = {}
-        for name in batch:
-            recipe = RECIPES[name]
-            params, pristine = params_and_grads(shapes, torch.float32 if recipe.fp32_params else torch.bfloat16,
-                                                 ctx.device)
-            steps[name] = (recipe.build(params, opt_name, ctx.device), pristine)
+        dtypes = [torch.float32 if RECIPES[name].fp32_params else torch.bfloat16 for name in batch]
+        steps = {name: (RECIPES[name].build(params, opt_name, ctx.device), pristine)
+                 for name, (params, pristine) in zip(batch, impls.params_and_grads(shapes, dtypes, ctx.device))}
         timed = [harness.Impl(name, step.step, (lambda s=step, p=pristine: impls.refresh_grads(s, p)))
                  for name, (step, pristine) in steps.items()]
         times = harness.time_alternating(timed, ctx.device, ctx.reps)

@@ -2,9 +2,7 @@
 parameter list, same shapes and count, in every recipe that applies: torch's AMP recipe and
 plain bf16, fused_amp in each memory mode of README's choice table, and the outside anchors that
 are installed (recipes.py)."""
-import math
-
-from fused_amp.benchmark import recipes
+from fused_amp.benchmark import recipes, workloads
 
 NAMES = [recipes.TORCH, "torch_bf16", "fused_amp", "fused_amp[fp32 params]", "fused_amp[remainder]",
          "fused_amp[remainder + bf16 state]", "fused_amp[remainder + 8-bit state]",
@@ -12,7 +10,7 @@ NAMES = [recipes.TORCH, "torch_bf16", "fused_amp", "fused_amp[fp32 params]", "fu
 
 
 def case_name(model) -> str:
-    n = sum(math.prod(s) for s in model.shapes)
+    n = workloads.n_params(model.shapes)
     return f"{model.name}/{n / 1e6:.1f}M"
 
 
