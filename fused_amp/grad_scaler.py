@@ -18,6 +18,7 @@ from torch.optim.optimizer import _global_optimizer_pre_hooks
 from fused_amp import _scaling, ops
 from fused_amp.optim import in_backward
 from fused_amp.optim._grad_norm import Gathered, gather, total_grad_norm
+from fused_amp.optim._stages import stage_groups
 
 try:  # torch builds without distributed support lack it
     from torch.distributed.optim import ZeroRedundancyOptimizer as _ZeroRedundancyOptimizer
@@ -249,7 +250,7 @@ class GradScaler(torch.amp.GradScaler):
             for device, grads in grads_per_device.items():
                 found = torch.zeros((), dtype=torch.float32, device=device)
                 check(grads, found)
-                for group in groups:
+                for group in groups + stage_groups(optimizer):  # the meshes, then the pipeline stages
                     torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX, group=group)
                 per_device_found_inf[device] = found
         self._record_overflow_params(optimizer)
@@ -312,6 +313,11 @@ class GradScaler(torch.amp.GradScaler):
             return super().step(optimizer, *args, **kwargs)
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        if self._scale is None and stage_groups(optimizer):
+            # a pipeline stage before the last never scales a loss: its grads arrive scaled by the
+            # last stage's scaler, whose scale this one's follows step by step (same start, same
+            # flags); the scale starts where scale() would start it
+            self._lazy_init_scale_growth_tracker(next(p.device for g in optimizer.param_groups for p in g["params"]))
         self._check_scale_growth_tracker("step")
         optimizer_state = self._per_optimizer_states[id(optimizer)]
         if optimizer_state["stage"] is OptState.STEPPED:

@@ -5,11 +5,14 @@ One read of every grad gives the norm and the GradScaler's inf/NaN flags togethe
 on the device, in the same multiply as the inverse loss scale."""
 import math
 import operator
+from itertools import chain
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
 from fused_amp import _C, ops
+from fused_amp.optim import _placements
+from fused_amp.optim._stages import stage_groups
 
 try:  # torch builds without distributed support lack it
     from torch.distributed.tensor import DTensor
@@ -86,44 +89,70 @@ def gather(optimizer) -> Gathered:
     return Gathered(params, *local_grads(params))
 
 
-def _grads_per_device(name: str, gathered: Gathered) -> Tuple[Dict[torch.device, List[torch.Tensor]], list]:
-    """The gathered grads that are there, per device, and the process groups over which their
-    local norms add up."""
-    grads = [g for g in gathered.grads if g is not None]
+class _MeshPart(NamedTuple):
+    """The DTensor grads on one mesh whose local p-th powers add up over the same mesh dims,
+    and whether this rank's share counts (it is the first of the ranks holding the same values
+    along every reduced dim the grads are replicated on)."""
+    indices: Optional[List[int]]  # into the present grads; None: all of them
+    counts_here: bool
+
+
+class _MeshPlan(NamedTuple):
+    """What one mesh's grads reduce over: the mesh dims sharding any of them, and the parts."""
+    mesh: Any
+    dims: Tuple[int, ...]
+    parts: List[_MeshPart]
+
+
+def _grads_per_device(name: str, gathered: Gathered):
+    """The gathered grads that are there, per device, and how their local norms combine over
+    the meshes of DTensor grads (None for plain grads)."""
+    present = [i for i, g in enumerate(gathered.grads) if g is not None]
+    grads = [gathered.grads[i] for i in present]
     for i, g in enumerate(grads):
         if g.is_sparse:
             raise ValueError(f"{name}: grad {i} is sparse; gradient clipping needs dense gradients")
-    groups = _shard_groups(gathered.specs, gathered.sharded, len(grads))
+    plans = _mesh_plans(gathered, present)
     if gathered.device is not None:
-        return {gathered.device: grads}, groups
+        return {gathered.device: grads}, plans
+    if plans is not None:
+        raise NotImplementedError(f"{name}: gradient clipping of DTensor grads on several devices is not supported")
     per_device: Dict[torch.device, List[torch.Tensor]] = {}
     for g in grads:
         per_device.setdefault(g.device, []).append(g)
-    return per_device, groups
+    return per_device, plans
 
 
-def _shard_groups(specs, sharded: int, count: int) -> list:
-    """The process groups over which the local norms of DTensor grads (``sharded`` of ``count``
-    grads, with ``specs``) add up: the mesh dims the grads are sharded on (FSDP2: its one dim;
-    HSDP: the shard dim, not the replicate dim)."""
-    if not sharded:
-        return []
-    if sharded != count:
+def _mesh_plans(gathered: Gathered, present: List[int]) -> Optional[List[_MeshPlan]]:
+    """How the local norms of DTensor grads add up to the global one: per mesh (in the order the
+    params first use it, the same on every rank), the mesh dims any grad is sharded on, over which
+    one all-reduce per dim sums the ranks' shares; a grad replicated along one of those dims counts
+    on the first rank along it only. Grads on several meshes (TP submeshes) each reduce over their
+    own; grads with other placements on one mesh (TP + FSDP2: Shard and _StridedShard on both dims,
+    a row-parallel bias replicated over tp) are grouped by the dims they are sharded on."""
+    if not gathered.sharded:
+        return None
+    if gathered.sharded != len(present):
         raise NotImplementedError("gradient clipping over a mix of DTensor and plain grads is not "
                                   "supported: the plain grads' share of the norm is ambiguous")
-    # a mesh's or a placement's hash is a Python call: hash the few distinct objects only
-    meshes = list({id(spec.mesh): spec.mesh for spec in specs}.values())
-    if len(meshes) > 1:
-        meshes = list(set(meshes))  # equal meshes may be distinct objects
-    placements = set({id(spec.placements): spec.placements for spec in specs}.values())
-    if any(p.is_partial() for placement in placements for p in placement):
-        raise NotImplementedError("gradient clipping of DTensor grads with Partial placements "
-                                  "is not supported (reduce the grads first)")
-    shard_dims = {tuple(i for i, p in enumerate(placement) if p.is_shard()) for placement in placements}
-    if len(meshes) > 1 or len(shard_dims) > 1:
-        raise NotImplementedError("gradient clipping needs all DTensor grads on one mesh, sharded "
-                                  "on the same mesh dims")
-    return [meshes[0].get_group(dim) for dim in next(iter(shard_dims))]
+    # a mesh's or a placement's hash is a Python call: look at the few distinct spec objects only
+    keys = {id(spec): (spec.mesh, _placements.sharded_dims(spec.placements, "a DTensor grad"))
+            for spec in gathered.specs}
+    if len(set(keys.values())) == 1:  # FSDP2, HSDP, TP alone: one mesh, one sharding
+        mesh, dims = next(iter(keys.values()))
+        return [_MeshPlan(mesh, dims, [_MeshPart(None, True)])]
+    groups: Dict[Any, Dict[tuple, List[int]]] = {}
+    for index, i in enumerate(present):
+        mesh, dims = keys[id(gathered.params[i].grad._spec)]
+        groups.setdefault(mesh, {}).setdefault(dims, []).append(index)
+    plans = []
+    for mesh, by_dims in groups.items():
+        reduced = tuple(sorted(set(chain.from_iterable(by_dims))))
+        coordinate = mesh.get_coordinate()
+        parts = [_MeshPart(indices, all(coordinate[d] == 0 for d in reduced if d not in dims))
+                 for dims, indices in by_dims.items()]
+        plans.append(_MeshPlan(mesh, reduced, parts))
+    return plans
 
 
 def local_shard(t):
@@ -142,18 +171,60 @@ def local_shards(tensors) -> List:
         return list(map(local_shard, tensors))
 
 
-def _combined_over(groups, found, norm, norm_type):
-    """The flag and the norm of every rank's shards, in one all-reduce per process group: of
-    (flag, maximum) with MAX for the inf-norm; of (flag, p-th power) with SUM otherwise, the flag
+def _additive(norm, norm_type):
+    """What adds up over shards: the maximum (inf-norm), the count (0), else the p-th power."""
+    return norm if norm_type in (math.inf, 0.0) else norm.pow(norm_type)
+
+
+def _from_additive(total, norm_type):
+    return total if norm_type in (math.inf, 0.0) else total.pow(1.0 / norm_type)
+
+
+def _combine(values, norm_type):
+    if len(values) == 1:
+        return values[0]
+    stacked = torch.stack(values)
+    return stacked.amax() if norm_type == math.inf else stacked.sum()
+
+
+def _all_reduced(found, total, groups, norm_type):
+    """(flag, total) of every rank in ``groups``, one all-reduce per process group: of (flag,
+    maximum) with MAX for the inf-norm, of (flag, additive share) with SUM otherwise, the flag
     then clamped to 1.0 (found_inf is 0 or 1, never a count)."""
-    inf_norm = norm_type == math.inf
-    additive = inf_norm or norm_type == 0.0  # maxima, or counts of nonzeros: combined as they are
-    pair = torch.stack([found, norm if additive else norm.pow(norm_type)])
+    pair = torch.stack([found, total])
+    op = torch.distributed.ReduceOp.MAX if norm_type == math.inf else torch.distributed.ReduceOp.SUM
     for group in groups:
-        torch.distributed.all_reduce(pair, op=torch.distributed.ReduceOp.MAX if inf_norm
-                                     else torch.distributed.ReduceOp.SUM, group=group)
-    found = pair[0].clamp(max=1.0)
-    return found, pair[1] if additive else pair[1].pow(1.0 / norm_type)
+        torch.distributed.all_reduce(pair, op=op, group=group)
+    return pair[0].clamp(max=1.0), pair[1]
+
+
+def _local_norm(grads, found, inv, norm_type):
+    """The norm of ``grads`` (times ``inv``), setting ``found`` on inf/NaN."""
+    norm = torch.empty((), dtype=torch.float32, device=found.device)
+    if norm_type in FUSED_NORM_TYPES:
+        ops.grad_norm_(grads, found, norm, inv, norm_type)
+    else:  # torch's norm (a second read of the grads): only for other norm types
+        ops.non_finite_check_(grads, found)
+        norm.copy_(torch.nn.utils.get_total_norm(grads, norm_type))
+        if inv is not None and norm_type != 0.0:  # a norm is homogeneous, except the count
+            norm.mul_(inv)
+    return norm
+
+
+def _mesh_norm(grads, plans, found, inv, norm_type):
+    """(flag, additive total) of DTensor grads over their meshes: each mesh's parts that count on
+    this rank add up locally, then sum (or max) over the mesh dims."""
+    totals = []
+    for plan in plans:
+        # every part is read (its inf/NaN check); the parts that count here add up
+        shares = [_additive(_local_norm(grads if part.indices is None else [grads[i] for i in part.indices],
+                                        found, inv, norm_type), norm_type)
+                  for part in plan.parts]
+        shares = [s for s, part in zip(shares, plan.parts) if part.counts_here]
+        share = _combine(shares, norm_type) if shares else torch.zeros((), dtype=torch.float32, device=found.device)
+        found, total = _all_reduced(found, share, [plan.mesh.get_group(d) for d in plan.dims], norm_type)
+        totals.append(total)
+    return found, _combine(totals, norm_type)
 
 
 def total_grad_norm(optimizer, norm_type: float, inv_scale: Optional[torch.Tensor],
@@ -161,30 +232,34 @@ def total_grad_norm(optimizer, norm_type: float, inv_scale: Optional[torch.Tenso
     """The total ``norm_type``-norm of the optimizer's grads (as ``gathered``, else read now)
     times ``inv_scale`` (None: the grads are unscaled already), as a 0-dim fp32 tensor on the
     first grad's device, and the inf/NaN flag of each device's grads (1.0 or 0.0). No host sync.
-    With DTensor grads the local values are combined over the mesh dims they are sharded on, so
-    every rank gets the same norm."""
+    With DTensor grads the local values are combined over the mesh dims each grad is sharded on
+    (_mesh_plans), and with pipeline stages (``span_stages``) over the stages, so every rank gets
+    the same norm and flag."""
     gathered = gathered or gather(optimizer)  # (its refs kept until the ops below have run)
-    per_device, groups = _grads_per_device(type(optimizer).__name__, gathered)
+    per_device, plans = _grads_per_device(type(optimizer).__name__, gathered)
     norm_type = float(norm_type)
-    norms, found_infs = [], {}
+    totals, found_infs = [], {}
     for device, device_grads in per_device.items():
         found = torch.zeros((), dtype=torch.float32, device=device)
-        norm = torch.empty((), dtype=torch.float32, device=device)
         inv = None if inv_scale is None else inv_scale.to(device, non_blocking=True)
-        if norm_type in FUSED_NORM_TYPES:
-            ops.grad_norm_(device_grads, found, norm, inv, norm_type)
-        else:  # torch's norm (a second read of the grads): only for other norm types
-            ops.non_finite_check_(device_grads, found)
-            norm.copy_(torch.nn.utils.get_total_norm(device_grads, norm_type))
-            if inv is not None and norm_type != 0.0:  # a norm is homogeneous, except the count
-                norm.mul_(inv)
-        if groups:  # DTensor grads live on one device: combine flag and norm over the mesh
-            found, norm = _combined_over(groups, found, norm, norm_type)
-        norms.append(norm)
+        if plans is None:
+            total = _additive(_local_norm(device_grads, found, inv, norm_type), norm_type)
+        else:  # DTensor grads live on one device: combine flag and norm over the meshes
+            found, total = _mesh_norm(device_grads, plans, found, inv, norm_type)
+        totals.append(total)
         found_infs[device] = found
-    if not norms:
-        return torch.zeros((), dtype=torch.float32), found_infs
-    if len(norms) == 1:
-        return norms[0], found_infs
-    first = norms[0].device
-    return torch.linalg.vector_norm(torch.stack([n.to(first) for n in norms]), norm_type), found_infs
+    stages = stage_groups(optimizer)
+    if not totals:
+        if not stages:
+            return torch.zeros((), dtype=torch.float32), found_infs
+        # a stage without grads still takes part in the stages' all-reduce
+        device = next((p.device for p in gathered.params), torch.device("cpu"))
+        totals, found_infs = [torch.zeros((), dtype=torch.float32, device=device)], {}
+    first = totals[0].device
+    total = _combine([t.to(first) for t in totals], norm_type)
+    if stages:
+        found = _combine([f.to(first) for f in found_infs.values()], math.inf) if found_infs \
+            else torch.zeros((), dtype=torch.float32, device=first)
+        found, total = _all_reduced(found, total, stages, norm_type)
+        found_infs = {device: found.to(device) for device in found_infs} or {first: found}
+    return _from_additive(total, norm_type), found_infs
