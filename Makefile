@@ -24,10 +24,22 @@ $(STAMP): requirements-dev.txt
 
 deps: $(STAMP)
 
-build: $(STAMP)
+# The extension is rebuilt only when a source, the build script or a variable the build reads
+# changed since the last build that succeeded (a second make test/docs/bench starts at once).
+BUILT := $(VENV)/.fused_amp-built
+BUILD_ENV := $(VENV)/.fused_amp-build-env
+BUILD_INPUTS := $(shell find csrc -type f) setup.py pyproject.toml
+$(shell mkdir -p $(VENV); printf '%s\n' "FUSED_AMP_CUDA=$$FUSED_AMP_CUDA" "TORCH_CUDA_ARCH_LIST=$$TORCH_CUDA_ARCH_LIST" \
+	"CUDA_HOME=$$CUDA_HOME" "CUDA_PATH=$$CUDA_PATH" | cmp -s - $(BUILD_ENV) || printf '%s\n' "FUSED_AMP_CUDA=$$FUSED_AMP_CUDA" \
+	"TORCH_CUDA_ARCH_LIST=$$TORCH_CUDA_ARCH_LIST" "CUDA_HOME=$$CUDA_HOME" "CUDA_PATH=$$CUDA_PATH" > $(BUILD_ENV))
+
+$(BUILT): $(STAMP) $(BUILD_INPUTS) $(BUILD_ENV)
 	MAX_JOBS=$${MAX_JOBS:-$$(nproc)} $(PY) -m pip install --no-build-isolation --no-deps -v -e . > build.log 2>&1 \
 		|| (grep -E -A5 "error|Error" build.log | tail -80; echo "build failed: see build.log"; exit 1)
 	@echo "compiled:" $$(grep -oE "csrc/[a-z0-9_/]+\.(cpp|cu) -o" build.log | sed 's/ -o//' | sort -u)
+	touch $(BUILT)
+
+build: $(BUILT)
 	$(PY) -c "import fused_amp; print('fused_amp.build_info():', fused_amp.build_info())"
 
 # The CPU kernels exist once per instruction set; the numerics tests run on each of them
@@ -67,4 +79,4 @@ gpu-check:
 	$(GPU_PYTHON) tools/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf build build-sanitize docs/_build *.egg-info fused_amp/_C*.so
+	rm -rf build build-sanitize docs/_build *.egg-info fused_amp/_C*.so $(BUILT)
