@@ -78,6 +78,7 @@ PyObject* local_grads(PyObject*, PyObject* args) {
   const Py_ssize_t n = PyList_GET_SIZE(params);
   py::list grads(n);
   py::list specs;
+  py::list spec_of(n);  // each grad's index in specs (None: not a DTensor, or no grad)
   std::vector<at::Tensor> refs;  // of the DTensor grads' local shards
   size_t sharded = 0;
   std::optional<at::Device> device;
@@ -92,11 +93,13 @@ PyObject* local_grads(PyObject*, PyObject* args) {
     py::object grad = !modes && Py_TYPE(p) == plain_type
                           ? py::reinterpret_steal<py::object>(THPVariable_Wrap(THPVariable_Unpack(p).grad()))
                           : py::handle(p).attr(grad_name);
+    py::object which = py::none();
     if (dtensor != nullptr && PyObject_TypeCheck(grad.ptr(), dtensor)) {
       const py::object spec = grad.attr(spec_name);
-      bool seen = false;  // (FSDP2's grads share a few specs: a short list)
-      for (const py::handle known : specs) seen = seen || known.is(spec);
-      if (!seen) specs.append(spec);
+      Py_ssize_t k = 0;  // (FSDP2's grads share a few specs: a short list)
+      while (k < PyList_GET_SIZE(specs.ptr()) && !py::handle(PyList_GET_ITEM(specs.ptr(), k)).is(spec)) ++k;
+      if (k == PyList_GET_SIZE(specs.ptr())) specs.append(spec);
+      which = py::int_(k);
       grad = grad.attr(local_name);
       ++sharded;
       // the local shard's one C++ reference is its Python object's: hold another while the
@@ -113,10 +116,12 @@ PyObject* local_grads(PyObject*, PyObject* args) {
       }
     }
     PyList_SET_ITEM(grads.ptr(), i, grad.release().ptr());
+    PyList_SET_ITEM(spec_of.ptr(), i, which.release().ptr());
   }
   const py::object dev = one_device && device ? py::reinterpret_steal<py::object>(THPDevice_New(*device))
                                               : py::none();
-  return py::make_tuple(grads, specs, sharded, dev, refs.empty() ? py::none() : capsule_of(std::move(refs)))
+  return py::make_tuple(grads, specs, sharded, dev, refs.empty() ? py::none() : capsule_of(std::move(refs)),
+                        spec_of)
       .release()
       .ptr();
   END_HANDLE_TH_ERRORS

@@ -16,14 +16,15 @@ namespace fused_amp {
 // falls back to one while the lists are in use.
 PyObject* hold_refs(PyObject* self, PyObject* tensors);
 
-// local_grads(params, dtensor_type) -> (grads, specs, sharded, device, refs): for each param its
+// local_grads(params, dtensor_type) -> (grads, specs, sharded, device, refs, spec_of): for each param its
 // ``.grad``, as the fused ops take it: the grad itself, or the local shard (``_local_tensor``) of
 // a grad of type ``dtensor_type`` (None: there is no DTensor); None where a param has no grad.
 // ``specs``: the distinct ``_spec`` objects of those DTensor grads (by identity, in order of first
 // appearance), from which the caller takes meshes and placements; ``sharded``: how many grads
 // were DTensors; ``device``: the device of every grad when all are dense and on one device, else
 // None; ``refs``: a hold_refs object of the DTensor grads' local shards (None without any), whose
-// one C++ reference is their Python object's: the caller keeps it while it runs ops on them.
+// one C++ reference is their Python object's: the caller keeps it while it runs ops on them;
+// ``spec_of``: for each param the index of its grad's spec in ``specs`` (None: no DTensor grad).
 //
 // ``.grad`` is read from the C++ tensor where Python's getter would do the same (no
 // __torch_function__ of the param's type, no torch-function mode active), else through Python.

@@ -160,7 +160,7 @@ PyMethodDef methods[] = {
     {"hold_refs", fused_amp::hold_refs, METH_O,
      "C++ references to a sequence of tensors (None skipped), held by the object returned."},
     {"local_grads", fused_amp::local_grads, METH_VARARGS,
-     "(grads, DTensor specs, DTensor count, common device, refs) of a list of params (py_lists.h)."},
+     "(grads, DTensor specs, DTensor count, common device, refs, spec of each grad) of a list of params (py_lists.h)."},
     {"lists_unchanged", fused_amp::lists_unchanged, METH_VARARGS,
      "Whether an optimizer's cached lists of a group still hold (py_lists.h)."},
     {"_set_kernel_arg_bytes", set_kernel_arg_bytes, METH_O,

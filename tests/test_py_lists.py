@@ -41,9 +41,9 @@ class GradSwappingMode(TorchFunctionMode):
 def test_local_grads_of_plain_params_are_their_grads():
     params = params_with_grads()
     params[1].grad = None
-    grads, specs, sharded, device, refs = _C.local_grads(params, DTensor)
+    grads, specs, sharded, device, refs, spec_of = _C.local_grads(params, DTensor)
     assert [g is p.grad for g, p in zip(grads, params)] == [True] * 3
-    assert (specs, sharded, device, refs) == ([], 0, torch.device("cpu"), None)
+    assert (specs, sharded, device, refs, spec_of) == ([], 0, torch.device("cpu"), None, [None] * 3)
 
 
 def test_local_grads_device_is_none_for_sparse_or_mixed_devices():
@@ -54,7 +54,7 @@ def test_local_grads_device_is_none_for_sparse_or_mixed_devices():
     params[2] = torch.nn.Parameter(torch.empty(4, device="meta"))
     params[2].grad = torch.empty(4, device="meta")
     assert _C.local_grads(params, DTensor)[3] is None
-    assert _C.local_grads([], DTensor) == ([], [], 0, None, None)
+    assert _C.local_grads([], DTensor) == ([], [], 0, None, None, [])
 
 
 def test_local_grads_follows_torch_function_of_a_subclass_and_of_modes():

@@ -299,7 +299,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             mine = handed.params[start:start + len(params)]
             if len(mine) == len(params) and all(map(operator.is_, mine, params)):
                 return handed.grads[start:start + len(params)], handed.refs
-        grads, _, _, _, refs = local_grads(params)
+        grads, _, _, _, refs, _ = local_grads(params)
         only = self.__dict__.get("_only")
         if only is not None:  # (_step_params)
             grads = [g if p in only else None for p, g in zip(params, grads)]

@@ -53,11 +53,12 @@ def check_same_clip_options(name: str, groups) -> tuple:
 
 
 def local_grads(params):
-    """(grads, specs, sharded, device, refs) of ``params``: each param's ``.grad`` as the fused ops
-    take it (the local shard of a DTensor grad; None where there is none), the distinct specs of
-    the DTensor grads (their meshes and placements: FSDP2's grads share a few), how many grads
-    were DTensors, the device of the grads when all are dense and on one device (else None), and
-    what to keep while ops run on the local shards (``fused_amp._C.hold_refs``; None without).
+    """(grads, specs, sharded, device, refs, spec_of) of ``params``: each param's ``.grad`` as the
+    fused ops take it (the local shard of a DTensor grad; None where there is none), the distinct
+    specs of the DTensor grads (their meshes and placements: FSDP2's grads share a few), how many
+    grads were DTensors, the device of the grads when all are dense and on one device (else None),
+    what to keep while ops run on the local shards (``fused_amp._C.hold_refs``; None without), and
+    each grad's index in ``specs`` (None for a plain grad or none).
 
     One C pass (``fused_amp._C.local_grads``): in Python, reading a DTensor's ``.grad`` and then
     its local shard cost about a microsecond per param when the objects are cold, as they are at
@@ -66,11 +67,15 @@ def local_grads(params):
         return _C.local_grads(params, DTensor)
     grads = [p.grad for p in params]
     dtensors = [g for g in grads if DTensor is not None and isinstance(g, DTensor)]
-    specs = list({id(g._spec): g._spec for g in dtensors}.values())
+    index = {}
+    for g in dtensors:
+        index.setdefault(id(g._spec), (len(index), g._spec))
+    spec_of = [index[id(g._spec)][0] if DTensor is not None and isinstance(g, DTensor) else None for g in grads]
     grads = [local_shard(g) for g in grads]
     present = [g for g in grads if g is not None]
     one_device = len({g.device for g in present}) == 1 and all(g.layout == torch.strided for g in present)
-    return grads, specs, len(dtensors), present[0].device if one_device else None, None
+    return (grads, [spec for _, spec in index.values()], len(dtensors),
+            present[0].device if one_device else None, None, spec_of)
 
 
 class Gathered(NamedTuple):
@@ -82,6 +87,7 @@ class Gathered(NamedTuple):
     sharded: int
     device: Optional[torch.device]
     refs: Any
+    spec_of: List[Optional[int]]  # each grad's index in specs
 
 
 def gather(optimizer) -> Gathered:
@@ -136,15 +142,19 @@ def _mesh_plans(gathered: Gathered, present: List[int]) -> Optional[List[_MeshPl
         raise NotImplementedError("gradient clipping over a mix of DTensor and plain grads is not "
                                   "supported: the plain grads' share of the norm is ambiguous")
     # a mesh's or a placement's hash is a Python call: look at the few distinct spec objects only
-    keys = {id(spec): (spec.mesh, _placements.sharded_dims(spec.placements, "a DTensor grad"))
-            for spec in gathered.specs}
-    if len(set(keys.values())) == 1:  # FSDP2, HSDP, TP alone: one mesh, one sharding
-        mesh, dims = next(iter(keys.values()))
+    keys = [(spec.mesh, _placements.sharded_dims(spec.placements, "a DTensor grad")) for spec in gathered.specs]
+    if len(set(keys)) == 1:  # FSDP2, HSDP, TP alone: one mesh, one sharding
+        mesh, dims = keys[0]
         return [_MeshPlan(mesh, dims, [_MeshPart(None, True)])]
-    groups: Dict[Any, Dict[tuple, List[int]]] = {}
+    # the grads of each distinct spec, then grouped by mesh and sharded dims (a few of each)
+    by_spec: Dict[int, List[int]] = {}
+    spec_of = gathered.spec_of
     for index, i in enumerate(present):
-        mesh, dims = keys[id(gathered.params[i].grad._spec)]
-        groups.setdefault(mesh, {}).setdefault(dims, []).append(index)
+        by_spec.setdefault(spec_of[i], []).append(index)
+    groups: Dict[Any, Dict[tuple, List[int]]] = {}
+    for k, indices in by_spec.items():
+        mesh, dims = keys[k]
+        groups.setdefault(mesh, {}).setdefault(dims, []).extend(indices)
     plans = []
     for mesh, by_dims in groups.items():
         reduced = tuple(sorted(set(chain.from_iterable(by_dims))))
