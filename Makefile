@@ -1,4 +1,7 @@
-# make test  : set everything up in .venv, build the extension, run the test suite
+# make test  : set everything up in .venv, build the extension, run the quick tier of the tests
+#              (every test function, a parametrized one on a sample in which each value of each
+#              parameter appears: tests/conftest.py, docs/development.md)
+# make test-full : make test, then the rest of the whole matrix (make test-rest; CI runs both)
 # make bench : set everything up in .venv, build the extension, run the benchmark suite
 # make docs  : set everything up in .venv, build the extension and the documentation (HTML in
 #              docs/_build/html; Sphinx, warnings as errors)
@@ -14,7 +17,7 @@ STAMP := $(VENV)/.fused_amp-deps
 
 GPU_PYTHON ?= python3
 
-.PHONY: test bench build deps clean gpu-check sanitize docs
+.PHONY: test test-rest test-full bench build deps clean gpu-check sanitize docs
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -42,16 +45,21 @@ $(BUILT): $(STAMP) $(BUILD_INPUTS) $(BUILD_ENV)
 build: $(BUILT)
 	$(PY) -c "import fused_amp; print('fused_amp.build_info():', fused_amp.build_info())"
 
+test: build
+	FUSED_AMP_TEST_TIER=quick $(PY) -m pytest -q tests
+
 # The CPU kernels exist once per instruction set; the numerics tests run on each of them
 # (ATEN_CPU_CAPABILITY picks torch's and ours alike; each optimizer's plain and stateful option
-# sets, tests/optim_registry.py), then the whole suite on the native one.
+# sets, tests/optim_registry.py), then the whole matrix less what make test ran.
 NUMERICS_TESTS := tests/test_unscale.py tests/test_optim.py tests/test_clip.py tests/test_memory_modes.py \
                   tests/test_quantized_state.py tests/test_master24.py
 
-test: build
+test-rest: build
 	ATEN_CPU_CAPABILITY=default FUSED_AMP_TEST_OPTION_SETS=2 $(PY) -m pytest -q $(NUMERICS_TESTS)
 	ATEN_CPU_CAPABILITY=avx2 FUSED_AMP_TEST_OPTION_SETS=2 $(PY) -m pytest -q $(NUMERICS_TESTS)
-	$(PY) -m pytest -q tests
+	FUSED_AMP_TEST_TIER=rest $(PY) -m pytest -q tests
+
+test-full: test test-rest
 
 # the outside references of the memory suite's convergence runs are optional
 bench: build

@@ -2,8 +2,9 @@
 
 Environment variables read here (all documented in README.md):
   FUSED_AMP_CUDA        unset: CUDA when possible; 0: CPU only; 1: CUDA or fail.
-  TORCH_CUDA_ARCH_LIST  CUDA architectures (default: 8.0;8.6;8.9;9.0;10.0+PTX, less those the
-                        installed nvcc cannot build).
+  TORCH_CUDA_ARCH_LIST  CUDA architectures (default: those of the GPUs torch sees; with none,
+                        the oldest of 8.0;8.6;8.9;9.0;10.0 that nvcc builds, +PTX for the rest;
+                        a wheel for others to install sets it, e.g. to that whole list).
   CUDA_HOME / CUDA_PATH the CUDA toolkit (default: /usr/local/cuda when it exists).
   MAX_JOBS              parallel compile jobs (read by torch's ninja builder).
   FUSED_AMP_SANITIZE    1: compile the CPU kernels with AddressSanitizer and
@@ -16,7 +17,7 @@ import subprocess
 
 from setuptools import setup
 
-DEFAULT_ARCHS = "8.0;8.6;8.9;9.0;10.0+PTX"
+DEFAULT_ARCHS = "8.0;8.6;8.9;9.0;10.0"  # the Tensor Core GPUs users train on
 # with FUSED_AMP_SANITIZE=1; float-cast-overflow is UB that -fsanitize=undefined leaves out
 SANITIZERS = ["-fsanitize=address,undefined,float-cast-overflow", "-fno-sanitize-recover=all"]
 
@@ -31,18 +32,23 @@ def _cuda_home():
     return home
 
 
-def _default_archs(cuda_home):
-    """DEFAULT_ARCHS less the architectures this nvcc cannot build (sm_100 needs CUDA 12.8)."""
+def _default_archs(torch, cuda_home):
+    """The archs of the GPUs torch sees (the build a user waits for is theirs alone); with none,
+    one arch and its PTX, which the driver compiles for any newer GPU. Either way only what this
+    nvcc can build (sm_100 needs CUDA 12.8)."""
     nvcc = os.path.join(cuda_home or "", "bin", "nvcc")
     try:
         listed = subprocess.run([nvcc if os.path.exists(nvcc) else "nvcc", "--list-gpu-arch"],
                                 capture_output=True, text=True, check=True).stdout.split()
+        known = {a.replace("compute_", "") for a in listed}
     except (OSError, subprocess.CalledProcessError):
-        return DEFAULT_ARCHS
-    known = {a.replace("compute_", "") for a in listed}
-    archs = [a.replace("+PTX", "") for a in DEFAULT_ARCHS.split(";")]
-    keep = [a for a in archs if a.replace(".", "") in known]
-    return ";".join(keep[:-1] + [keep[-1] + "+PTX"]) if keep else DEFAULT_ARCHS
+        known = None
+    seen = sorted({"%d.%d" % torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+    seen = [a for a in seen if known is None or a.replace(".", "") in known]
+    if seen:
+        return ";".join(seen)
+    buildable = [a for a in DEFAULT_ARCHS.split(";") if known is None or a.replace(".", "") in known]
+    return (buildable or DEFAULT_ARCHS.split(";"))[0] + "+PTX"
 
 
 def _want_cuda(torch, cuda_home):
@@ -77,7 +83,8 @@ if os.environ.get("FUSED_AMP_SANITIZE") == "1":  # any finding aborts the proces
     cxx_flags = [f for f in cxx_flags if f != "-O3"] + ["-O1", "-g", "-fno-omit-frame-pointer"] + SANITIZERS
     link_flags += SANITIZERS
 if with_cuda:
-    archs = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", _default_archs(cuda_home))
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST") or _default_archs(torch, cuda_home)
+    os.environ["TORCH_CUDA_ARCH_LIST"] = archs
     sources += sorted(glob.glob("csrc/cuda/*.cpp") + glob.glob("csrc/cuda/*.cu"))
     cxx_flags += ["-DFUSED_AMP_WITH_CUDA", f'-DFUSED_AMP_CUDA_ARCHS="{archs}"']
     ext = CUDAExtension(

@@ -1,5 +1,14 @@
+import os
+from collections import defaultdict
+
 import pytest
 import torch
+
+# make test runs the quick tier; make test-full runs it, then the rest (docs/development.md);
+# a plain pytest the whole matrix
+TIER = os.environ.get("FUSED_AMP_TEST_TIER", "full")
+if TIER not in ("quick", "rest", "full"):
+    raise ValueError(f"FUSED_AMP_TEST_TIER must be quick, rest or full, got {TIER!r}")
 
 
 def _cuda_usable():
@@ -12,7 +21,43 @@ def _cuda_usable():
 CUDA = _cuda_usable()
 
 
+def _values(item):
+    """(which parametrize, the id of its value) for each parametrize of a parametrized item."""
+    return set(enumerate(item.callspec._idlist))
+
+
+def each_value_once(items):
+    """Of one test function's parametrized items, a few in which every value of every one of
+    its parameters appears at least once (each optimizer's every option set, each dtype, each
+    memory mode, ...), chosen greedily in collection order: the quick tier's rule."""
+    needed = {pair for item in items for pair in _values(item)}
+    chosen, left = [], list(items)
+    while needed:
+        best = max(left, key=lambda item: len(needed.intersection(_values(item))))
+        chosen.append(best)
+        left.remove(best)
+        needed.difference_update(_values(best))
+    return chosen
+
+
+def _tier(config, items, tier):
+    """quick: every test function runs; a parametrized one on ``each_value_once`` of its items;
+    tests marked ``full`` (whole-matrix sweeps the quick tier's samples already cover) run in
+    the full tier only. rest: the items quick leaves out."""
+    by_function = defaultdict(list)
+    for item in items:
+        if hasattr(item, "callspec"):
+            by_function[(item.path, item.originalname)].append(item)
+    keep = {id(item) for group in by_function.values() for item in each_value_once(group)}
+    quick = [(not hasattr(item, "callspec") or id(item) in keep) and "full" not in item.keywords
+             for item in items]
+    config.hook.pytest_deselected(items=[item for item, q in zip(items, quick) if q != (tier == "quick")])
+    items[:] = [item for item, q in zip(items, quick) if q == (tier == "quick")]
+
+
 def pytest_collection_modifyitems(config, items):
+    if TIER != "full":
+        _tier(config, items, TIER)
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in items:
         if "cuda" in item.keywords and not CUDA:
