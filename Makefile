@@ -32,9 +32,10 @@ deps: $(STAMP)
 BUILT := $(VENV)/.fused_amp-built
 BUILD_ENV := $(VENV)/.fused_amp-build-env
 BUILD_INPUTS := $(shell find csrc -type f) setup.py pyproject.toml
-$(shell mkdir -p $(VENV); printf '%s\n' "FUSED_AMP_CUDA=$$FUSED_AMP_CUDA" "TORCH_CUDA_ARCH_LIST=$$TORCH_CUDA_ARCH_LIST" \
-	"CUDA_HOME=$$CUDA_HOME" "CUDA_PATH=$$CUDA_PATH" | cmp -s - $(BUILD_ENV) || printf '%s\n' "FUSED_AMP_CUDA=$$FUSED_AMP_CUDA" \
-	"TORCH_CUDA_ARCH_LIST=$$TORCH_CUDA_ARCH_LIST" "CUDA_HOME=$$CUDA_HOME" "CUDA_PATH=$$CUDA_PATH" > $(BUILD_ENV))
+BUILD_VARS := FUSED_AMP_CUDA=$(FUSED_AMP_CUDA) TORCH_CUDA_ARCH_LIST=$(TORCH_CUDA_ARCH_LIST) \
+              CUDA_HOME=$(CUDA_HOME) CUDA_PATH=$(CUDA_PATH)
+# (rewritten only when the variables differ from the last run's, so that its time says when)
+$(shell mkdir -p $(VENV); echo '$(BUILD_VARS)' | cmp -s - $(BUILD_ENV) || echo '$(BUILD_VARS)' > $(BUILD_ENV))
 
 $(BUILT): $(STAMP) $(BUILD_INPUTS) $(BUILD_ENV)
 	MAX_JOBS=$${MAX_JOBS:-$$(nproc)} $(PY) -m pip install --no-build-isolation --no-deps -v -e . > build.log 2>&1 \

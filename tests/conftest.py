@@ -42,8 +42,8 @@ def each_value_once(items):
 
 def _tier(config, items, tier):
     """quick: every test function runs; a parametrized one on ``each_value_once`` of its items;
-    tests marked ``full`` (whole-matrix sweeps the quick tier's samples already cover) run in
-    the full tier only. rest: the items quick leaves out."""
+    tests marked ``full`` (soaks and benchmark-harness runs of a minute or so) run in the full
+    tier only. rest: the items quick leaves out."""
     by_function = defaultdict(list)
     for item in items:
         if hasattr(item, "callspec"):

@@ -187,7 +187,6 @@ def pipeline_run(rank, world, config_name):
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
     config = CONFIGS[config_name]
-    max_norm = config["kw"]["max_grad_norm"]
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
     stage_index, dp_index = mesh.get_coordinate()
     torch.manual_seed(0)

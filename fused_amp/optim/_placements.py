@@ -10,10 +10,10 @@ addends; a placement this module does not know raises, naming it."""
 from typing import Tuple
 
 try:
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import Shard
     from torch.distributed.tensor.placement_types import _StridedShard
 except ImportError:  # torch without distributed
-    Replicate = Shard = _StridedShard = None
+    Shard = _StridedShard = None
 
 SHARD, REPLICATE, PARTIAL = "shard", "replicate", "partial"
 
