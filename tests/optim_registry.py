@@ -22,7 +22,8 @@ OPTIMIZERS: List[OptimEntry] = [
     OptimEntry(Adam, torch.optim.Adam, (
         dict(lr=1e-3),
         dict(lr=1e-3, weight_decay=0.1, amsgrad=True),
-        dict(lr=1e-3, betas=(0.8, 0.99), eps=1e-6, maximize=True),
+        # beta1 below 0.5: the first moment's lerp from its other end (torch's lerp_ has two forms)
+        dict(lr=1e-3, betas=(0.4, 0.99), eps=1e-6, maximize=True),
         dict(lr=1e-3, weight_decay=0.1, decoupled_weight_decay=True),
     )),
     OptimEntry(AdamW, torch.optim.AdamW, (
@@ -42,7 +43,8 @@ OPTIMIZERS: List[OptimEntry] = [
     )),
     OptimEntry(Adagrad, torch.optim.Adagrad, (
         dict(lr=1e-2),
-        dict(lr=1e-2, lr_decay=1e-2, weight_decay=0.1, initial_accumulator_value=0.1, eps=1e-6, maximize=True),
+        # an eps that moves the denominator by more than its rounding (1e-10 hides a sign flip)
+        dict(lr=1e-2, lr_decay=1e-2, weight_decay=0.1, initial_accumulator_value=0.1, eps=1e-2, maximize=True),
     )),
     OptimEntry(RMSprop, torch.optim.RMSprop, (
         dict(lr=1e-3),

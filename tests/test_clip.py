@@ -251,6 +251,28 @@ def test_clip_without_a_scaler_matches_torch(cls, torch_cls, kw, dtype):
     assert (ours - fused).abs().max().item() <= clipped_tolerance(fused, foreach)
 
 
+def test_the_coefficient_adds_torchs_1e_6_to_the_norm():
+    """At a norm of 1e-6 the 1e-6 torch adds to the norm halves the coefficient: grads of that
+    norm clipped to 0.5e-6 move SGD's params by a quarter of the grads, as in torch's recipe."""
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(40, generator=gen), torch.randn(9, generator=gen)]
+    total = torch.linalg.vector_norm(torch.cat(grads))
+    grads = [g / total * 1e-6 for g in grads]
+
+    def run(ours):
+        params = [torch.nn.Parameter(torch.zeros(40)), torch.nn.Parameter(torch.zeros(9))]
+        opt = fused_amp.optim.SGD(params, lr=1.0) if ours else torch.optim.SGD(params, lr=1.0)
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        opt.clip_grad_norm_(0.5e-6) if ours else torch.nn.utils.clip_grad_norm_(params, 0.5e-6)
+        opt.step()
+        return torch.cat([p.detach() for p in params])
+
+    ours, theirs = run(True), run(False)
+    torch.testing.assert_close(theirs, -0.25 * torch.cat(grads), rtol=1e-5, atol=0)
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=0)
+
+
 def test_an_inf_grad_without_a_scaler_does_what_torchs_clip_does():
     """No scaler, nothing skips: the inf makes the norm inf and the coefficient 0, so the inf
     element's update is NaN and the others get a zero grad, as torch's recipe gives."""
