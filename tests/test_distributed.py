@@ -1,5 +1,5 @@
 """torch.distributed on CPU (gloo, several processes): DDP, ZeRO-1 and FSDP2 with our
-optimizers and scaler. Each test spawns its ranks with a free port and a deadline, so that a
+optimizers and scaler. Each test starts its ranks with a free port and a deadline, so that a
 hang fails."""
 import copy
 import os

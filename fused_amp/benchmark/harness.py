@@ -186,18 +186,30 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
+# What the ranks' parent process imports once: each rank is forked from it ("forkserver"), so
+# that a run of 4 ranks starts in about 0.4 s instead of the 8-13 s of "spawn", which imports
+# torch in every rank. The server imports modules only (no thread, no device), so a fork of it
+# starts as a fresh interpreter would, with these modules loaded.
+_RANK_PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor", "torch.distributed.fsdp",
+                 "fused_amp", "fused_amp.optim"]
+
+
 def run_ranks(fn: Callable, world: int, *args, deadline_s: float = 300.0) -> List:
     """Runs ``fn(rank, world, *args)`` in ``world`` processes joined in a gloo process group on
     a free local port, and returns each rank's result (saved with torch.save). A rank that fails,
     or a run past the deadline, raises RuntimeError instead of hanging."""
+    import multiprocessing
+
     import torch.multiprocessing as mp
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(_RANK_PRELOAD)
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as out:
         ctx = mp.start_processes(_rank_entry, args=(fn, world, port, out, args), nprocs=world,
-                                 join=False, start_method="spawn")
+                                 join=False, start_method="forkserver")
         start = time.monotonic()
         try:
             while not ctx.join(timeout=5):
@@ -209,6 +221,12 @@ def run_ranks(fn: Callable, world: int, *args, deadline_s: float = 300.0) -> Lis
             for p in ctx.processes:
                 if p.is_alive():
                     p.kill()
+                p.join()
+            for r in range(world):  # what each rank printed, on the caller's stderr
+                log = os.path.join(out, f"rank{r}.log")
+                text = open(log, errors="replace").read() if os.path.exists(log) else ""
+                if text:
+                    sys.stderr.write(f"--- rank {r} of {world}:\n{text}")
         return [torch.load(os.path.join(out, f"rank{r}.pt")) for r in range(world)]
 
 
@@ -217,6 +235,11 @@ def _rank_entry(rank, fn, world, port, out, args):
 
     import torch.distributed as dist
 
+    # A rank forked from the server has the server's stdout and stderr, not the caller's: both go
+    # to a log of the rank, which run_ranks copies to the caller's stderr.
+    log = os.open(os.path.join(out, f"rank{rank}.log"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
     # A rank killed by a signal prints where it was, in C++ (as torch's own distributed tests
     # do) and in Python, instead of leaving only "terminated with signal SIGABRT".
     faulthandler.enable(all_threads=True)
