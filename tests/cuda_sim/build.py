@@ -10,6 +10,7 @@ FUSED_AMP_EMULATION_COVERAGE=DIR builds into DIR with gcov's instrumentation, an
 leave their line counts there (tools/emulation_coverage.py).
 """
 import ctypes
+import hashlib
 import os
 import shutil
 import subprocess
@@ -66,26 +67,57 @@ class Emulation:
 _built = {}
 
 
+def _command(config, csrc, out):
+    """The compiler's command line of `config`'s library at `out`."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    flags = ["-O1", "-g"]  # -g: the race reports name source lines (addr2line)
+    if os.environ.get("FUSED_AMP_SANITIZE") == "1":  # as setup.py builds the extension for make sanitize
+        flags += ["-fsanitize=address,undefined,float-cast-overflow", "-fno-sanitize-recover=all"]
+    if os.environ.get("FUSED_AMP_EMULATION_COVERAGE"):
+        flags = ["-O0", "-g", "--coverage"]
+    source, defines = CONFIGS[config]
+    return [cxx, *flags, "-shared", "-fPIC", "-std=c++17", f"-I{csrc}", f"-I{CUDA_HOME}/include",
+            "-DFUSED_AMP_HOST_SIM", *defines, os.path.join(ROOT, "tests", "cuda_sim", source), "-o", out]
+
+
+def _kept_dir():
+    """build/emulation/<key>: the libraries of this checkout's sources, kept between test runs
+    (the key hashes csrc/, tests/cuda_sim/, the compiler and the flags), so that a second run
+    builds nothing. A mutant's or coverage build is not kept."""
+    digest = hashlib.sha256(" ".join(_command("plan", "csrc", "out")).encode())
+    for top in (os.path.join(ROOT, "csrc"), os.path.join(ROOT, "tests", "cuda_sim")):
+        for folder, dirs, files in sorted(os.walk(top)):
+            dirs.sort()
+            for name in sorted(files):
+                if name.endswith((".h", ".cuh", ".cu", ".cpp")):
+                    path = os.path.join(folder, name)
+                    digest.update(path.encode() + open(path, "rb").read())
+    return os.path.join(ROOT, "build", "emulation", digest.hexdigest()[:16])
+
+
 def build_emulation(tmp_dir, config):
-    """The library of `config`, built once per test session."""
+    """The library of `config`, built once per checkout (or per test session for a mutant's or a
+    coverage build). Every config not built yet is compiled at once, in parallel: the tests
+    need them all, and two cores build two in the time of one."""
     if config in _built:
         return _built[config]
     if not os.path.exists(os.path.join(CUDA_HOME, "include", "cuda_fp16.h")):
         pytest.skip(f"no CUDA headers under {CUDA_HOME} (set CUDA_HOME)")
-    cxx = shutil.which("g++") or shutil.which("c++")
-    csrc = os.environ.get("FUSED_AMP_EMULATION_CSRC") or os.path.join(ROOT, "csrc")
+    other_csrc = os.environ.get("FUSED_AMP_EMULATION_CSRC")
     coverage = os.environ.get("FUSED_AMP_EMULATION_COVERAGE")
-    out = os.path.join(coverage or str(tmp_dir), f"libfused_amp_emulation_{config}.so")
-    flags = ["-O1", "-g"]  # -g: the race reports name source lines (addr2line)
-    if os.environ.get("FUSED_AMP_SANITIZE") == "1":  # as setup.py builds the extension for make sanitize
-        flags += ["-fsanitize=address,undefined,float-cast-overflow", "-fno-sanitize-recover=all"]
-    if coverage:
-        flags = ["-O0", "-g", "--coverage"]
-    source, defines = CONFIGS[config]
+    folder = coverage or (str(tmp_dir) if other_csrc else _kept_dir())
+    os.makedirs(folder, exist_ok=True)
+    out = {c: os.path.join(folder, f"libfused_amp_emulation_{c}.so") for c in CONFIGS}
     # not the compiler under make sanitize's preloaded ASan runtime: that doubles its time
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    subprocess.run([cxx, *flags, "-shared", "-fPIC", "-std=c++17", f"-I{csrc}", f"-I{CUDA_HOME}/include",
-                    "-DFUSED_AMP_HOST_SIM", *defines, os.path.join(ROOT, "tests", "cuda_sim", source),
-                    "-o", out], check=True, env=env)
-    _built[config] = Emulation(ctypes.CDLL(out))
+    wanted = [config] if other_csrc or coverage else [c for c in CONFIGS if not os.path.exists(out[c])]
+    # a kept library is built under a temporary name first: a run stopped mid-build keeps no half one
+    suffix = "" if other_csrc or coverage else ".tmp"
+    jobs = [(c, subprocess.Popen(_command(c, other_csrc or os.path.join(ROOT, "csrc"), out[c] + suffix), env=env))
+            for c in wanted]
+    for c, job in jobs:
+        if job.wait():
+            raise subprocess.CalledProcessError(job.returncode, job.args)
+        os.replace(out[c] + suffix, out[c])
+    _built[config] = Emulation(ctypes.CDLL(out[config]))
     return _built[config]
