@@ -1,6 +1,6 @@
 """Line coverage of the CUDA sources (csrc/cuda/*.cu, *.cuh) and of the emulator
 (csrc/cuda/emulator/) over the emulator's tests: the builds of tests/cuda_sim/build.py with gcov
-instrumentation (-O0), tests/test_cuda_sim.py and tests/test_cuda_emulator.py run against them,
+instrumentation (-O0), the quick tier of tests/test_cuda_sim.py and tests/test_cuda_emulator.py run against them,
 and for each file the lines executed out of those compiled, then every line no test executed,
 with the reason where it is known (REASONS).
 
@@ -65,7 +65,8 @@ def main():
     os.makedirs(data_dir, exist_ok=True)
     for old in glob.glob(os.path.join(data_dir, "*.gc*")):
         os.remove(old)
-    env = dict(os.environ, FUSED_AMP_EMULATION_COVERAGE=os.path.abspath(data_dir))
+    # the quick tier (make test's) must run every line
+    env = dict(os.environ, FUSED_AMP_EMULATION_COVERAGE=os.path.abspath(data_dir), FUSED_AMP_TEST_TIER="quick")
     subprocess.run([args.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS], cwd=ROOT, env=env,
                    check=True)
     counts = gcov_lines(data_dir)

@@ -8,8 +8,8 @@ The mutants, found in csrc/cuda/ by pattern, so that a new barrier or shuffle ge
 - an off-by-one in a chunk's tail (one element short), in the elementwise launches and in the
   reductions; one thread too many in a level of the reduction tree;
 - the tiles' barrier skipped by the threads whose elements lie past the chunk's end.
-Each mutant is a scratch copy of csrc/ built by the tests (FUSED_AMP_EMULATION_CSRC), which run
-until the first failure. The table names the test that failed and what caught it: a check of the
+Each mutant is a scratch copy of csrc/ built by the tests (FUSED_AMP_EMULATION_CSRC), whose quick
+tier (make test's) runs until the first failure. The table names the test that failed and what caught it: a check of the
 emulator (race, barrier, warp, init, bounds, misaligned) or a value that differs from the CPU ops
 or torch. Exit status 1 when a mutant survives.
 
@@ -79,7 +79,8 @@ def run(mutant, python):
         shutil.copytree(os.path.join(ROOT, "csrc"), csrc)
         with open(os.path.join(csrc, "cuda", file), "w") as f:
             f.write(text)
-        env = dict(os.environ, FUSED_AMP_EMULATION_CSRC=csrc)
+        # the quick tier (make test) must kill each one
+        env = dict(os.environ, FUSED_AMP_EMULATION_CSRC=csrc, FUSED_AMP_TEST_TIER="quick")
         t0 = time.time()
         out = subprocess.run([python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-rf",
                               "tests/test_cuda_sim.py", "--basetemp", os.path.join(tmp, "pytest")],
