@@ -59,7 +59,7 @@ OPTIMIZERS: List[OptimEntry] = [
     OptimEntry(RAdam, torch.optim.RAdam, (
         dict(lr=1e-3),
         dict(lr=1e-3, betas=(0.8, 0.9), weight_decay=0.1, decoupled_weight_decay=True, maximize=True),
-        dict(lr=1e-3, eps=1e-6, weight_decay=0.1),
+        dict(lr=1e-3, eps=1e-2, weight_decay=0.1),  # an eps whose sign shows (see Adagrad's)
     )),
     OptimEntry(NAdam, torch.optim.NAdam, (
         dict(lr=2e-3),

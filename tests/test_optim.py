@@ -455,3 +455,25 @@ def test_changing_group_options_between_steps():
     for p in model.parameters():
         assert "max_exp_avg_sq" in opt.state[p] and "master_param" in opt.state[p]
         assert torch.equal(p, opt.state[p]["master_param"].to(p.dtype))
+
+
+def test_rprops_prev_is_the_unscaled_grad_as_torchs():
+    """Rprop reads only the grad's sign, so only its `prev` state shows the scale the grad was
+    unscaled by: after steps under a GradScaler it is torch's, as are the params."""
+    init = torch.randn(37, generator=torch.Generator().manual_seed(0))
+
+    def run(ours):
+        p = torch.nn.Parameter(init.clone())
+        opt = (fused_amp.optim.Rprop if ours else torch.optim.Rprop)([p], lr=0.01)
+        scaler = (fused_amp.GradScaler if ours else torch.amp.GradScaler)("cpu", init_scale=1024.0)
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            scaler.scale((p * torch.randn(37, generator=gen)).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+        return p.detach(), opt.state[p]["prev"]
+
+    (p_ours, prev_ours), (p_torch, prev_torch) = run(True), run(False)
+    torch.testing.assert_close(prev_ours, prev_torch, rtol=1e-6, atol=0)
+    torch.testing.assert_close(p_ours, p_torch, rtol=1e-6, atol=0)
