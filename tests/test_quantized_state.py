@@ -460,3 +460,20 @@ def test_bad_input_is_refused_naming_the_argument():
                                  amsgrad=False, maximize=False, decoupled_weight_decay=False)
     for key, value in before.items():
         assert_bitwise_equal(state[key], value, key)
+
+
+@pytest.mark.parametrize("n", [37, QUANT_BLOCK + 37])
+def test_a_blocks_absmax_reads_its_last_element(n):
+    """The largest value of a block at its very end, past its last whole vector: the absmax is
+    that value, not 0 (a block's absmax loop one element short would code it away)."""
+    grad = torch.zeros(n)
+    grad[-1] = 1.0
+    p, ref = torch.nn.Parameter(torch.zeros(n)), torch.nn.Parameter(torch.zeros(n))
+    opt = fused_amp.optim.Adam([p], lr=1e-3, state_dtype=torch.uint8, min_8bit_size=0)
+    theirs = torch.optim.Adam([ref], lr=1e-3)
+    p.grad, ref.grad = grad.clone(), grad.clone()
+    opt.step()
+    theirs.step()
+    last_block = opt.state[p][ABSMAX][:, -1]
+    assert_bitwise_equal(last_block[0], theirs.state[ref]["exp_avg"].abs().max(), "exp_avg's absmax")
+    assert_bitwise_equal(last_block[1], theirs.state[ref]["exp_avg_sq"].abs().max(), "exp_avg_sq's absmax")

@@ -115,13 +115,19 @@ def test_every_bf16_grad_is_left_unscaled_as_torch_unscales_it(inv_scale, step):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("position", [0, 5, 16, 31, 32767, 65535, 65536, 99999])
+@pytest.mark.parametrize("position", [0, 5, 16, 31, 32767, 65535, 65536, 99999, 100006])
 def test_single_nonfinite_anywhere_is_found(dtype, position):
+    """By unscale_ and by non_finite_check_ (which reads the bits only): at every lane of the
+    vectors (31: the last lane of 16 and of 32) and in the scalar tail (100006, the last element:
+    100007 is no multiple of any vector's length)."""
     for value in (float("inf"), float("-inf"), float("nan")):
-        x = torch.ones(100000, dtype=dtype)
+        x = torch.ones(100007, dtype=dtype)
         x[position] = value
         found = torch.zeros(1)
         ops.unscale_([torch.ones(3, dtype=dtype), x], found, torch.tensor([0.5]))
+        assert found.item() == 1.0
+        found = torch.zeros(1)
+        ops.non_finite_check_([torch.ones(3, dtype=dtype), x], found)
         assert found.item() == 1.0
 
 
