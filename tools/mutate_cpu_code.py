@@ -397,7 +397,7 @@ def run(mutants, tier, python, timeout):
                "-W", "ignore::pytest.PytestUnraisableExceptionWarning"] + [os.path.join(ROOT, t) for t in TESTS]
         proc = subprocess.Popen(cmd, cwd=lib, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-        log, seen, last_change, started = [], 0, time.time(), None
+        seen, last_change, started = 0, time.time(), None
         while proc.poll() is None:
             time.sleep(1)
             lines = open(progress_path).read().splitlines()
@@ -424,7 +424,6 @@ def run(mutants, tier, python, timeout):
             print(out[-6000:])
             raise SystemExit(f"pytest exited with {proc.returncode} between mutants")
         todo = [m for m in todo if m["id"] not in results]
-        log.append(out)
     return results
 
 
