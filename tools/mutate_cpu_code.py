@@ -21,6 +21,7 @@ alone compile (`#if defined(CPU_CAPABILITY_AVX2)` on an AVX-512 machine) gets no
 whether the quick tier is the weaker net. Exit status 1 when a mutant survives.
 """
 import argparse
+import functools
 import json
 import os
 import re
@@ -104,7 +105,8 @@ NOT_YET_KILLED = {
 }
 
 
-def equivalent(file, source, what):
+def listed(file, source, what):
+    """Why a mutant is not run: its line in EQUIVALENT or NOT_YET_KILLED, else None."""
     for table, label in ((EQUIVALENT, "equivalent: "), (NOT_YET_KILLED, "")):
         for (f, text, name), why in table.items():
             if f == file and text in source and name in what:
@@ -128,6 +130,12 @@ extern "C" int fused_amp_mutant;
 """
 
 
+@functools.lru_cache(maxsize=None)
+def _source_lines(file):
+    """The lines of csrc/<file> as the sources have them (read once per file)."""
+    return open(os.path.join(ROOT, "csrc", file)).read().splitlines()
+
+
 def on(mutant_id):
     return f"(fused_amp_mutant == {mutant_id})"
 
@@ -142,9 +150,9 @@ class Mutants:
     def add(self, file, line, what):
         stem = os.path.basename(file)
         keywords = KEYWORDS.get(stem, [re.sub(r"\.h$", "", stem).replace("_", "")])
-        source = open(os.path.join(ROOT, "csrc", file)).read().splitlines()[line - 1].strip()
+        source = _source_lines(file)[line - 1].strip()
         self.list.append({"id": len(self.list), "name": f"{what} ({file}:{line})", "file": file,
-                          "keywords": keywords, "equivalent": equivalent(file, source, what)})
+                          "keywords": keywords, "listed": listed(file, source, what)})
         return len(self.list) - 1
 
 
@@ -260,7 +268,7 @@ def initializers(tokens, first, last):
 
 def emit(text, node, mutants, file, function):
     """The text of node with a mutant wrapped around each operator in SWAP."""
-    parts, at = [], node.start
+    at = node.start
     children = [emit(text, c, mutants, file, function) for c in node.children]
     pieces = []
     for child, child_text in zip(node.children, children):
@@ -449,19 +457,19 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     print(f"build with every mutant: {build(mutants.texts, args.python):.0f} s", flush=True)
     t0 = time.time()
-    results = run([m for m in mutants.list if not m["equivalent"]], args.tier, args.python, args.timeout)
+    results = run([m for m in mutants.list if not m["listed"]], args.tier, args.python, args.timeout)
     print(f"{args.tier} tier of {' '.join(os.path.basename(t) for t in TESTS)}: {time.time() - t0:.0f} s\n")
     print("| mutant | failed test | s |\n|---|---|---|")
     for m in mutants.list:
-        if m["equivalent"]:
-            print(f"| {m['name']} | {m['equivalent']} | |")
+        if m["listed"]:
+            print(f"| {m['name']} | {m['listed']} | |")
             continue
         killer, seconds = results[m["id"]]
         print(f"| {m['name']} | {(killer or 'SURVIVED').split('::', 1)[-1]} | {seconds:.1f} |")
-    survivors = [m for m in mutants.list if not m["equivalent"] and results[m["id"]][0] is None]
-    n_equivalent = sum(bool(m["equivalent"]) for m in mutants.list)
-    print(f"\n{len(mutants.list) - n_equivalent - len(survivors)} of {len(mutants.list) - n_equivalent} mutants "
-          f"killed by the {args.tier} tier ({n_equivalent} more listed as equivalent or not yet killed, not run)")
+    survivors = [m for m in mutants.list if not m["listed"] and results[m["id"]][0] is None]
+    n_listed = sum(bool(m["listed"]) for m in mutants.list)
+    print(f"\n{len(mutants.list) - n_listed - len(survivors)} of {len(mutants.list) - n_listed} mutants "
+          f"killed by the {args.tier} tier ({n_listed} more listed as equivalent or not yet killed, not run)")
     if survivors and args.then_full and args.tier == "quick":
         full = run(survivors, "full", args.python, args.timeout)
         for m in survivors:
