@@ -95,4 +95,16 @@ else:
     ext = CppExtension("fused_amp._C", sources, include_dirs=[os.path.abspath("csrc")],
                        extra_compile_args=cxx_flags, extra_link_args=link_flags)
 
-setup(ext_modules=[ext], cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)})
+
+class BuildInKeptFolder(BuildExtension.with_options(use_ninja=True)):
+    """Objects stay in build/ext (unless --build-temp says where), so ninja recompiles only
+    what changed since the last build. pip's editable install would otherwise build in a fresh
+    temporary folder each time."""
+
+    def finalize_options(self):
+        chosen = self.build_temp  # given on the command line (make sanitize, the mutants)
+        super().finalize_options()
+        self.build_temp = chosen or os.path.join(os.path.dirname(os.path.abspath(__file__)), "build", "ext")
+
+
+setup(ext_modules=[ext], cmdclass={"build_ext": BuildInKeptFolder})
