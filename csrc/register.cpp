@@ -96,8 +96,8 @@ PyObject* build_info(PyObject*, PyObject*) {
 
 // The optimizers of step_ (optimizers.h), for the Python layer:
 // {name: {"states": [(state key, op list name, signed 8-bit map), ...], "hyper": [name, ...],
-//  "scalar": the key of its per-tensor scalar state, or None, "writes_output": whether it writes
-//  `outputs` instead of the params (ops/optimizer.h)}}.
+//  "scalar": the key of its per-tensor scalar state, or None, "scalar_initial": that state's first
+//  value, "writes_output": whether it writes `outputs` instead of the params (ops/optimizer.h)}}.
 PyObject* optimizers(PyObject*, PyObject*) {
   PyObject* table = PyDict_New();
   fused_amp::Optimizers::for_each([&]<class Opt>() {
@@ -109,12 +109,45 @@ PyObject* optimizers(PyObject*, PyObject*) {
     PyObject* hyper = PyList_New(Opt::kHyper);
     for (int k = 0; k < Opt::kHyper; ++k) PyList_SET_ITEM(hyper, k, PyUnicode_FromString(Opt::kHyperNames[k]));
     PyObject* scalar = Opt::kScalarKey ? PyUnicode_FromString(Opt::kScalarKey) : Py_NewRef(Py_None);
-    PyObject* entry = Py_BuildValue("{s:N,s:N,s:N,s:O}", "states", states, "hyper", hyper, "scalar", scalar,
-                                    "writes_output", Opt::kWritesOutput ? Py_True : Py_False);
+    PyObject* entry = Py_BuildValue("{s:N,s:N,s:N,s:d,s:O}", "states", states, "hyper", hyper, "scalar", scalar,
+                                    "scalar_initial", Opt::kScalarInitial, "writes_output",
+                                    Opt::kWritesOutput ? Py_True : Py_False);
     PyDict_SetItemString(table, Opt::kName, entry);
     Py_DECREF(entry);
   });
   return table;
+}
+
+// kept_states(name, hyper): the indices into the table's "states" of those the step of `name` keeps
+// with these hyperparameters (in its "hyper" order): the descriptor's state_mask.
+PyObject* kept_states(PyObject*, PyObject* args) {
+  const char* name = nullptr;
+  PyObject* values = nullptr;
+  if (!PyArg_ParseTuple(args, "sO", &name, &values)) return nullptr;
+  PyObject* kept = nullptr;
+  const bool known = fused_amp::Optimizers::find(name, [&]<class Opt>() {
+    double hyper[Opt::kHyper > 0 ? Opt::kHyper : 1] = {};
+    if (PySequence_Length(values) != Opt::kHyper) {
+      PyErr_Format(PyExc_ValueError, "kept_states: %s takes %d hyperparameters", name, Opt::kHyper);
+      return;
+    }
+    for (int k = 0; k < Opt::kHyper; ++k) {
+      PyObject* item = PySequence_GetItem(values, k);
+      hyper[k] = item ? PyFloat_AsDouble(item) : -1.0;
+      Py_XDECREF(item);
+      if (PyErr_Occurred()) return;
+    }
+    const unsigned mask = Opt::state_mask(Opt::hyper_of(hyper));
+    kept = PyList_New(0);
+    for (int k = 0; k < Opt::kStates; ++k) {
+      if (!(mask >> k & 1u)) continue;
+      PyObject* index = PyLong_FromLong(k);
+      PyList_Append(kept, index);
+      Py_DECREF(index);
+    }
+  });
+  if (!known) PyErr_Format(PyExc_ValueError, "kept_states: unknown optimizer '%s'", name);
+  return kept;
 }
 
 // For the CUDA tests: force the 4 KB or the 32 KB kernel-argument plan (0: automatic).
@@ -157,6 +190,8 @@ PyMethodDef methods[] = {
     {"build_info", build_info, METH_NOARGS, "How this extension was built and what it runs."},
     {"optimizers", optimizers, METH_NOARGS,
      "The optimizers of the step_ op: their states (key, list name, signed 8-bit map) and hyperparameters."},
+    {"kept_states", kept_states, METH_VARARGS,
+     "The indices of the states the step of an optimizer keeps with these hyperparameters (its state_mask)."},
     {"hold_refs", fused_amp::hold_refs, METH_O,
      "C++ references to a sequence of tensors (None skipped), held by the object returned."},
     {"local_grads", fused_amp::local_grads, METH_VARARGS,

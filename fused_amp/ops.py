@@ -6,7 +6,7 @@ import torch
 from fused_amp import _C, _fake
 
 __all__ = ["unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_",
-           "optimizers"]
+           "optimizers", "kept_states"]
 
 _ops = torch.ops.fused_amp
 
@@ -87,13 +87,37 @@ def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: 
 def optimizers() -> Dict[str, Dict]:
     """The optimizers :func:`step_` runs, from the C++ table (csrc/optimizers.h): for each name,
     ``"states"``, its per-element states as ``(state key, list name, signed)`` (signed: the 8-bit
-    map of the state), ``"hyper"``, the names of its hyperparameters, and ``"scalar"``, the key of
-    its per-param scalar state (or None), and ``"writes_output"``: whether the step writes
-    ``outputs`` instead of the params (``"muon_momentum"``)."""
+    map of the state), ``"hyper"``, the names of its hyperparameters, ``"scalar"``, the key of
+    its per-param scalar state (or None), ``"scalar_initial"``, that state's first value, and
+    ``"writes_output"``: whether the step writes ``outputs`` instead of the params
+    (``"muon_momentum"``)."""
     return _OPTIMIZERS
 
 
 _OPTIMIZERS = _C.optimizers()
+_KEPT: Dict[tuple, tuple] = {}
+
+
+def kept_states(optimizer: str, hyper: Mapping[str, float]) -> tuple:
+    """The states the step of ``optimizer`` keeps with these hyperparameters, as ``(state key,
+    list name)`` in the order :func:`step_` takes their lists (Adam: ``exp_avg`` and
+    ``exp_avg_sq``, and ``max_exp_avg_sq`` with ``amsgrad``). The C++ descriptor decides."""
+    names = _hyper_names(f"kept_states({optimizer})", optimizer, hyper)
+    values = tuple(float(hyper[n]) for n in names)
+    kept = _KEPT.get((optimizer, values))
+    if kept is None:
+        table = _OPTIMIZERS[optimizer]["states"]
+        kept = _KEPT[optimizer, values] = tuple(table[k][:2] for k in _C.kept_states(optimizer, values))
+    return kept
+
+
+def _hyper_names(op: str, optimizer: str, hyper: Mapping[str, float]) -> List[str]:
+    if optimizer not in _OPTIMIZERS:
+        raise ValueError(f"{op.split('(')[0]}: unknown optimizer {optimizer!r}; known: {', '.join(_OPTIMIZERS)}")
+    names = _OPTIMIZERS[optimizer]["hyper"]
+    if set(hyper) != set(names):
+        raise ValueError(f"{op}: hyper has {sorted(hyper)}, expected the hyperparameters {names}")
+    return names
 
 
 def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
@@ -169,17 +193,16 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
         ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
     """
     op = f"step_({optimizer})"
-    if optimizer not in _OPTIMIZERS:
-        raise ValueError(f"step_: unknown optimizer {optimizer!r}; known: {', '.join(_OPTIMIZERS)}")
-    names = _OPTIMIZERS[optimizer]["hyper"]
-    if set(hyper) != set(names):
-        raise ValueError(f"{op}: hyper has {sorted(hyper)}, expected the hyperparameters {names}")
+    names = _hyper_names(op, optimizer, hyper)
     lists = [_tensors(op, "params", params), _tensors(op, "grads", grads),
              _tensors(op, "master_params", master_params)]
-    state_lists = [_tensors(op, f"states[{k}]", s) for k, s in enumerate(states)]
-    for k, s in enumerate(state_lists):
+    # each state list by its name (exp_avgs, ...) where as many are given as the step keeps
+    kept = [name for _, name in kept_states(optimizer, hyper)]
+    labels = kept if len(kept) == len(states) else [f"states[{k}]" for k in range(len(states))]
+    state_lists = [_tensors(op, label, s) for label, s in zip(labels, states)]
+    for label, s in zip(labels, state_lists):
         if len(s) != len(lists[0]):
-            raise ValueError(f"{op}: states[{k}] has {len(s)} tensors but params has {len(lists[0])}")
+            raise ValueError(f"{op}: {label} has {len(s)} tensors but params has {len(lists[0])}")
     steps = _tensors(op, "steps", steps)
     absmaxes = _tensors(op, "state_absmaxes", state_absmaxes or [])
     scalars = _tensors(op, "scalar_states", scalar_states or [])
@@ -195,4 +218,4 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
                stochastic_codes=stochastic_codes, unscale_grads=unscale_grads, check_only=check_only)
 
 
-_fake.register([op for op in __all__ if op != "optimizers"])
+_fake.register([op for op in __all__ if op not in ("optimizers", "kept_states")])

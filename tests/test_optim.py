@@ -364,9 +364,10 @@ def test_adam_op_refuses_bad_lists_before_any_update(key, index, bad, exc, match
 
 
 def test_adam_op_refuses_mismatched_list_lengths():
+    """The message names the list the user passed (the descriptor's list names), not states[0]."""
     lists = adam_lists()
     lists["exp_avgs"].pop()
-    with pytest.raises(ValueError, match=r"states\[0\] has 2 tensors but params has 3"):
+    with pytest.raises(ValueError, match=r"step_\(adam\): exp_avgs has 2 tensors but params has 3"):
         adam_step_(**lists, lr=0.1, beta1=0.9, beta2=0.999, eps=1e-8,
                                  weight_decay=0.0, amsgrad=False, maximize=False,
                                  decoupled_weight_decay=False)

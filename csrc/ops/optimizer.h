@@ -13,8 +13,9 @@
 //       one tensor's coefficients from its step count before this step (and its scalar state),
 //       the grads multiplied by `grad_mult` (1/loss scale times the clip coefficient; Coeffs
 //       keeps it as inv_scale)
-//   kScalarKey, advance(const Hyper&, const TensorStep&)   a per-tensor scalar state (NAdam's
-//       mu_product; default none): its state key, and its value after the step
+//   kScalarKey, kScalarInitial, advance(const Hyper&, const TensorStep&)   a per-tensor scalar
+//       state (NAdam's mu_product; default none): its state key, its first value (default 1), and
+//       its value after the step
 //   void update(T& param, T grad, T (&state)[kStates], const C& c)    the math of one element
 //   bool has_state(const C&, int k), bool reads_states(const C&)      (defaults: every state, read)
 //   void with_fixed_options(const Coeffs&, F&& f)  f(c) or f(a type fixing c's options at compile
@@ -44,6 +45,7 @@ struct TensorStep {
 
 struct Elementwise {
   static constexpr const char* kScalarKey = nullptr;
+  static constexpr double kScalarInitial = 1.0;
   static constexpr bool kWritesOutput = false;
   template <class H>
   FA_HD float advance(const H&, const TensorStep& s) { return s.scalar; }

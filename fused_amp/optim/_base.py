@@ -197,8 +197,9 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     def _state_keys_for(self, group) -> tuple:
-        """The fp32 state tensors shaped like the param, zero-filled when a param first steps."""
-        raise NotImplementedError
+        """The state tensors shaped like the param, zero-filled when a param first steps: those
+        its step op keeps with the group's hyperparameters (the C++ descriptor says which)."""
+        return tuple(key for key, _ in ops.kept_states(self._kernel, self._hyper(group)))
 
     def _initial_state(self, group) -> dict:
         """The value each state starts from, by key, where it is not zero."""
@@ -465,10 +466,19 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         self._clip.pending = None
         super().zero_grad(set_to_none)
 
-    # the optimizer's name in the step op's table (fused_amp.ops.optimizers())
+    # the optimizer's name in the step op's table (fused_amp.ops.optimizers()): by default the
+    # class's name in lower case, or its base's (AdamW: "adam"), set by __init_subclass__
     _kernel = ""
-    # its per-param scalar state, as (key, initial value) (NAdam's mu_product), or None
+    # its per-param scalar state, as (key, initial value) (NAdam's mu_product), or None: the table's
     _scalar_state = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "_kernel" not in cls.__dict__ and cls.__name__.lower() in ops.optimizers():
+            cls._kernel = cls.__name__.lower()
+        entry = ops.optimizers().get(cls._kernel)
+        if entry is not None:
+            cls._scalar_state = (entry["scalar"], entry["scalar_initial"]) if entry["scalar"] else None
     # whether its state is a running sum, which rounds stochastically by default when stored in
     # bf16 or 8 bits (rounded to nearest, increments below half a step would be lost)
     _running_sums = False

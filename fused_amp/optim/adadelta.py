@@ -60,11 +60,6 @@ class Adadelta(MasterWeightOptimizer):
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, foreach=None, maximize=False,
                            differentiable=False, capturable=False)
 
-    def _state_keys_for(self, group):
-        return ("square_avg", "acc_delta")
-
-    _kernel = "adadelta"
-
     def _hyper(self, group):
         return dict(rho=group["rho"], eps=group["eps"], weight_decay=group["weight_decay"],
                     maximize=group["maximize"])

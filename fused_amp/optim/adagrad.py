@@ -77,13 +77,9 @@ class Adagrad(MasterWeightOptimizer):
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, foreach=None, maximize=False,
                            differentiable=False, fused=None)
 
-    def _state_keys_for(self, group):
-        return ("sum",)
-
     def _initial_state(self, group):
         return {"sum": group["initial_accumulator_value"]}
 
-    _kernel = "adagrad"
     _running_sums = True
 
     def _hyper(self, group):

@@ -128,11 +128,6 @@ class Adam(MasterWeightOptimizer):
                            foreach=None, capturable=False, differentiable=False,
                            decoupled_weight_decay=False, fused=None)
 
-    def _state_keys_for(self, group):
-        return ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
-
-    _kernel = "adam"
-
     def _hyper(self, group):
         return dict(beta1=float(group["betas"][0]), beta2=float(group["betas"][1]), eps=group["eps"],
                     weight_decay=group["weight_decay"], amsgrad=group["amsgrad"], maximize=group["maximize"],

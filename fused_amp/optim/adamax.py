@@ -62,11 +62,6 @@ class Adamax(MasterWeightOptimizer):
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, foreach=None, maximize=False,
                            differentiable=False, capturable=False)
 
-    def _state_keys_for(self, group):
-        return ("exp_avg", "exp_inf")
-
-    _kernel = "adamax"
-
     def _hyper(self, group):
         return dict(beta1=float(group["betas"][0]), beta2=float(group["betas"][1]), eps=group["eps"],
                     weight_decay=group["weight_decay"], maximize=group["maximize"])

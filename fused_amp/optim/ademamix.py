@@ -82,11 +82,6 @@ class AdEMAMix(MasterWeightOptimizer):
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, t_alpha=None, t_beta3=None, maximize=False,
                            foreach=None, capturable=False, differentiable=False, fused=None)
 
-    def _state_keys_for(self, group):
-        return ("m1", "m2", "nu")
-
-    _kernel = "ademamix"
-
     def _hyper(self, group):
         beta1, beta2, beta3 = (float(b) for b in group["betas"])
         return dict(beta1=beta1, beta2=beta2, beta3=beta3, alpha=group["alpha"], t_alpha=group["t_alpha"] or 0,

@@ -65,11 +65,6 @@ class Lion(MasterWeightOptimizer):
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, maximize=False, foreach=None,
                            capturable=False, differentiable=False, fused=None)
 
-    def _state_keys_for(self, group):
-        return ("exp_avg",)
-
-    _kernel = "lion"
-
     def _hyper(self, group):
         return dict(beta1=float(group["betas"][0]), beta2=float(group["betas"][1]),
                     weight_decay=group["weight_decay"], maximize=group["maximize"])

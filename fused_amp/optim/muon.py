@@ -130,8 +130,11 @@ class Muon(MasterWeightOptimizer):
                              "(master_weights='remainder8'); Muon's bf16 or 8-bit momentum rounds "
                              "to nearest")
 
-    def _state_keys_for(self, group):
-        return ("momentum_buffer",)
+    # the state is its momentum pass's (the update pass is SGD's, which keeps none)
+    _kernel = "muon_momentum"
+
+    def _hyper(self, group):
+        return dict(momentum=group["momentum"], nesterov=group["nesterov"])
 
     def _complete_loaded_state(self, p, state):
         super()._complete_loaded_state(p, state)
@@ -153,7 +156,7 @@ class Muon(MasterWeightOptimizer):
         for indices, stack in stacks:
             for i, matrix in zip(indices, stack.unbind()):
                 updates[i] = matrix
-        momentum = dict(hyper=dict(momentum=group["momentum"], nesterov=group["nesterov"]), lr=0.0,
+        momentum = dict(hyper=self._hyper(group), lr=0.0,
                         state_absmaxes=lists["state_absmaxes"], inv_scale=scalars["inv_scale"],
                         found_inf=scalars["found_inf"], grad_norm=scalars.get("grad_norm"),
                         max_grad_norm=scalars.get("max_grad_norm"), unscale_grads=group["unscale_grads"])
@@ -162,7 +165,7 @@ class Muon(MasterWeightOptimizer):
         # before it writes
         ops.step_("sgd", params, grads, masters, [], steps, hyper=_apply_hyper(0.0), lr=0.0, check_only=True,
                   **apply)
-        ops.step_("muon_momentum", params, grads, [], [lists["momentum_buffer"]], [], outputs=updates,
+        ops.step_(self._kernel, params, grads, [], [lists["momentum_buffer"]], [], outputs=updates,
                   check_only=check_only, **momentum)
         if check_only or not params:
             return

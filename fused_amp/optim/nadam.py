@@ -71,12 +71,6 @@ class NAdam(MasterWeightOptimizer):
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, foreach=None, maximize=False,
                            differentiable=False, capturable=False, decoupled_weight_decay=False)
 
-    def _state_keys_for(self, group):
-        return ("exp_avg", "exp_avg_sq")
-
-    _kernel = "nadam"
-    _scalar_state = ("mu_product", 1.0)
-
     def _hyper(self, group):
         return dict(beta1=float(group["betas"][0]), beta2=float(group["betas"][1]), eps=group["eps"],
                     weight_decay=group["weight_decay"], momentum_decay=group["momentum_decay"],

@@ -69,11 +69,6 @@ class RAdam(MasterWeightOptimizer):
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, foreach=None, maximize=False,
                            differentiable=False, capturable=False, decoupled_weight_decay=False)
 
-    def _state_keys_for(self, group):
-        return ("exp_avg", "exp_avg_sq")
-
-    _kernel = "radam"
-
     def _hyper(self, group):
         return dict(beta1=float(group["betas"][0]), beta2=float(group["betas"][1]), eps=group["eps"],
                     weight_decay=group["weight_decay"], decoupled_weight_decay=group["decoupled_weight_decay"],

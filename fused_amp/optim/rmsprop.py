@@ -70,12 +70,6 @@ class RMSprop(MasterWeightOptimizer):
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, momentum=0, centered=False,
                            foreach=None, maximize=False, differentiable=False, capturable=False)
 
-    def _state_keys_for(self, group):
-        return (("square_avg",) + (("momentum_buffer",) if group["momentum"] > 0 else ())
-                + (("grad_avg",) if group["centered"] else ()))
-
-    _kernel = "rmsprop"
-
     def _hyper(self, group):
         return dict(alpha=group["alpha"], eps=group["eps"], weight_decay=group["weight_decay"],
                     momentum=group["momentum"], centered=group["centered"], maximize=group["maximize"])

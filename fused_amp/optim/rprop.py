@@ -64,13 +64,8 @@ class Rprop(MasterWeightOptimizer):
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, foreach=None, maximize=False,
                            differentiable=False, capturable=False)
 
-    def _state_keys_for(self, group):
-        return ("prev", "step_size")
-
     def _initial_state(self, group):
         return {"step_size": float(group["lr"])}
-
-    _kernel = "rprop"
 
     def _hyper(self, group):
         return dict(eta_minus=float(group["etas"][0]), eta_plus=float(group["etas"][1]),

@@ -83,11 +83,6 @@ class SGD(MasterWeightOptimizer):
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, nesterov=False, maximize=False,
                            foreach=None, differentiable=False, fused=False)
 
-    def _state_keys_for(self, group):
-        return ("momentum_buffer",) if group["momentum"] != 0 else ()
-
-    _kernel = "sgd"
-
     def _hyper(self, group):
         return dict(momentum=group["momentum"], dampening=group["dampening"],
                     weight_decay=float(group["weight_decay"]), nesterov=group["nesterov"],

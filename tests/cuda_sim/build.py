@@ -10,6 +10,7 @@ FUSED_AMP_EMULATION_COVERAGE=DIR builds into DIR with gcov's instrumentation, an
 leave their line counts there (tools/emulation_coverage.py).
 """
 import ctypes
+import fcntl
 import hashlib
 import os
 import shutil
@@ -110,14 +111,18 @@ def build_emulation(tmp_dir, config):
     out = {c: os.path.join(folder, f"libfused_amp_emulation_{c}.so") for c in CONFIGS}
     # not the compiler under make sanitize's preloaded ASan runtime: that doubles its time
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    wanted = [config] if other_csrc or coverage else [c for c in CONFIGS if not os.path.exists(out[c])]
-    # a kept library is built under a temporary name first: a run stopped mid-build keeps no half one
-    suffix = "" if other_csrc or coverage else ".tmp"
-    jobs = [(c, subprocess.Popen(_command(c, other_csrc or os.path.join(ROOT, "csrc"), out[c] + suffix), env=env))
-            for c in wanted]
-    for c, job in jobs:
-        if job.wait():
-            raise subprocess.CalledProcessError(job.returncode, job.args)
-        os.replace(out[c] + suffix, out[c])
+    # one builder at a time per folder (make test's pytest workers share the kept one); a kept
+    # library is built under a temporary name first: a run stopped mid-build keeps no half one
+    with open(os.path.join(folder, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        wanted = [config] if other_csrc or coverage else [c for c in CONFIGS if not os.path.exists(out[c])]
+        suffix = "" if other_csrc or coverage else ".tmp"
+        jobs = [(c, subprocess.Popen(_command(c, other_csrc or os.path.join(ROOT, "csrc"), out[c] + suffix),
+                                     env=env))
+                for c in wanted]
+        for c, job in jobs:
+            if job.wait():
+                raise subprocess.CalledProcessError(job.returncode, job.args)
+            os.replace(out[c] + suffix, out[c])
     _built[config] = Emulation(ctypes.CDLL(out[config]))
     return _built[config]
