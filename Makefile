@@ -46,8 +46,13 @@ $(BUILT): $(STAMP) $(BUILD_INPUTS) $(BUILD_ENV)
 build: $(BUILT)
 	$(PY) -c "import fused_amp; print('fused_amp.build_info():', fused_amp.build_info())"
 
+# pytest's workers (pytest-xdist): one per core, each running one OpenMP thread (two teams of
+# two threads on two cores wait on each other's barriers). TEST_JOBS=1: one pytest process.
+TEST_JOBS ?= $(shell nproc)
+PYTEST = $(if $(filter 1,$(TEST_JOBS)),$(PY) -m pytest -q,OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal)
+
 test: build
-	FUSED_AMP_TEST_TIER=quick $(PY) -m pytest -q tests
+	FUSED_AMP_TEST_TIER=quick $(PYTEST) tests
 
 # The CPU kernels exist once per instruction set; the numerics tests run on each of them
 # (ATEN_CPU_CAPABILITY picks torch's and ours alike; each optimizer's plain and stateful option
@@ -56,9 +61,9 @@ NUMERICS_TESTS := tests/test_unscale.py tests/test_optim.py tests/test_clip.py t
                   tests/test_quantized_state.py tests/test_master24.py
 
 test-rest: build
-	ATEN_CPU_CAPABILITY=default FUSED_AMP_TEST_OPTION_SETS=2 $(PY) -m pytest -q $(NUMERICS_TESTS)
-	ATEN_CPU_CAPABILITY=avx2 FUSED_AMP_TEST_OPTION_SETS=2 $(PY) -m pytest -q $(NUMERICS_TESTS)
-	FUSED_AMP_TEST_TIER=rest $(PY) -m pytest -q tests
+	ATEN_CPU_CAPABILITY=default FUSED_AMP_TEST_OPTION_SETS=2 $(PYTEST) $(NUMERICS_TESTS)
+	ATEN_CPU_CAPABILITY=avx2 FUSED_AMP_TEST_OPTION_SETS=2 $(PYTEST) $(NUMERICS_TESTS)
+	FUSED_AMP_TEST_TIER=rest $(PYTEST) tests
 
 test-full: test test-rest
 

@@ -84,3 +84,22 @@ def lion_step_(params, grads, master_params, exp_avgs, steps, *, beta1, beta2, w
     from fused_amp import ops
     ops.step_("lion", params, grads, master_params, [exp_avgs], steps,
               hyper=dict(beta1=beta1, beta2=beta2, weight_decay=weight_decay, maximize=maximize), **kwargs)
+
+
+def assert_our_keywords(ours, theirs):
+    """An optimizer's signature (``inspect.signature(...).parameters``) beside torch's: torch's
+    arguments, then keyword-only the options of fused_amp.optim._options.FUSED_AMP_OPTIONS, with
+    that table's defaults (the one place they are declared)."""
+    import inspect
+
+    from fused_amp.optim._options import FUSED_AMP_OPTIONS
+    for name, param in theirs.items():
+        assert name in ours, name
+        assert ours[name].kind == param.kind, name
+        if param.default is not inspect.Parameter.empty:
+            assert ours[name].default == param.default, name
+    extra = set(ours) - set(theirs)
+    assert extra == set(FUSED_AMP_OPTIONS)
+    for name in extra:
+        assert ours[name].kind == inspect.Parameter.KEYWORD_ONLY, name
+        assert ours[name].default == FUSED_AMP_OPTIONS[name], name

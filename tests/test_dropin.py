@@ -14,9 +14,9 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import fused_amp
 from fused_amp import ops
-from fused_amp.optim import Adam, AdamW, _base, _grad_norm
+from fused_amp.optim import Adam, AdamW, _grad_norm, _group_lists
 from fused_amp.optim._grad_norm import local_grads
-from helpers import assert_bitwise_equal, adam_step_, sgd_step_
+from helpers import adam_step_, assert_bitwise_equal, assert_our_keywords, sgd_step_
 from optim_registry import OPTIMIZERS, PARAM_DTYPES, PLAIN, PLAIN_IDS, STATEFUL, STATEFUL_IDS, torch_impls
 
 SHAPES = [(5, 7), (33,), (2, 3, 4)]
@@ -166,7 +166,7 @@ def test_a_scaler_step_reads_the_grads_once(cls, torch_cls, kw, monkeypatch):
     reads = []
     counted = lambda params: reads.append(len(params)) or local_grads(params)  # noqa: E731
     monkeypatch.setattr(_grad_norm, "local_grads", counted)
-    monkeypatch.setattr(_base, "local_grads", counted)
+    monkeypatch.setattr(_group_lists, "local_grads", counted)
     params = make_params(torch.bfloat16)
     opt = cls(params, **kw)
     scaler = fused_amp.GradScaler("cpu", init_scale=4.0)
@@ -425,16 +425,8 @@ def test_float64_params_refused_in_the_constructor(cls, torch_cls, kw):
 
 @pytest.mark.parametrize("entry", OPTIMIZERS, ids=lambda e: e.ours.__name__)
 def test_signature_is_torchs_plus_our_keywords(entry):
-    ours = inspect.signature(entry.ours.__init__).parameters
-    theirs = inspect.signature(entry.theirs.__init__).parameters
-    for name, param in theirs.items():
-        assert name in ours, name
-        assert ours[name].kind == param.kind, name
-        if param.default is not inspect.Parameter.empty:
-            assert ours[name].default == param.default, name
-    assert set(ours) - set(theirs) == {"master_weights", "unscale_grads", "max_grad_norm", "grad_norm_type",
-                                       "state_dtype", "stochastic_rounding", "rounding_seed",
-                                       "min_8bit_size"}
+    assert_our_keywords(inspect.signature(entry.ours.__init__).parameters,
+                        inspect.signature(entry.theirs.__init__).parameters)
 
 
 @pytest.mark.parametrize("flags", [dict(foreach=True), dict(foreach=False), dict(fused=True),

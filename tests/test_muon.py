@@ -17,7 +17,7 @@ import fused_amp
 from fused_amp import ops
 from fused_amp.optim import AdamW, Muon
 from fused_amp.optim._newton_schulz import orthogonalize
-from helpers import assert_bitwise_equal, bf16_ties_away
+from helpers import assert_bitwise_equal, assert_our_keywords, bf16_ties_away
 from test_distributed import run_ranks
 
 # wide, tall (of the same size: another stack), square, two of a shape (batched together)
@@ -401,14 +401,8 @@ def test_8bit_momentum_steps_as_fp32_momentum_from_the_same_state():
 # ---- the constructor and the step's checks, as torch's ------------------------------------------
 
 def test_signature_is_torchs_plus_our_keywords():
-    ours = inspect.signature(Muon.__init__).parameters
-    theirs = inspect.signature(torch.optim.Muon.__init__).parameters
-    for name, param in theirs.items():
-        assert ours[name].kind == param.kind and ours[name].default == param.default, name
-    extra = set(ours) - set(theirs)
-    assert extra == {"master_weights", "unscale_grads", "max_grad_norm", "grad_norm_type",
-                     "state_dtype", "stochastic_rounding", "rounding_seed", "min_8bit_size"}
-    assert all(ours[k].kind == inspect.Parameter.KEYWORD_ONLY for k in extra)
+    assert_our_keywords(inspect.signature(Muon.__init__).parameters,
+                        inspect.signature(torch.optim.Muon.__init__).parameters)
 
 
 @pytest.mark.parametrize("kw,shape", [

@@ -3,8 +3,9 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from fused_amp.optim._base import (MasterWeightOptimizer, check_betas, check_eps, check_lr, check_torch_flags,
-                                   check_weight_decay)
+from fused_amp.optim._base import MasterWeightOptimizer
+from fused_amp.optim._options import (check_betas, check_eps, check_lr, check_torch_flags,
+                                      check_weight_decay, group_options)
 
 
 class Adam(MasterWeightOptimizer):
@@ -89,17 +90,11 @@ class Adam(MasterWeightOptimizer):
                  grad_norm_type: float = 2.0, state_dtype: torch.dtype = torch.float32,
                  stochastic_rounding: Optional[bool] = None, rounding_seed: Optional[int] = None,
                  min_8bit_size: int = 4096):
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                        maximize=maximize, foreach=foreach, capturable=capturable,
-                        differentiable=differentiable, fused=fused,
-                        decoupled_weight_decay=decoupled_weight_decay,
-                        master_weights=master_weights, unscale_grads=unscale_grads,
-                        state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
-                        rounding_seed=rounding_seed, min_8bit_size=min_8bit_size)
+        defaults = group_options(locals())
         self._check_hyperparameters(defaults)
         # as torch: the first two, a 1-element tensor as a 0-dim one (torch 2.14 keeps no others)
         defaults["betas"] = tuple(b.reshape(()) if isinstance(b, torch.Tensor) else b for b in betas[:2])
-        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
+        super().__init__(params, defaults)
 
     @classmethod
     def _check_hyperparameters(cls, o):
@@ -171,13 +166,7 @@ class AdamW(Adam):
                  max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
                  state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
                  rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach,
-                         maximize=maximize, capturable=capturable, differentiable=differentiable,
-                         fused=fused, decoupled_weight_decay=True, master_weights=master_weights,
-                         unscale_grads=unscale_grads, max_grad_norm=max_grad_norm,
-                         grad_norm_type=grad_norm_type, state_dtype=state_dtype,
-                         stochastic_rounding=stochastic_rounding, rounding_seed=rounding_seed,
-                         min_8bit_size=min_8bit_size)
+        super().__init__(params, **group_options(locals()), decoupled_weight_decay=True)
 
     def _fix_group(self, group):
         group["decoupled_weight_decay"] = True

@@ -3,8 +3,9 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from fused_amp.optim._base import (MasterWeightOptimizer, check_betas, check_eps, check_lr, check_torch_flags,
-                                   check_weight_decay)
+from fused_amp.optim._base import MasterWeightOptimizer
+from fused_amp.optim._options import (check_betas, check_eps, check_lr, check_torch_flags,
+                                      check_weight_decay, group_options)
 
 
 class Adamax(MasterWeightOptimizer):
@@ -42,13 +43,9 @@ class Adamax(MasterWeightOptimizer):
                  max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
                  state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
                  rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
-                        maximize=maximize, differentiable=differentiable, capturable=capturable,
-                        master_weights=master_weights, unscale_grads=unscale_grads,
-                        state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
-                        rounding_seed=rounding_seed, min_8bit_size=min_8bit_size)
+        defaults = group_options(locals())
         self._check_hyperparameters(defaults)
-        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
+        super().__init__(params, defaults)
 
     @classmethod
     def _check_hyperparameters(cls, o):

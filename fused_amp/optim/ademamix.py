@@ -3,7 +3,9 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-from fused_amp.optim._base import MasterWeightOptimizer, check_eps, check_lr, check_torch_flags, check_weight_decay
+from fused_amp.optim._base import MasterWeightOptimizer
+from fused_amp.optim._options import (check_eps, check_lr, check_torch_flags, check_weight_decay,
+                                      group_options)
 
 
 class AdEMAMix(MasterWeightOptimizer):
@@ -51,14 +53,9 @@ class AdEMAMix(MasterWeightOptimizer):
                  max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
                  state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
                  rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
-        defaults = dict(lr=lr, betas=tuple(betas), alpha=alpha, t_alpha=t_alpha, t_beta3=t_beta3, eps=eps,
-                        weight_decay=weight_decay, maximize=maximize, foreach=foreach,
-                        capturable=capturable, differentiable=differentiable, fused=fused,
-                        master_weights=master_weights, unscale_grads=unscale_grads,
-                        state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
-                        rounding_seed=rounding_seed, min_8bit_size=min_8bit_size)
+        defaults = dict(group_options(locals()), betas=tuple(betas))
         self._check_hyperparameters(defaults)
-        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
+        super().__init__(params, defaults)
 
     @classmethod
     def _check_hyperparameters(cls, o):

@@ -9,6 +9,7 @@ import torch
 from fused_amp import ops
 from fused_amp.optim import _quantize
 from fused_amp.optim._base import MasterWeightOptimizer
+from fused_amp.optim._options import group_options
 from fused_amp.optim import _whole_matrices
 from fused_amp.optim._newton_schulz import check_ns_options, orthogonalize
 
@@ -93,14 +94,9 @@ class Muon(MasterWeightOptimizer):
                  max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
                  state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
                  rounding_seed: Optional[int] = None, min_8bit_size: int = _quantize.MIN_8BIT_SIZE):
-        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                        ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
-                        adjust_lr_fn=adjust_lr_fn, master_weights=master_weights,
-                        unscale_grads=unscale_grads, state_dtype=state_dtype,
-                        stochastic_rounding=stochastic_rounding, rounding_seed=rounding_seed,
-                        min_8bit_size=min_8bit_size)
+        defaults = group_options(locals())
         self._check_hyperparameters(defaults)
-        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
+        super().__init__(params, defaults)
 
     @classmethod
     def _check_hyperparameters(cls, o):

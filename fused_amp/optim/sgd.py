@@ -3,7 +3,8 @@ from typing import Optional, Union
 
 import torch
 
-from fused_amp.optim._base import MasterWeightOptimizer, check_torch_flags
+from fused_amp.optim._base import MasterWeightOptimizer
+from fused_amp.optim._options import check_torch_flags, group_options
 
 
 class SGD(MasterWeightOptimizer):
@@ -54,14 +55,9 @@ class SGD(MasterWeightOptimizer):
                  max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
                  state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
                  rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                        nesterov=nesterov, maximize=maximize, foreach=foreach,
-                        differentiable=differentiable, fused=fused,
-                        master_weights=master_weights, unscale_grads=unscale_grads,
-                        state_dtype=state_dtype, stochastic_rounding=stochastic_rounding,
-                        rounding_seed=rounding_seed, min_8bit_size=min_8bit_size)
+        defaults = group_options(locals())
         self._check_hyperparameters(defaults)
-        super().__init__(params, defaults, max_grad_norm, grad_norm_type)
+        super().__init__(params, defaults)
 
     @classmethod
     def _check_hyperparameters(cls, o):

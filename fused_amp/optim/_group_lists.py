@@ -1,0 +1,185 @@
+"""The tensor lists the fused step takes, per param group and device: built from the params and
+their state (created at a param's first step), and kept between eager steps while nothing they
+were built from has changed."""
+import operator
+from collections import defaultdict
+from itertools import repeat
+from typing import Any, Dict
+
+import torch
+
+from fused_amp import _C
+from fused_amp.optim import _memory, _quantize
+from fused_amp.optim._grad_norm import DTensor, local_grads, local_shard, local_shards
+from fused_amp.optim._memory import MASTER as _MASTER, REMAINDER as _REMAINDER, REMAINDER8 as _REMAINDER8
+
+_MASTER_KEYS = (_MASTER, _REMAINDER, _REMAINDER8)  # a param holds at most one of them
+# the lists of tensors the fused ops take that stay the same from step to step (with the state's)
+_KEPT_LISTS = ("params", "master_params", "steps", "state_absmaxes")
+
+
+def _master_entry(state):
+    """What the fused op takes as a param's master: the fp32 master, the remainder (int16 or
+    uint8), or None."""
+    for key in _MASTER_KEYS:
+        master = state.get(key)
+        if master is not None:
+            return master
+    return None
+
+
+def _absmax_entry(state):
+    """The absmax rows of a param's 8-bit state, or None."""
+    return state.get(_quantize.ABSMAX)
+
+
+_MASTER_AND_ABSMAX_KEYS = _MASTER_KEYS + (_quantize.ABSMAX,)
+
+
+def _entries(state_dicts, key) -> list:
+    """``state.get(key)`` of each param's state dict, in one C-level pass."""
+    return list(map(dict.get, state_dicts, repeat(key)))
+
+
+class GroupLists:
+    """The per-device tensor lists of one param group, kept between eager steps.
+
+    Gathering them costs a few microseconds per param, so they are kept while nothing they were
+    built from has changed: the group's params (same objects, same order, and for DTensors the
+    same local tensors), the optimizer's ``state`` mapping, each param's state dict and every
+    tensor in it, and the group options that decide which state exists. Checking that is one C
+    pass over the params (``fused_amp._C.lists_unchanged``).
+    """
+
+    def __init__(self, group, params, state, state_dicts, options, keys, by_device, sharded):
+        self.group = group
+        self.state = state
+        self.options = options
+        # what lists_unchanged compares: the params; for DTensors their local tensors (a DTensor
+        # param can get another and stay the same object: torch.utils.swap_tensors, as model.to()
+        # does under swap_module_params_on_conversion); each param's state dict; and every state
+        # entry the lists were built from, masters and absmaxes among them (None where a param
+        # has none)
+        keys = keys + _MASTER_AND_ABSMAX_KEYS
+        self.held = (list(params), local_shards(params) if sharded else None, state_dicts, keys,
+                     [_entries(state_dicts, key) for key in keys])
+        self.by_device = by_device  # device -> (lists, indices into the group's params)
+        # a C++ reference to each tensor the ops take from these lists, so that calling them does
+        # not move the tensors' Python refcounts (csrc/py_lists.h)
+        self.refs = _C.hold_refs([t for lists, _ in by_device.values()
+                                  for key in _KEPT_LISTS + keys if key in lists for t in lists[key]])
+
+    def still_valid(self, group, params, state, options) -> bool:
+        return (self.group is group and self.state is state and self.options == options
+                and _C.lists_unchanged(params, state, DTensor, self.held))
+
+
+class DeviceLists:
+    """MasterWeightOptimizer's lists: each param's state, created at its first step, and the
+    per-device lists of a group's params with grads (``self._lists_cache``: group index ->
+    GroupLists)."""
+
+    def _init_state(self, p, group):
+        """Create what a param's step needs (moments in the group's state dtype), and bring a
+        master that a checkpoint or a change of ``master_weights`` left in another form (fp32,
+        remainder, 24-bit) to the group's."""
+        state = self.state[p]
+        step = state.get("step")
+        if not isinstance(step, torch.Tensor):  # new, or a legacy checkpoint's Python number
+            state["step"] = torch.tensor(float(step or 0), dtype=torch.float32, device=p.device)
+        elif step.device != p.device:  # e.g. moved to the CPU by ZeroRedundancyOptimizer
+            state["step"] = step.to(p.device, torch.float32).reshape(())
+        if self._scalar_state:  # as the step: a 0-dim fp32 tensor on the param's device
+            key, initial = self._scalar_state
+            value = state.get(key)
+            if not isinstance(value, torch.Tensor):  # new, or a Python number of a checkpoint
+                state[key] = torch.tensor(float(initial if value is None else value), dtype=torch.float32,
+                                          device=p.device)
+            elif value.device != p.device or value.dtype != torch.float32:
+                state[key] = value.to(p.device, torch.float32).reshape(())
+        _memory.bring_state(type(self).__name__, p, group, state, self._state_keys_for(group),
+                            self._initial_state(group))
+        _memory.bring_master(p, group, state)
+        return state
+
+    def _device_lists(self, index, group) -> Dict[torch.device, Dict[str, list]]:
+        """The params of ``group`` that have grads, with their state, per device.
+
+        Rebuilt whenever the params, the state or the options it depends on changed (see
+        GroupLists); otherwise only the grads are gathered anew. A step that torch.compile traces
+        builds them and keeps nothing: the compiled step runs none of this again."""
+        params = group["params"]
+        grads, grad_refs = self._group_grads(index, params)  # (local shards of DTensor grads)
+        keys = self._state_keys_for(group) + ((self._scalar_state[0],) if self._scalar_state else ())
+        options = (keys, group["master_weights"], group["state_dtype"], group["min_8bit_size"])
+        keep = all(map(operator.is_not, grads, repeat(None))) and not torch.compiler.is_compiling()
+        cached = self._lists_cache.get(index) if keep else None
+        if cached is not None and cached.still_valid(group, params, self.state, options):
+            for lists, indices in cached.by_device.values():
+                lists["grads"] = grads if len(indices) == len(grads) else list(map(grads.__getitem__, indices))
+                lists["grad_refs"] = grad_refs
+            return {device: lists for device, (lists, _) in cached.by_device.items()}
+        by_device: Dict[torch.device, Any] = defaultdict(lambda: (defaultdict(list), []))
+        for i, p in enumerate(params):
+            if grads[i] is None:
+                continue
+            state = self._init_state(p, group)
+            lists, indices = by_device[p.device]
+            indices.append(i)
+            lists["params"].append(p)
+            lists["grads"].append(grads[i])
+            lists["master_params"].append(_master_entry(state))
+            lists["steps"].append(state["step"])
+            lists["state_absmaxes"].append(_absmax_entry(state))
+            for key in keys:
+                lists[key].append(state[key])
+        # no masters at all (fp32 params): an empty list, which the op takes for "none" (and which
+        # torch.compile's functionalization handles, unlike a list of Nones)
+        for lists, _ in by_device.values():
+            for key in ("master_params", "state_absmaxes"):
+                if not any(m is not None for m in lists[key]):
+                    lists[key] = []
+        # DTensor params (FSDP2): the kernels run on the local shards of param, grad, master and
+        # state, which share the param's placement; the state itself stays DTensor. The params
+        # themselves stay in "sharded_params" (their mesh and placements, for what needs whole
+        # matrices: Muon)
+        sharded = DTensor is not None and any(isinstance(p, DTensor) for p in params)
+        if sharded:
+            for lists, _ in by_device.values():
+                lists["sharded_params"] = lists["params"]
+                for key in lists:
+                    if key not in ("steps", "sharded_params", "grads"):  # (grads: local already)
+                        lists[key] = [local_shard(t) for t in lists[key]]
+        for lists, _ in by_device.values():
+            lists["grad_refs"] = grad_refs
+            self._plan_lists(lists)
+        # drop what is kept for this group (step() drops that of groups no longer in the optimizer)
+        self._lists_cache.pop(index, None)
+        if keep:
+            self._lists_cache[index] = GroupLists(
+                group, params, self.state, [self.state[p] for p in params], options,
+                keys + ("step",), dict(by_device), sharded)
+        return {device: lists for device, (lists, _) in by_device.items()}
+
+    def _group_grads(self, index, params):
+        """(grads, refs) of a group's params as ``local_grads`` gives them: from what the
+        GradScaler's overflow check read just before this step, when it handed that over
+        (``_scaler_grads``, set by GradScaler.step), else read now."""
+        handed = self.__dict__.get("_scaler_grads")
+        if handed is not None and not torch.compiler.is_compiling():
+            start = sum(len(g["params"]) for g in self.param_groups[:index])
+            mine = handed.params[start:start + len(params)]
+            if len(mine) == len(params) and all(map(operator.is_, mine, params)):
+                return handed.grads[start:start + len(params)], handed.refs
+        grads, _, _, _, refs, _ = local_grads(params)
+        only = self.__dict__.get("_only")
+        if only is not None:  # (_step_params)
+            grads = [g if p in only else None for p, g in zip(params, grads)]
+        return grads, refs
+
+    def _plan_lists(self, lists) -> None:
+        """Called on each device's lists when they are built; a subclass adds to them what
+        depends on the params alone, kept with the lists while they stay cached."""
+
+    def _forget_lists(self):
+        self.__dict__.setdefault("_lists_cache", {}).clear()
