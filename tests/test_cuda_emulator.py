@@ -1,4 +1,4 @@
-"""The emulator that runs the CUDA kernels on the CPU (csrc/cuda/emulator/), checked with the
+"""The emulator that runs the CUDA kernels on the CPU (tests/cuda_sim/emulator/), checked with the
 small kernels of tests/cuda_sim/emulator_checks.cpp: each warp exchange hands each lane what
 CUDA's programming guide defines (computed here from the guide's rules, not by the emulator),
 the schedules run the threads in the orders they name, and every mistake that compute-sanitizer

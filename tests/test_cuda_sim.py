@@ -1,4 +1,4 @@
-"""The CUDA launcher and kernels, run on the CPU by the emulator of csrc/cuda/emulator/ (every
+"""The CUDA launcher and kernels, run on the CPU by the emulator of tests/cuda_sim/emulator/ (every
 CUDA thread a fiber: real barriers, real warp exchanges, shared memory per block, with race,
 barrier, warp, init, bounds and alignment checks). Blocks have their real sizes (512 threads);
 the "plan" build cuts small chunks (2100 elements, 2560 for the 8-bit tiles) and launch metadata

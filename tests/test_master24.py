@@ -94,23 +94,23 @@ def test_split_and_join_are_exact_for_every_high_half_and_byte():
     assert back[~finite].isnan().all() and param[~finite].isnan().all()
 
 
+@pytest.mark.parametrize("stochastic", [False, True], ids=["nearest", "stochastic"])
 @pytest.mark.parametrize("cls", [Adam, SGD])
-def test_the_step_splits_and_joins_every_24_bit_value(cls):
+def test_the_step_splits_and_joins_every_24_bit_value(cls, stochastic):
     """The kernels' split and join on all 2^24 patterns (a step at lr 0 leaves every 24-bit
     value as it is, to nearest and stochastically: the rounding adds less than the byte below)."""
     values = floats((torch.arange(2**16, dtype=torch.int64)[:, None] << 16 | torch.arange(256)[None, :] << 8).flatten())
     finite = ~values.isnan()
-    for stochastic in (False, True):
-        p = torch.nn.Parameter(torch.zeros(values.shape, dtype=torch.bfloat16))
-        opt = cls([p], lr=0.0, master_weights="remainder8", stochastic_rounding=stochastic)
-        with_master(opt, p, values)
-        p.grad = torch.zeros_like(p)
-        opt.step()  # splits the loaded master
-        opt.step()  # joins it, rounds (nothing to round) and splits it again
-        param, byte = split_master24(values)
-        assert_bitwise_equal(p.detach()[finite], param[finite])
-        assert_bitwise_equal(opt.state[p][KEY][finite], byte[finite])
-        assert master24(opt, p)[~finite].isnan().all()
+    p = torch.nn.Parameter(torch.zeros(values.shape, dtype=torch.bfloat16))
+    opt = cls([p], lr=0.0, master_weights="remainder8", stochastic_rounding=stochastic)
+    with_master(opt, p, values)
+    p.grad = torch.zeros_like(p)
+    opt.step()  # splits the loaded master
+    opt.step()  # joins it, rounds (nothing to round) and splits it again
+    param, byte = split_master24(values)
+    assert_bitwise_equal(p.detach()[finite], param[finite])
+    assert_bitwise_equal(opt.state[p][KEY][finite], byte[finite])
+    assert master24(opt, p)[~finite].isnan().all()
 
 
 # ---- the step ---------------------------------------------------------------------------------

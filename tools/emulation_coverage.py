@@ -1,5 +1,5 @@
 """Line coverage of the CUDA sources (csrc/cuda/*.cu, *.cuh) and of the emulator
-(csrc/cuda/emulator/) over the emulator's tests: the builds of tests/cuda_sim/build.py with gcov
+(tests/cuda_sim/emulator/) over the emulator's tests: the builds of tests/cuda_sim/build.py with gcov
 instrumentation (-O0), the quick tier of tests/test_cuda_sim.py and tests/test_cuda_emulator.py run against them,
 and for each file the lines executed out of those compiled, then every line no test executed,
 with the reason where it is known (REASONS).
@@ -71,7 +71,7 @@ def main():
                    check=True)
     counts = gcov_lines(data_dir)
     files = sorted(glob.glob(os.path.join(CUDA, "*.cu")) + glob.glob(os.path.join(CUDA, "*.cuh")) +
-                   glob.glob(os.path.join(CUDA, "emulator", "*.h")))
+                   glob.glob(os.path.join(ROOT, "tests", "cuda_sim", "emulator", "*.h")))
     print("\n| file | lines executed / compiled | |\n|---|---|---|")
     missed, total = [], [0, 0]
     for path in files:

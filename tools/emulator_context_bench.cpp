@@ -1,4 +1,4 @@
-// Why the CUDA emulator (csrc/cuda/emulator/fiber.h) runs each CUDA thread as a fiber: the cost of
+// Why the CUDA emulator (tests/cuda_sim/emulator/fiber.h) runs each CUDA thread as a fiber: the cost of
 // one barrier round of a 512-thread block, per thread, with ucontext fibers (a switch into each
 // thread and back, as the emulator's scheduler does) and with OS threads meeting at a
 // std::barrier. Build and run:

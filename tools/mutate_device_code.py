@@ -1,5 +1,5 @@
 """Proof that the emulator's tests bite: mutants of the real device code, each of which must fail
-a test of tests/test_cuda_sim.py (run on the emulator, csrc/cuda/emulator/).
+a test of tests/test_cuda_sim.py (run on the emulator, tests/cuda_sim/emulator/).
 
 The mutants, found in csrc/cuda/ by pattern, so that a new barrier or shuffle gets its own:
 - each __syncthreads() removed in turn;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make sanitize: the CPU kernels and the CUDA kernels on the emulator (csrc/cuda/emulator/) built with
+# make sanitize: the CPU kernels and the CUDA kernels on the emulator (tests/cuda_sim/emulator/) built with
 # AddressSanitizer and UndefinedBehaviorSanitizer (FUSED_AMP_SANITIZE=1, see setup.py), and the
 # tests given as arguments run against that build. The build goes to build-sanitize/ (with a
 # copy of the Python package), so the regular build stays as it is.
@@ -39,7 +39,7 @@ for a in "$@"; do [[ $a == -* ]] && args+=("$a") || args+=("$ROOT/$a"); done
 status=0
 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" "${args[@]}" || status=$?
 # The CUDA emulator switches fibers with swapcontext, announcing each switch to ASan
-# (__sanitizer_start/finish_switch_fiber, csrc/cuda/emulator/fiber.h); ASan still warns once that
+# (__sanitizer_start/finish_switch_fiber, tests/cuda_sim/emulator/fiber.h); ASan still warns once that
 # it "doesn't fully support makecontext/swapcontext". That warning alone is no finding.
 CONTEXT_WARNING="WARNING: ASan doesn't fully support makecontext/swapcontext"
 for report in "$OUT"/report.*; do

@@ -1,6 +1,6 @@
 #pragma once
 // What the kernels need from CUDA. With FUSED_AMP_HOST_SIM the same kernel and launcher source
-// compiles with a host compiler and runs on the emulator of csrc/cuda/emulator/ (the tests'
+// compiles with a host compiler and runs on the emulator of tests/cuda_sim/emulator/ (the tests'
 // build only, tests/cuda_sim/): every CUDA thread of a block is an execution context of its own,
 // __syncthreads a real barrier, a warp shuffle a real exchange among 32 lanes, __shared__ storage
 // per block, and the emulator checks shared-memory races, barrier and warp divergence,
@@ -14,7 +14,7 @@
 #include <cuda_fp16.h>
 
 #ifdef FUSED_AMP_HOST_SIM
-#include "cuda/emulator/shared.h"
+#include "emulator/shared.h"  // tests/cuda_sim/emulator/: the tests build with -Itests/cuda_sim
 inline bool fused_amp_sim_large_args = false;  // which argument limit the emulated launches use
 inline int fused_amp_sim_launches = 0;         // launches so far, for the tests
 #define FA_GLOBAL

@@ -1,27 +1,46 @@
 """The constructor options: fused_amp's own, declared once, and torch's checks of its own."""
+import inspect
+from typing import Optional, Union
+
 import torch
 
 from fused_amp.optim import _quantize
 
-# The keyword-only options every optimizer of fused_amp.optim takes beyond torch's, with their
-# defaults. Each class spells them out in its signature (as torch's do, for IDEs and
-# inspect.signature); tests/test_dropin.py checks every signature against this table.
+# The keyword-only options every optimizer of fused_amp.optim takes beyond torch's: name ->
+# (default, annotation). A class's __init__ takes them as **options; its signature (for
+# inspect.signature, the docs and IDEs) gets them from here (Declared.__init_subclass__).
 FUSED_AMP_OPTIONS = {
-    "master_weights": True,
-    "unscale_grads": True,
-    "max_grad_norm": None,
-    "grad_norm_type": 2.0,
-    "state_dtype": torch.float32,
-    "stochastic_rounding": None,
-    "rounding_seed": None,
-    "min_8bit_size": _quantize.MIN_8BIT_SIZE,
+    "master_weights": (True, Union[bool, str]),
+    "unscale_grads": (True, bool),
+    "max_grad_norm": (None, Optional[float]),
+    "grad_norm_type": (2.0, float),
+    "state_dtype": (torch.float32, torch.dtype),
+    "stochastic_rounding": (None, Optional[bool]),
+    "rounding_seed": (None, Optional[int]),
+    "min_8bit_size": (_quantize.MIN_8BIT_SIZE, int),
 }
 
 
 def group_options(args: dict) -> dict:
     """A constructor's arguments (its ``locals()`` on entry) as the group options torch keeps:
-    all but ``self``, ``params`` and the ``__class__`` cell of ``super()``."""
-    return {k: v for k, v in args.items() if k not in ("self", "params", "__class__")}
+    its own but ``self`` and ``params`` (and the ``__class__`` cell of ``super()``), then each of
+    FUSED_AMP_OPTIONS, from ``**options`` or its default. Another keyword is refused as Python
+    refuses it."""
+    options = args.get("options", {})
+    for key in options:
+        if key not in FUSED_AMP_OPTIONS:
+            raise TypeError(f"{type(args['self']).__name__}.__init__() got an unexpected keyword argument {key!r}")
+    named = {k: v for k, v in args.items() if k not in ("self", "params", "__class__", "options")}
+    return dict(named, **{k: options.get(k, default) for k, (default, _) in FUSED_AMP_OPTIONS.items()})
+
+
+def with_our_options(init) -> inspect.Signature:
+    """The signature of an ``__init__(self, ..., **options)``: its own parameters, then
+    FUSED_AMP_OPTIONS as keyword-only ones with their defaults."""
+    own = [p for p in inspect.signature(init).parameters.values() if p.kind != p.VAR_KEYWORD]
+    ours = [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+            for k, (default, annotation) in FUSED_AMP_OPTIONS.items()]
+    return inspect.Signature(own + ours)
 
 
 def check_lr(lr):

@@ -45,11 +45,7 @@ class Adagrad(MasterWeightOptimizer):
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-2, lr_decay: float = 0,
                  weight_decay: float = 0, initial_accumulator_value: float = 0, eps: float = 1e-10,
                  foreach: Optional[bool] = None, *, maximize: bool = False, differentiable: bool = False,
-                 fused: Optional[bool] = None, master_weights: Union[bool, str] = True,
-                 unscale_grads: bool = True, max_grad_norm: Optional[float] = None,
-                 grad_norm_type: float = 2.0, state_dtype: torch.dtype = torch.float32,
-                 stochastic_rounding: Optional[bool] = None, rounding_seed: Optional[int] = None,
-                 min_8bit_size: int = 4096):
+                 fused: Optional[bool] = None, **options):
         defaults = group_options(locals())
         self._check_hyperparameters(defaults)
         super().__init__(params, defaults)

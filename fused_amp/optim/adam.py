@@ -85,11 +85,7 @@ class Adam(MasterWeightOptimizer):
                  eps: float = 1e-8, weight_decay: float = 0, amsgrad: bool = False, *,
                  foreach: Optional[bool] = None, maximize: bool = False, capturable: bool = False,
                  differentiable: bool = False, fused: Optional[bool] = None,
-                 decoupled_weight_decay: bool = False, master_weights: bool = True,
-                 unscale_grads: bool = True, max_grad_norm: Optional[float] = None,
-                 grad_norm_type: float = 2.0, state_dtype: torch.dtype = torch.float32,
-                 stochastic_rounding: Optional[bool] = None, rounding_seed: Optional[int] = None,
-                 min_8bit_size: int = 4096):
+                 decoupled_weight_decay: bool = False, **options):
         defaults = group_options(locals())
         self._check_hyperparameters(defaults)
         # as torch: the first two, a 1-element tensor as a 0-dim one (torch 2.14 keeps no others)
@@ -161,11 +157,7 @@ class AdamW(Adam):
                  betas: Tuple[Union[float, torch.Tensor], Union[float, torch.Tensor]] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False, *,
                  maximize: bool = False, foreach: Optional[bool] = None, capturable: bool = False,
-                 differentiable: bool = False, fused: Optional[bool] = None,
-                 master_weights: bool = True, unscale_grads: bool = True,
-                 max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
-                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
-                 rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
+                 differentiable: bool = False, fused: Optional[bool] = None, **options):
         super().__init__(params, **group_options(locals()), decoupled_weight_decay=True)
 
     def _fix_group(self, group):

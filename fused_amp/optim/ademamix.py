@@ -49,10 +49,7 @@ class AdEMAMix(MasterWeightOptimizer):
                  t_alpha: Optional[int] = None, t_beta3: Optional[int] = None, eps: float = 1e-8,
                  weight_decay: float = 1e-2, *, maximize: bool = False, foreach: Optional[bool] = None,
                  capturable: bool = False, differentiable: bool = False, fused: Optional[bool] = None,
-                 master_weights: Union[bool, str] = True, unscale_grads: bool = True,
-                 max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
-                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
-                 rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
+                 **options):
         defaults = dict(group_options(locals()), betas=tuple(betas))
         self._check_hyperparameters(defaults)
         super().__init__(params, defaults)

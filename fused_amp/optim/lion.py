@@ -41,11 +41,7 @@ class Lion(MasterWeightOptimizer):
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-4,
                  betas: Tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0, *,
                  maximize: bool = False, foreach: Optional[bool] = None, capturable: bool = False,
-                 differentiable: bool = False, fused: Optional[bool] = None,
-                 master_weights: Union[bool, str] = True, unscale_grads: bool = True,
-                 max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
-                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
-                 rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
+                 differentiable: bool = False, fused: Optional[bool] = None, **options):
         defaults = group_options(locals())
         self._check_hyperparameters(defaults)
         defaults["betas"] = tuple(betas[:2])

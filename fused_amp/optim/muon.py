@@ -7,7 +7,6 @@ from typing import Optional, Tuple, Union
 import torch
 
 from fused_amp import ops
-from fused_amp.optim import _quantize
 from fused_amp.optim._base import MasterWeightOptimizer
 from fused_amp.optim._options import group_options
 from fused_amp.optim import _whole_matrices
@@ -88,12 +87,8 @@ class Muon(MasterWeightOptimizer):
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3, weight_decay: float = 0.1,
                  momentum: float = 0.95, nesterov: bool = True,
-                 ns_coefficients: Tuple[float, float, float] = DEFAULT_NS_COEFFICIENTS,
-                 eps: float = 1e-7, ns_steps: int = 5, adjust_lr_fn: Optional[str] = None, *,
-                 master_weights: Union[bool, str] = True, unscale_grads: bool = True,
-                 max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
-                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
-                 rounding_seed: Optional[int] = None, min_8bit_size: int = _quantize.MIN_8BIT_SIZE):
+                 ns_coefficients: Tuple[float, float, float] = DEFAULT_NS_COEFFICIENTS, eps: float = 1e-7,
+                 ns_steps: int = 5, adjust_lr_fn: Optional[str] = None, **options):
         defaults = group_options(locals())
         self._check_hyperparameters(defaults)
         super().__init__(params, defaults)

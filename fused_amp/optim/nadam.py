@@ -42,13 +42,11 @@ class NAdam(MasterWeightOptimizer):
         unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
     """
 
-    def __init__(self, params, lr: Union[float, torch.Tensor] = 2e-3, betas: Tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0, momentum_decay: float = 4e-3,
-                 decoupled_weight_decay: bool = False, *, foreach: Optional[bool] = None, maximize: bool = False,
-                 capturable: bool = False, differentiable: bool = False, master_weights: Union[bool, str] = True,
-                 unscale_grads: bool = True, max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
-                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
-                 rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
+    def __init__(self, params, lr: Union[float, torch.Tensor] = 2e-3,
+                 betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0,
+                 momentum_decay: float = 4e-3, decoupled_weight_decay: bool = False, *,
+                 foreach: Optional[bool] = None, maximize: bool = False, capturable: bool = False,
+                 differentiable: bool = False, **options):
         defaults = group_options(locals())
         self._check_hyperparameters(defaults)
         super().__init__(params, defaults)

@@ -41,10 +41,7 @@ class Rprop(MasterWeightOptimizer):
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-2, etas: Tuple[float, float] = (0.5, 1.2),
                  step_sizes: Tuple[float, float] = (1e-6, 50), *, capturable: bool = False,
                  foreach: Optional[bool] = None, maximize: bool = False, differentiable: bool = False,
-                 master_weights: Union[bool, str] = True, unscale_grads: bool = True,
-                 max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
-                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
-                 rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
+                 **options):
         defaults = group_options(locals())
         self._check_hyperparameters(defaults)
         super().__init__(params, defaults)

@@ -48,13 +48,9 @@ class SGD(MasterWeightOptimizer):
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3, momentum: float = 0,
-                 dampening: float = 0, weight_decay: Union[float, torch.Tensor] = 0,
-                 nesterov: bool = False, *, maximize: bool = False, foreach: Optional[bool] = None,
-                 differentiable: bool = False, fused: Optional[bool] = None,
-                 master_weights: bool = True, unscale_grads: bool = True,
-                 max_grad_norm: Optional[float] = None, grad_norm_type: float = 2.0,
-                 state_dtype: torch.dtype = torch.float32, stochastic_rounding: Optional[bool] = None,
-                 rounding_seed: Optional[int] = None, min_8bit_size: int = 4096):
+                 dampening: float = 0, weight_decay: Union[float, torch.Tensor] = 0, nesterov: bool = False,
+                 *, maximize: bool = False, foreach: Optional[bool] = None, differentiable: bool = False,
+                 fused: Optional[bool] = None, **options):
         defaults = group_options(locals())
         self._check_hyperparameters(defaults)
         super().__init__(params, defaults)

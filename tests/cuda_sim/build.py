@@ -77,7 +77,8 @@ def _command(config, csrc, out):
     if os.environ.get("FUSED_AMP_EMULATION_COVERAGE"):
         flags = ["-O0", "-g", "--coverage"]
     source, defines = CONFIGS[config]
-    return [cxx, *flags, "-shared", "-fPIC", "-std=c++17", f"-I{csrc}", f"-I{CUDA_HOME}/include",
+    return [cxx, *flags, "-shared", "-fPIC", "-std=c++17", f"-I{csrc}", f"-I{os.path.join(ROOT, 'tests', 'cuda_sim')}",
+            f"-I{CUDA_HOME}/include",
             "-DFUSED_AMP_HOST_SIM", *defines, os.path.join(ROOT, "tests", "cuda_sim", source), "-o", out]
 
 

@@ -1,5 +1,5 @@
 // The CUDA launcher and kernels (csrc/cuda/*.cu) compiled for the host and run on the emulator
-// of csrc/cuda/emulator/ (FUSED_AMP_HOST_SIM), behind a C interface for ctypes. The tests build
+// of tests/cuda_sim/emulator/ (FUSED_AMP_HOST_SIM), behind a C interface for ctypes. The tests build
 // it twice: with small chunk and metadata sizes (FUSED_AMP_SIM_*), so that every boundary of the
 // launch plan is reached with small tensors, and with the sizes a GPU runs. Every entry point
 // returns 0, or 1 after an error (a finding of the emulator, or a refused argument), whose text

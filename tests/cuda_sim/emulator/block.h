@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/emulator/fiber.h"
+#include "emulator/fiber.h"
 
 struct FaDim3 {
   unsigned x = 0, y = 0, z = 0;

@@ -18,7 +18,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "cuda/emulator/block.h"
+#include "emulator/block.h"
 
 namespace fused_amp::emu {
 
