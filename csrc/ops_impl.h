@@ -134,12 +134,12 @@ struct Entry {
     const std::string op = "step_(" + name + ")";
     std::optional<core::StepArgs> a;
     const bool known = Optimizers::find(name.c_str(), [&]<class Opt>() {
-      TORCH_CHECK_VALUE(hyper.size() == Opt::kHyper, op, ": hyper has ", hyper.size(), " values, expected ",
-                        Opt::kHyper, " (", c10::Join(", ", std::vector<std::string>(std::begin(Opt::kHyperNames),
-                                                                                  std::end(Opt::kHyperNames))),
-                        ")");
-      const typename Opt::Hyper h = Opt::hyper_of(hyper.data());
-      a = core::StepArgs{Opt::kName,
+      std::vector<std::string> names;
+      for (const auto& field : Opt::kHyperFields) names.push_back(field.name);
+      TORCH_CHECK_VALUE(hyper.size() == names.size(), op, ": hyper has ", hyper.size(), " values, expected ",
+                        names.size(), " (", c10::Join(", ", names), ")");
+      const typename Opt::Hyper h = ops::hyper_of<Opt>(hyper.data());
+      a = core::StepArgs{Optimizers::index<Opt>(),
                          core::validate_step(op.c_str(), params, grads, master_params,
                                              {states, Opt::kStateInfo, Opt::kStates, Opt::state_mask(h)},
                                              state_absmaxes, steps, Opt::steps_required(h), scalar_states,

@@ -28,6 +28,19 @@ struct OptimizerList {
   static bool find(const char* name, F&& f) {
     return ((std::strcmp(name, Opts::kName) == 0 ? (f.template operator()<Opts>(), true) : false) || ...);
   }
+  // The index of the optimizer named `name` (what StepArgs carries: a step resolves the name
+  // once), or -1.
+  static int index_of(const char* name) {
+    int i = 0, found = -1;
+    ((std::strcmp(name, Opts::kName) == 0 ? found = i : 0, ++i), ...);
+    return found;
+  }
+  // Calls f.template operator()<Opt>() for the optimizer at `index`; false when none is.
+  template <class F>
+  static bool at(int index, F&& f) {
+    int i = 0;
+    return ((i++ == index ? (f.template operator()<Opts>(), true) : false) || ...);
+  }
   // Calls f.template operator()<Opt>() for each optimizer, in order.
   template <class F>
   static void for_each(F&& f) { (f.template operator()<Opts>(), ...); }

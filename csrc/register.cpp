@@ -23,7 +23,7 @@ constexpr const char* kSchemas[] = {
     "grad_norm_(Tensor[] tensors, Tensor(a!) found_inf, Tensor(b!) norm, Tensor? inv_scale=None, "
     "float norm_type=2.0) -> ()",
     "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor found_inf, "
-    "float growth_factor, float backoff_factor, int growth_interval, int hysteresis=1, "
+    "float growth_factor, float backoff_factor, int growth_interval, *, int hysteresis=1, "
     "Tensor(c!)? hysteresis_tracker=None, float? min_scale=None, float? max_scale=None) -> ()",
     "step_(str optimizer, Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
     "Tensor(c!)[] states, Tensor(d!)[] steps, *, Tensor(h!)?[] state_absmaxes, Tensor(e!)[] scalar_states, "
@@ -106,8 +106,9 @@ PyObject* optimizers(PyObject*, PyObject*) {
       const fused_amp::ops::StateInfo& info = Opt::kStateInfo[k];
       PyList_SET_ITEM(states, k, Py_BuildValue("(ssO)", info.key, info.name, info.is_signed ? Py_True : Py_False));
     }
-    PyObject* hyper = PyList_New(Opt::kHyper);
-    for (int k = 0; k < Opt::kHyper; ++k) PyList_SET_ITEM(hyper, k, PyUnicode_FromString(Opt::kHyperNames[k]));
+    constexpr int count = fused_amp::ops::kHyperCount<Opt>;
+    PyObject* hyper = PyList_New(count);
+    for (int k = 0; k < count; ++k) PyList_SET_ITEM(hyper, k, PyUnicode_FromString(Opt::kHyperFields[k].name));
     PyObject* scalar = Opt::kScalarKey ? PyUnicode_FromString(Opt::kScalarKey) : Py_NewRef(Py_None);
     PyObject* entry = Py_BuildValue("{s:N,s:N,s:N,s:d,s:O}", "states", states, "hyper", hyper, "scalar", scalar,
                                     "scalar_initial", Opt::kScalarInitial, "writes_output",
@@ -126,18 +127,19 @@ PyObject* kept_states(PyObject*, PyObject* args) {
   if (!PyArg_ParseTuple(args, "sO", &name, &values)) return nullptr;
   PyObject* kept = nullptr;
   const bool known = fused_amp::Optimizers::find(name, [&]<class Opt>() {
-    double hyper[Opt::kHyper > 0 ? Opt::kHyper : 1] = {};
-    if (PySequence_Length(values) != Opt::kHyper) {
-      PyErr_Format(PyExc_ValueError, "kept_states: %s takes %d hyperparameters", name, Opt::kHyper);
+    constexpr int count = fused_amp::ops::kHyperCount<Opt>;
+    double hyper[count] = {};
+    if (PySequence_Length(values) != count) {
+      PyErr_Format(PyExc_ValueError, "kept_states: %s takes %d hyperparameters", name, count);
       return;
     }
-    for (int k = 0; k < Opt::kHyper; ++k) {
+    for (int k = 0; k < count; ++k) {
       PyObject* item = PySequence_GetItem(values, k);
       hyper[k] = item ? PyFloat_AsDouble(item) : -1.0;
       Py_XDECREF(item);
       if (PyErr_Occurred()) return;
     }
-    const unsigned mask = Opt::state_mask(Opt::hyper_of(hyper));
+    const unsigned mask = Opt::state_mask(fused_amp::ops::hyper_of<Opt>(hyper));
     kept = PyList_New(0);
     for (int k = 0; k < Opt::kStates; ++k) {
       if (!(mask >> k & 1u)) continue;

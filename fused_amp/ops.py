@@ -3,7 +3,8 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import torch
 
-from fused_amp import _C, _fake
+import fused_amp._C as _C  # the extension module itself, not the package face
+from fused_amp import _fake
 
 __all__ = ["unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_",
            "optimizers", "kept_states"]
@@ -81,7 +82,8 @@ def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: 
     op = "update_scale_"
     _ops.update_scale_(_tensor(op, "scale", scale), _tensor(op, "growth_tracker", growth_tracker),
                        _tensor(op, "found_inf", found_inf), growth_factor, backoff_factor,
-                       growth_interval, hysteresis, hysteresis_tracker, min_scale, max_scale)
+                       growth_interval, hysteresis=hysteresis, hysteresis_tracker=hysteresis_tracker,
+                       min_scale=min_scale, max_scale=max_scale)
 
 
 def optimizers() -> Dict[str, Dict]:
@@ -122,11 +124,9 @@ def _hyper_names(op: str, optimizer: str, hyper: Mapping[str, float]) -> List[st
 
 def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
           master_params: List[Optional[torch.Tensor]], states: Sequence[List[torch.Tensor]],
-          steps: List[torch.Tensor], *, hyper: Mapping[str, float], lr: float,
-          lr_tensor: Optional[torch.Tensor] = None,
-          state_absmaxes: Optional[List[Optional[torch.Tensor]]] = None,
-          scalar_states: Optional[List[torch.Tensor]] = None,
-          outputs: Optional[List[torch.Tensor]] = None,
+          steps: List[torch.Tensor], *, state_absmaxes: Optional[List[Optional[torch.Tensor]]] = None,
+          scalar_states: Optional[List[torch.Tensor]] = None, outputs: Optional[List[torch.Tensor]] = None,
+          hyper: Mapping[str, float], lr: float, lr_tensor: Optional[torch.Tensor] = None,
           inv_scale: Optional[torch.Tensor] = None, found_inf: Optional[torch.Tensor] = None,
           grad_norm: Optional[torch.Tensor] = None, max_grad_norm: Optional[float] = None,
           rounding_seed: Optional[int] = None, stochastic_codes: bool = False,
@@ -216,6 +216,17 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
                inv_scale=inv_scale, found_inf=found_inf, grad_norm=grad_norm,
                max_grad_norm=max_grad_norm, rounding_seed=rounding_seed,
                stochastic_codes=stochastic_codes, unscale_grads=unscale_grads, check_only=check_only)
+
+
+_REMOVED = ("adam_step_", "sgd_step_", "lion_step_", "muon_momentum_")
+
+
+def __getattr__(name):
+    if name in _REMOVED:  # (CHANGELOG.md)
+        optimizer = name[:-len("_step_")] if name.endswith("_step_") else "muon_momentum"
+        raise AttributeError(f"fused_amp.ops.{name} was removed: use fused_amp.ops.step_({optimizer!r}, ...), "
+                             "which steps every optimizer of fused_amp.ops.optimizers() (CHANGELOG.md)")
+    raise AttributeError(f"module 'fused_amp.ops' has no attribute {name!r}")
 
 
 _fake.register([op for op in __all__ if op not in ("optimizers", "kept_states")])

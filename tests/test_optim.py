@@ -363,6 +363,17 @@ def test_adam_op_refuses_bad_lists_before_any_update(key, index, bad, exc, match
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("name,optimizer", [("adam_step_", "adam"), ("sgd_step_", "sgd"), ("lion_step_", "lion"),
+                                            ("muon_momentum_", "muon_momentum")])
+def test_a_removed_per_optimizer_op_names_its_replacement(name, optimizer):
+    """CHANGELOG.md: the per-optimizer ops gave way to step_; calling one says what to call."""
+    from fused_amp import ops
+    with pytest.raises(AttributeError, match=rf"fused_amp.ops.{name} was removed: use fused_amp.ops.step_\('{optimizer}'"):
+        getattr(ops, name)
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_op'"):
+        ops.no_such_op
+
+
 def test_adam_op_refuses_mismatched_list_lengths():
     """The message names the list the user passed (the descriptor's list names), not states[0]."""
     lists = adam_lists()

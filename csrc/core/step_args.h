@@ -92,9 +92,9 @@ StepTensors validate_step(const char* op, at::TensorList params, at::TensorList 
                           bool unscale_grads, Staging* staging);
 
 // The validated arguments of step_, as the devices take them (ops_impl.h): the optimizer's name
-// and its hyperparameter list, in the order of its descriptor's kHyperNames.
+// and its hyperparameter list, in the order of its descriptor's kHyperFields.
 struct StepArgs {
-  const char* optimizer;
+  int optimizer;  // its index in Optimizers (optimizers.h): the name is looked up once per step
   StepTensors tensors;
   std::vector<double> hyper;
 };

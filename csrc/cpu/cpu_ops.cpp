@@ -217,8 +217,8 @@ void Device::step(const core::StepArgs& a) {
   if (skip_step(s)) return;
   const double lr = step_lr(s);
   const float mult = step_grad_mult(s);
-  Optimizers::find(a.optimizer, [&]<class Opt>() {
-    const typename Opt::Hyper h = Opt::hyper_of(a.hyper.data());
+  Optimizers::at(a.optimizer, [&]<class Opt>() {
+    const typename Opt::Hyper h = ops::hyper_of<Opt>(a.hyper.data());
     std::vector<ops::TensorStep> tensor_steps(s.params.size());
     for (size_t t = 0; t < s.params.size(); ++t) {
       tensor_steps[t] = {s.steps.empty() ? 0.f : *s.steps[t].data_ptr<float>(),

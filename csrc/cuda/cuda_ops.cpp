@@ -149,7 +149,7 @@ void Device::update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArg
 void Device::step(const core::StepArgs& a) {
   const core::StepTensors& st = a.tensors;
   int states = 0, scalars = 0;
-  Optimizers::find(a.optimizer, [&]<class Opt>() {
+  Optimizers::at(a.optimizer, [&]<class Opt>() {
     states = Opt::kStates;
     scalars = Opt::kScalarKey != nullptr;
   });

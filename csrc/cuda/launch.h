@@ -87,9 +87,9 @@ constexpr int step_list(int states) { return kFirstState + states; }
 // absmaxes' (the last, with 8-bit state).
 constexpr int step_lists(int states, int scalars) { return step_list(states) + 1 + scalars; }
 
-// One step of the optimizer named `optimizer` (optimizers.h), its hyperparameters in its
-// descriptor's order.
-void step(const char* optimizer, const StepKind& kind, const std::vector<TensorPtrs>& tensors, const double* hyper,
+// One step of the optimizer at index `optimizer` of Optimizers (optimizers.h), its
+// hyperparameters in its descriptor's order.
+void step(int optimizer, const StepKind& kind, const std::vector<TensorPtrs>& tensors, const double* hyper,
           const StepScalars& s, cudaStream_t stream);
 
 // steps[i] += 1 unless found_inf is nonzero; runs after the update that read the old steps.

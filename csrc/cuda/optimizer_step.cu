@@ -93,10 +93,10 @@ struct IncrementStepFunctor {
 
 }  // namespace
 
-void step(const char* optimizer, const StepKind& kind, const std::vector<TensorPtrs>& tensors, const double* hyper,
+void step(int optimizer, const StepKind& kind, const std::vector<TensorPtrs>& tensors, const double* hyper,
           const StepScalars& s, cudaStream_t stream) {
-  const bool known = Optimizers::find(optimizer, [&]<class Opt>() {
-    const typename Opt::Hyper h = Opt::hyper_of(hyper);
+  const bool known = Optimizers::at(optimizer, [&]<class Opt>() {
+    const typename Opt::Hyper h = ops::hyper_of<Opt>(hyper);
     StateSpec<Opt::kStates> spec{};
     for (int k = 0; k < Opt::kStates; ++k) {
       spec.list[k] = Opt::state_mask(h) >> k & 1u ? kFirstState + k : -1;
@@ -113,7 +113,7 @@ void step(const char* optimizer, const StepKind& kind, const std::vector<TensorP
       multi_tensor_apply<2>(scalars, AdvanceFunctor<Opt>{h, s.found_inf}, stream);
     }
   });
-  if (!known) throw std::invalid_argument(std::string("fused_amp: unknown optimizer ") + optimizer);
+  if (!known) throw std::invalid_argument("fused_amp: no optimizer at index " + std::to_string(optimizer));
 }
 
 void increment_steps(const std::vector<TensorPtrs>& steps, const float* found_inf,

@@ -39,11 +39,10 @@ struct Adadelta : Elementwise {
   static constexpr int kStates = 2;
   static constexpr StateInfo kStateInfo[kStates] = {{"square_avgs", "square_avg", false, false},
                                                     {"acc_deltas", "acc_delta", false, true}};
-  static constexpr int kHyper = 4;
-  static constexpr const char* kHyperNames[kHyper] = {"rho", "eps", "weight_decay", "maximize"};
   using Hyper = AdadeltaHyper;
+  static constexpr HyperField<Hyper> kHyperFields[] = {FA_HYPER(rho), FA_HYPER(eps), FA_HYPER(weight_decay),
+                                                      FA_HYPER(maximize)};
   using Coeffs = AdadeltaCoeffs;
-  FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3] != 0}; }
   FA_HD unsigned state_mask(const Hyper&) { return 3u; }
   FA_HD bool steps_required(const Hyper&) { return true; }
   FA_HD Coeffs coeffs(const Hyper& h, double lr, const TensorStep&, float grad_mult) {

@@ -34,11 +34,10 @@ struct Adagrad : Elementwise {
   static constexpr const char* kName = "adagrad";
   static constexpr int kStates = 1;
   static constexpr StateInfo kStateInfo[kStates] = {{"state_sums", "sum", false, false}};
-  static constexpr int kHyper = 4;
-  static constexpr const char* kHyperNames[kHyper] = {"lr_decay", "weight_decay", "eps", "maximize"};
   using Hyper = AdagradHyper;
+  static constexpr HyperField<Hyper> kHyperFields[] = {FA_HYPER(lr_decay), FA_HYPER(weight_decay), FA_HYPER(eps),
+                                                      FA_HYPER(maximize)};
   using Coeffs = AdagradCoeffs;
-  FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3] != 0}; }
   FA_HD unsigned state_mask(const Hyper&) { return 1u; }
   FA_HD bool steps_required(const Hyper&) { return true; }
   FA_HD Coeffs coeffs(const Hyper& h, double lr, const TensorStep& s, float grad_mult) {

@@ -110,12 +110,11 @@ struct Adam : Elementwise {
       {"exp_avgs", "exp_avg", true, false},
       {"exp_avg_sqs", "exp_avg_sq", false, true},
       {"max_exp_avg_sqs", "max_exp_avg_sq", false, true}};
-  static constexpr int kHyper = 7;
-  static constexpr const char* kHyperNames[kHyper] = {
-      "beta1", "beta2", "eps", "weight_decay", "decoupled_weight_decay", "amsgrad", "maximize"};
   using Hyper = AdamHyper;
+  static constexpr HyperField<Hyper> kHyperFields[] = {FA_HYPER(beta1), FA_HYPER(beta2), FA_HYPER(eps),
+                                                      FA_HYPER(weight_decay), FA_HYPER(decoupled_weight_decay),
+                                                      FA_HYPER(amsgrad), FA_HYPER(maximize)};
   using Coeffs = AdamCoeffs;
-  FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3], h[4] != 0, h[5] != 0, h[6] != 0}; }
   FA_HD unsigned state_mask(const Hyper& h) { return h.amsgrad ? 7u : 3u; }
   FA_HD bool steps_required(const Hyper&) { return true; }
   FA_HD Coeffs coeffs(const Hyper& h, double lr, const TensorStep& s, float grad_mult) {

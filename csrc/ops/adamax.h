@@ -39,11 +39,10 @@ struct Adamax : Elementwise {
   static constexpr int kStates = 2;
   static constexpr StateInfo kStateInfo[kStates] = {{"exp_avgs", "exp_avg", true, false},
                                                     {"exp_infs", "exp_inf", false, true}};
-  static constexpr int kHyper = 5;
-  static constexpr const char* kHyperNames[kHyper] = {"beta1", "beta2", "eps", "weight_decay", "maximize"};
   using Hyper = AdamaxHyper;
+  static constexpr HyperField<Hyper> kHyperFields[] = {FA_HYPER(beta1), FA_HYPER(beta2), FA_HYPER(eps),
+                                                      FA_HYPER(weight_decay), FA_HYPER(maximize)};
   using Coeffs = AdamaxCoeffs;
-  FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3], h[4] != 0}; }
   FA_HD unsigned state_mask(const Hyper&) { return 3u; }
   FA_HD bool steps_required(const Hyper&) { return true; }
   FA_HD Coeffs coeffs(const Hyper& h, double lr, const TensorStep& s, float grad_mult) {

@@ -52,12 +52,11 @@ struct Ademamix : Elementwise {
   // the two EMAs take the low random bits (independent values), the second moment the high ones
   static constexpr StateInfo kStateInfo[kStates] = {
       {"exp_avgs_fast", "m1", true, false}, {"exp_avgs_slow", "m2", true, false}, {"exp_avg_sqs", "nu", false, true}};
-  static constexpr int kHyper = 9;
-  static constexpr const char* kHyperNames[kHyper] = {"beta1", "beta2", "beta3", "alpha", "t_alpha",
-                                                      "t_beta3", "eps", "weight_decay", "maximize"};
   using Hyper = AdemamixHyper;
+  static constexpr HyperField<Hyper> kHyperFields[] = {FA_HYPER(beta1), FA_HYPER(beta2), FA_HYPER(beta3),
+                                                      FA_HYPER(alpha), FA_HYPER(t_alpha), FA_HYPER(t_beta3),
+                                                      FA_HYPER(eps), FA_HYPER(weight_decay), FA_HYPER(maximize)};
   using Coeffs = AdemamixCoeffs;
-  FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], h[8] != 0}; }
   FA_HD unsigned state_mask(const Hyper&) { return 7u; }
   FA_HD bool steps_required(const Hyper&) { return true; }
   FA_HD Coeffs coeffs(const Hyper& h, double lr, const TensorStep& s, float grad_mult) {

@@ -56,11 +56,10 @@ struct Lion : Elementwise {
   static constexpr const char* kName = "lion";
   static constexpr int kStates = 1;
   static constexpr StateInfo kStateInfo[kStates] = {{"exp_avgs", "exp_avg", true, false}};
-  static constexpr int kHyper = 4;
-  static constexpr const char* kHyperNames[kHyper] = {"beta1", "beta2", "weight_decay", "maximize"};
   using Hyper = LionHyper;
+  static constexpr HyperField<Hyper> kHyperFields[] = {FA_HYPER(beta1), FA_HYPER(beta2), FA_HYPER(weight_decay),
+                                                      FA_HYPER(maximize)};
   using Coeffs = LionCoeffs;
-  FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3] != 0}; }
   FA_HD unsigned state_mask(const Hyper&) { return 1u; }
   FA_HD bool steps_required(const Hyper&) { return true; }
   FA_HD Coeffs coeffs(const Hyper& h, double lr, const TensorStep&, float grad_mult) {

@@ -44,11 +44,9 @@ struct MuonMomentum : Elementwise {
   static constexpr int kStates = 1;
   // the momentum rounds to nearest (Muon refuses stochastic rounding of it)
   static constexpr StateInfo kStateInfo[kStates] = {{"momentum_buffers", "momentum_buffer", true, false}};
-  static constexpr int kHyper = 2;
-  static constexpr const char* kHyperNames[kHyper] = {"momentum", "nesterov"};
   using Hyper = MuonHyper;
+  static constexpr HyperField<Hyper> kHyperFields[] = {FA_HYPER(momentum), FA_HYPER(nesterov)};
   using Coeffs = MuonCoeffs;
-  FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1] != 0}; }
   FA_HD unsigned state_mask(const Hyper&) { return 1u; }
   FA_HD bool steps_required(const Hyper&) { return false; }
   FA_HD Coeffs coeffs(const Hyper& h, double, const TensorStep&, float grad_mult) {

@@ -56,12 +56,11 @@ struct Nadam : Elementwise {
   static constexpr StateInfo kStateInfo[kStates] = {{"exp_avgs", "exp_avg", true, false},
                                                     {"exp_avg_sqs", "exp_avg_sq", false, true}};
   static constexpr const char* kScalarKey = "mu_product";
-  static constexpr int kHyper = 7;
-  static constexpr const char* kHyperNames[kHyper] = {"beta1", "beta2", "eps", "weight_decay", "momentum_decay",
-                                                      "decoupled_weight_decay", "maximize"};
   using Hyper = NadamHyper;
+  static constexpr HyperField<Hyper> kHyperFields[] = {FA_HYPER(beta1), FA_HYPER(beta2), FA_HYPER(eps),
+                                                      FA_HYPER(weight_decay), FA_HYPER(momentum_decay),
+                                                      FA_HYPER(decoupled_weight_decay), FA_HYPER(maximize)};
   using Coeffs = NadamCoeffs;
-  FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3], h[4], h[5] != 0, h[6] != 0}; }
   FA_HD unsigned state_mask(const Hyper&) { return 3u; }
   FA_HD bool steps_required(const Hyper&) { return true; }
   FA_HD double mu(const Hyper& h, double t) { return h.beta1 * (1.0 - 0.5 * pow(0.96, t * h.momentum_decay)); }

@@ -5,8 +5,9 @@
 // generic over it. A descriptor `Opt` (deriving from ops::Elementwise for the defaults) has
 //   kName                      the name the step op takes ("adam")
 //   kStates, kStateInfo[k]     its per-element states: op list and state key, 8-bit map, rounding bits
-//   kHyper, kHyperNames[k]     its hyperparameters, in the order of the op's `hyper` list
-//   Hyper hyper_of(const double*)               the list as a struct (also on the device)
+//   Hyper, kHyperFields[k]     its hyperparameters: a struct, and each member of it as
+//       FA_HYPER(member) (named by the member itself), in the order of the op's `hyper` list;
+//       hyper_of<Opt>(list) fills the struct from that list
 //   unsigned state_mask(const Hyper&)           which states the step keeps (bit k: state k)
 //   bool steps_required(const Hyper&)           whether the step counts must be given (else optional)
 //   Coeffs coeffs(const Hyper&, double lr, const TensorStep&, float grad_mult)
@@ -42,6 +43,34 @@ struct TensorStep {
   float step;
   float scalar;
 };
+
+// One hyperparameter: its name (the member's own, FA_HYPER stringizes it, so that a name and
+// the member it sets cannot disagree) and the member of the descriptor's Hyper it sets: a
+// double, or a bool (set by a nonzero value).
+template <class H>
+struct HyperField {
+  const char* name;
+  double H::*real = nullptr;
+  bool H::*flag = nullptr;
+  constexpr HyperField(const char* n, double H::*m) : name(n), real(m) {}
+  constexpr HyperField(const char* n, bool H::*m) : name(n), flag(m) {}
+};
+#define FA_HYPER(member) ::fused_amp::ops::HyperField<Hyper>(#member, &Hyper::member)
+
+template <class Opt>
+constexpr int kHyperCount = static_cast<int>(sizeof(Opt::kHyperFields) / sizeof(Opt::kHyperFields[0]));
+
+// A descriptor's Hyper from the op's list (host side: the kernels take Coeffs).
+template <class Opt>
+typename Opt::Hyper hyper_of(const double* values) {
+  typename Opt::Hyper h{};
+  for (int k = 0; k < kHyperCount<Opt>; ++k) {
+    const HyperField<typename Opt::Hyper>& f = Opt::kHyperFields[k];
+    if (f.real) h.*f.real = values[k];
+    else h.*f.flag = values[k] != 0;
+  }
+  return h;
+}
 
 struct Elementwise {
   static constexpr const char* kScalarKey = nullptr;

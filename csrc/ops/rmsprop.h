@@ -55,12 +55,10 @@ struct Rmsprop : Elementwise {
   static constexpr StateInfo kStateInfo[kStates] = {{"square_avgs", "square_avg", false, true},
                                                     {"momentum_buffers", "momentum_buffer", true, false},
                                                     {"grad_avgs", "grad_avg", true, false}};
-  static constexpr int kHyper = 6;
-  static constexpr const char* kHyperNames[kHyper] = {"alpha", "eps", "weight_decay", "momentum", "centered",
-                                                      "maximize"};
   using Hyper = RmspropHyper;
+  static constexpr HyperField<Hyper> kHyperFields[] = {FA_HYPER(alpha), FA_HYPER(eps), FA_HYPER(weight_decay),
+                                                      FA_HYPER(momentum), FA_HYPER(centered), FA_HYPER(maximize)};
   using Coeffs = RmspropCoeffs;
-  FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3], h[4] != 0, h[5] != 0}; }
   FA_HD unsigned state_mask(const Hyper& h) { return 1u | (h.momentum != 0.0 ? 2u : 0u) | (h.centered ? 4u : 0u); }
   FA_HD bool steps_required(const Hyper&) { return true; }
   FA_HD Coeffs coeffs(const Hyper& h, double lr, const TensorStep&, float grad_mult) {

@@ -44,12 +44,11 @@ struct Rprop : Elementwise {
   static constexpr int kStates = 2;
   static constexpr StateInfo kStateInfo[kStates] = {{"prevs", "prev", true, false},
                                                     {"step_sizes", "step_size", false, true}};
-  static constexpr int kHyper = 5;
-  static constexpr const char* kHyperNames[kHyper] = {"eta_minus", "eta_plus", "step_size_min", "step_size_max",
-                                                      "maximize"};
   using Hyper = RpropHyper;
+  static constexpr HyperField<Hyper> kHyperFields[] = {FA_HYPER(eta_minus), FA_HYPER(eta_plus),
+                                                      FA_HYPER(step_size_min), FA_HYPER(step_size_max),
+                                                      FA_HYPER(maximize)};
   using Coeffs = RpropCoeffs;
-  FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3], h[4] != 0}; }
   FA_HD unsigned state_mask(const Hyper&) { return 3u; }
   FA_HD bool steps_required(const Hyper&) { return true; }
   FA_HD Coeffs coeffs(const Hyper& h, double, const TensorStep&, float grad_mult) {

@@ -58,12 +58,10 @@ struct Sgd : Elementwise {
   static constexpr const char* kName = "sgd";
   static constexpr int kStates = 1;
   static constexpr StateInfo kStateInfo[kStates] = {{"momentum_buffers", "momentum_buffer", true, false}};
-  static constexpr int kHyper = 5;
-  static constexpr const char* kHyperNames[kHyper] = {"momentum", "dampening", "weight_decay", "nesterov",
-                                                      "maximize"};
   using Hyper = SgdHyper;
+  static constexpr HyperField<Hyper> kHyperFields[] = {FA_HYPER(momentum), FA_HYPER(dampening),
+                                                      FA_HYPER(weight_decay), FA_HYPER(nesterov), FA_HYPER(maximize)};
   using Coeffs = SgdCoeffs;
-  FA_HD Hyper hyper_of(const double* h) { return {h[0], h[1], h[2], h[3] != 0, h[4] != 0}; }
   FA_HD unsigned state_mask(const Hyper& h) { return h.momentum != 0.0 ? 1u : 0u; }
   FA_HD bool steps_required(const Hyper& h) { return h.momentum != 0.0; }
   FA_HD Coeffs coeffs(const Hyper& h, double lr, const TensorStep& s, float grad_mult) {

@@ -10,7 +10,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
-from fused_amp import _C, ops
+import fused_amp._C as _C  # the extension module itself, not the package face
+from fused_amp import ops
 from fused_amp.optim import _placements
 from fused_amp.optim._stages import stage_groups
 

@@ -8,7 +8,7 @@ from typing import Any, Dict
 
 import torch
 
-from fused_amp import _C
+import fused_amp._C as _C  # the extension module itself, not the package face
 from fused_amp.optim import _memory, _quantize
 from fused_amp.optim._grad_norm import DTensor, local_grads, local_shard, local_shards
 from fused_amp.optim._memory import MASTER as _MASTER, REMAINDER as _REMAINDER, REMAINDER8 as _REMAINDER8

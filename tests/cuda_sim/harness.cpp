@@ -87,12 +87,13 @@ int fa_sim_step(const char* optimizer, const int* kind, int n, int lists, void**
   return guarded([&] {
     fused_amp_sim_large_args = large;
     const auto list = tensors_of(n, lists_of(lists, kind), ptrs, numels);
-    step(optimizer, step_kind(kind), list, hyper,
+    const int index = fused_amp::Optimizers::index_of(optimizer);
+    step(index, step_kind(kind), list, hyper,
          {lr, lr_ptr, inv_scale, found_inf, write_grads != 0, grad_norm, max_grad_norm, stochastic != 0, seed,
           stochastic == 2},
          nullptr);
     int step = 0;
-    fused_amp::Optimizers::find(optimizer, [&]<class Opt>() { step = step_list(Opt::kStates); });
+    fused_amp::Optimizers::at(index, [&]<class Opt>() { step = step_list(Opt::kStates); });
     std::vector<TensorPtrs> steps;  // SGD without momentum may count none
     for (int i = 0; i < n; ++i) {
       if (list[i].p[step]) steps.push_back(TensorPtrs{{list[i].p[step]}, 1});
