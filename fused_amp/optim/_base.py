@@ -50,7 +50,10 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
 
     def __init__(self, params, defaults):
         """``defaults``: every constructor argument but ``params`` (``_options.group_options``), the
-        clip options among them: torch keeps every option in the groups, so checkpoints carry them."""
+        clip options among them: torch keeps every option in the groups, so checkpoints carry them.
+        They are checked as torch checks them, then kept as torch keeps them."""
+        self._check_hyperparameters(defaults)
+        defaults = self._kept_options(defaults)
         check_clip_options(defaults["max_grad_norm"], defaults["grad_norm_type"])
         self._lists_cache: Dict[int, GroupLists] = {}  # by the group's index in param_groups
         self._clip = ClipState()

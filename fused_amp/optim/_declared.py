@@ -43,6 +43,12 @@ class Declared:
         dict of them: the constructor's, or a loaded group's."""
         raise NotImplementedError
 
+    @staticmethod
+    def _kept_options(options) -> dict:
+        """The constructor's checked options as torch keeps them in ``defaults`` (Adam: the first
+        two betas, a 1-element tensor as a 0-dim one)."""
+        return options
+
     def _state_keys_for(self, group) -> tuple:
         """The state tensors shaped like the param, zero-filled when a param first steps: those
         its step op keeps with the group's hyperparameters (the C++ descriptor says which)."""

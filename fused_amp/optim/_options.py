@@ -66,6 +66,16 @@ def check_weight_decay(weight_decay):
         raise ValueError(f"Invalid weight_decay value: {weight_decay}")
 
 
+def check_in_order(options, *keys):
+    """torch's checks of ``keys`` (``lr``, ``eps``, ``betas``, ``weight_decay``), in the order
+    the optimizer's torch class runs them, with its messages."""
+    for key in keys:
+        _CHECKS[key](options[key])
+
+
+_CHECKS = {"lr": check_lr, "eps": check_eps, "betas": check_betas, "weight_decay": check_weight_decay}
+
+
 def check_torch_flags(name: str, foreach, fused, differentiable):
     """torch's ``foreach``/``fused``/``capturable`` are accepted (the step is always fused and
     capturable); what cannot apply is refused with torch's errors, or a clear one."""

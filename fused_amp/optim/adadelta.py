@@ -4,8 +4,7 @@ from typing import Optional, Union
 import torch
 
 from fused_amp.optim._base import MasterWeightOptimizer
-from fused_amp.optim._options import (check_eps, check_lr, check_torch_flags, check_weight_decay,
-                                      group_options)
+from fused_amp.optim._options import check_in_order, check_lr, check_torch_flags, group_options
 
 
 class Adadelta(MasterWeightOptimizer):
@@ -38,9 +37,7 @@ class Adadelta(MasterWeightOptimizer):
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1.0, rho: float = 0.9, eps: float = 1e-6,
                  weight_decay: float = 0, foreach: Optional[bool] = None, *, capturable: bool = False,
                  maximize: bool = False, differentiable: bool = False, **options):
-        defaults = group_options(locals())
-        self._check_hyperparameters(defaults)
-        super().__init__(params, defaults)
+        super().__init__(params, group_options(locals()))
 
     @classmethod
     def _check_hyperparameters(cls, o):
@@ -48,8 +45,7 @@ class Adadelta(MasterWeightOptimizer):
         check_lr(o["lr"])
         if not 0.0 <= o["rho"] <= 1.0:
             raise ValueError(f"Invalid rho value: {o['rho']}")
-        check_eps(o["eps"])
-        check_weight_decay(o["weight_decay"])
+        check_in_order(o, "eps", "weight_decay")
         check_torch_flags(cls.__name__, o["foreach"], None, o["differentiable"])
 
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, foreach=None, maximize=False,

@@ -46,9 +46,7 @@ class Adagrad(MasterWeightOptimizer):
                  weight_decay: float = 0, initial_accumulator_value: float = 0, eps: float = 1e-10,
                  foreach: Optional[bool] = None, *, maximize: bool = False, differentiable: bool = False,
                  fused: Optional[bool] = None, **options):
-        defaults = group_options(locals())
-        self._check_hyperparameters(defaults)
-        super().__init__(params, defaults)
+        super().__init__(params, group_options(locals()))
         for group in self.param_groups:  # torch.optim.Adagrad creates its state here
             for p in group["params"]:
                 self._init_state(p, group)

@@ -86,11 +86,7 @@ class Adam(MasterWeightOptimizer):
                  foreach: Optional[bool] = None, maximize: bool = False, capturable: bool = False,
                  differentiable: bool = False, fused: Optional[bool] = None,
                  decoupled_weight_decay: bool = False, **options):
-        defaults = group_options(locals())
-        self._check_hyperparameters(defaults)
-        # as torch: the first two, a 1-element tensor as a 0-dim one (torch 2.14 keeps no others)
-        defaults["betas"] = tuple(b.reshape(()) if isinstance(b, torch.Tensor) else b for b in betas[:2])
-        super().__init__(params, defaults)
+        super().__init__(params, group_options(locals()))
 
     @classmethod
     def _check_hyperparameters(cls, o):
@@ -114,6 +110,11 @@ class Adam(MasterWeightOptimizer):
                 if beta.numel() != 1:
                     raise ValueError(f"Tensor betas[{i}] must be 1-element")
         check_torch_flags(cls.__name__, foreach, o["fused"], o["differentiable"])
+
+    @staticmethod
+    def _kept_options(o):
+        # as torch: the first two, a 1-element tensor as a 0-dim one (torch 2.14 keeps no others)
+        return dict(o, betas=tuple(b.reshape(()) if isinstance(b, torch.Tensor) else b for b in o["betas"][:2]))
 
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, amsgrad=False, maximize=False,
                            foreach=None, capturable=False, differentiable=False,

@@ -4,8 +4,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from fused_amp.optim._base import MasterWeightOptimizer
-from fused_amp.optim._options import (check_eps, check_lr, check_torch_flags, check_weight_decay,
-                                      group_options)
+from fused_amp.optim._options import check_in_order, check_torch_flags, check_weight_decay, group_options
 
 
 class AdEMAMix(MasterWeightOptimizer):
@@ -50,15 +49,12 @@ class AdEMAMix(MasterWeightOptimizer):
                  weight_decay: float = 1e-2, *, maximize: bool = False, foreach: Optional[bool] = None,
                  capturable: bool = False, differentiable: bool = False, fused: Optional[bool] = None,
                  **options):
-        defaults = dict(group_options(locals()), betas=tuple(betas))
-        self._check_hyperparameters(defaults)
-        super().__init__(params, defaults)
+        super().__init__(params, group_options(locals()))
 
     @classmethod
     def _check_hyperparameters(cls, o):
         """torch's messages for what torch's optimizers share; AdEMAMix's own as clearly."""
-        check_lr(o["lr"])
-        check_eps(o["eps"])
+        check_in_order(o, "lr", "eps")
         betas = o["betas"]
         if len(betas) != 3:
             raise ValueError(f"Invalid betas: expected 3 values (beta1, beta2, beta3), got {len(betas)}")
@@ -72,6 +68,10 @@ class AdEMAMix(MasterWeightOptimizer):
                 raise ValueError(f"Invalid {key} value: {o[key]} (a number of steps, or None)")
         check_weight_decay(o["weight_decay"])
         check_torch_flags(cls.__name__, o["foreach"], o["fused"], o["differentiable"])
+
+    @staticmethod
+    def _kept_options(o):
+        return dict(o, betas=tuple(o["betas"]))
 
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, t_alpha=None, t_beta3=None, maximize=False,
                            foreach=None, capturable=False, differentiable=False, fused=None)

@@ -4,8 +4,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from fused_amp.optim._base import MasterWeightOptimizer
-from fused_amp.optim._options import (check_betas, check_lr, check_torch_flags, check_weight_decay,
-                                      group_options)
+from fused_amp.optim._options import check_in_order, check_torch_flags, group_options
 
 
 class Lion(MasterWeightOptimizer):
@@ -42,18 +41,17 @@ class Lion(MasterWeightOptimizer):
                  betas: Tuple[float, float] = (0.9, 0.99), weight_decay: float = 0.0, *,
                  maximize: bool = False, foreach: Optional[bool] = None, capturable: bool = False,
                  differentiable: bool = False, fused: Optional[bool] = None, **options):
-        defaults = group_options(locals())
-        self._check_hyperparameters(defaults)
-        defaults["betas"] = tuple(betas[:2])
-        super().__init__(params, defaults)
+        super().__init__(params, group_options(locals()))
 
     @classmethod
     def _check_hyperparameters(cls, o):
         """The checks and messages of torch's optimizers."""
-        check_lr(o["lr"])
-        check_betas(o["betas"])
-        check_weight_decay(o["weight_decay"])
+        check_in_order(o, "lr", "betas", "weight_decay")
         check_torch_flags(cls.__name__, o["foreach"], o["fused"], o["differentiable"])
+
+    @staticmethod
+    def _kept_options(o):
+        return dict(o, betas=tuple(o["betas"][:2]))
 
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, maximize=False, foreach=None,
                            capturable=False, differentiable=False, fused=None)

@@ -4,8 +4,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from fused_amp.optim._base import MasterWeightOptimizer
-from fused_amp.optim._options import (check_betas, check_eps, check_lr, check_torch_flags,
-                                      check_weight_decay, group_options)
+from fused_amp.optim._options import check_in_order, check_torch_flags, group_options
 
 
 class NAdam(MasterWeightOptimizer):
@@ -47,17 +46,12 @@ class NAdam(MasterWeightOptimizer):
                  momentum_decay: float = 4e-3, decoupled_weight_decay: bool = False, *,
                  foreach: Optional[bool] = None, maximize: bool = False, capturable: bool = False,
                  differentiable: bool = False, **options):
-        defaults = group_options(locals())
-        self._check_hyperparameters(defaults)
-        super().__init__(params, defaults)
+        super().__init__(params, group_options(locals()))
 
     @classmethod
     def _check_hyperparameters(cls, o):
         """torch.optim.NAdam's checks and messages, in its order."""
-        check_lr(o["lr"])
-        check_eps(o["eps"])
-        check_betas(o["betas"])
-        check_weight_decay(o["weight_decay"])
+        check_in_order(o, "lr", "eps", "betas", "weight_decay")
         if not 0.0 <= o["momentum_decay"]:
             raise ValueError(f"Invalid momentum_decay value: {o['momentum_decay']}")
         check_torch_flags(cls.__name__, o["foreach"], None, o["differentiable"])

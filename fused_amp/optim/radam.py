@@ -4,8 +4,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from fused_amp.optim._base import MasterWeightOptimizer
-from fused_amp.optim._options import (check_betas, check_eps, check_lr, check_torch_flags,
-                                      check_weight_decay, group_options)
+from fused_amp.optim._options import check_in_order, check_torch_flags, group_options
 
 
 class RAdam(MasterWeightOptimizer):
@@ -45,17 +44,12 @@ class RAdam(MasterWeightOptimizer):
                  betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0,
                  decoupled_weight_decay: bool = False, *, foreach: Optional[bool] = None,
                  maximize: bool = False, capturable: bool = False, differentiable: bool = False, **options):
-        defaults = group_options(locals())
-        self._check_hyperparameters(defaults)
-        super().__init__(params, defaults)
+        super().__init__(params, group_options(locals()))
 
     @classmethod
     def _check_hyperparameters(cls, o):
         """torch.optim.RAdam's checks and messages, in its order."""
-        check_lr(o["lr"])
-        check_eps(o["eps"])
-        check_betas(o["betas"])
-        check_weight_decay(o["weight_decay"])
+        check_in_order(o, "lr", "eps", "betas", "weight_decay")
         check_torch_flags(cls.__name__, o["foreach"], None, o["differentiable"])
 
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, foreach=None, maximize=False,

@@ -4,8 +4,7 @@ from typing import Optional, Union
 import torch
 
 from fused_amp.optim._base import MasterWeightOptimizer
-from fused_amp.optim._options import (check_eps, check_lr, check_torch_flags, check_weight_decay,
-                                      group_options)
+from fused_amp.optim._options import check_in_order, check_torch_flags, check_weight_decay, group_options
 
 
 class RMSprop(MasterWeightOptimizer):
@@ -44,15 +43,12 @@ class RMSprop(MasterWeightOptimizer):
                  weight_decay: float = 0, momentum: float = 0, centered: bool = False,
                  capturable: bool = False, foreach: Optional[bool] = None, maximize: bool = False,
                  differentiable: bool = False, **options):
-        defaults = group_options(locals())
-        self._check_hyperparameters(defaults)
-        super().__init__(params, defaults)
+        super().__init__(params, group_options(locals()))
 
     @classmethod
     def _check_hyperparameters(cls, o):
         """torch.optim.RMSprop's checks and messages, in its order."""
-        check_lr(o["lr"])
-        check_eps(o["eps"])
+        check_in_order(o, "lr", "eps")
         if not 0.0 <= o["momentum"]:
             raise ValueError(f"Invalid momentum value: {o['momentum']}")
         check_weight_decay(o["weight_decay"])

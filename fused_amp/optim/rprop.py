@@ -42,9 +42,7 @@ class Rprop(MasterWeightOptimizer):
                  step_sizes: Tuple[float, float] = (1e-6, 50), *, capturable: bool = False,
                  foreach: Optional[bool] = None, maximize: bool = False, differentiable: bool = False,
                  **options):
-        defaults = group_options(locals())
-        self._check_hyperparameters(defaults)
-        super().__init__(params, defaults)
+        super().__init__(params, group_options(locals()))
 
     @classmethod
     def _check_hyperparameters(cls, o):

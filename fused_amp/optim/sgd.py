@@ -51,9 +51,7 @@ class SGD(MasterWeightOptimizer):
                  dampening: float = 0, weight_decay: Union[float, torch.Tensor] = 0, nesterov: bool = False,
                  *, maximize: bool = False, foreach: Optional[bool] = None, differentiable: bool = False,
                  fused: Optional[bool] = None, **options):
-        defaults = group_options(locals())
-        self._check_hyperparameters(defaults)
-        super().__init__(params, defaults)
+        super().__init__(params, group_options(locals()))
 
     @classmethod
     def _check_hyperparameters(cls, o):
