@@ -21,6 +21,13 @@ import fused_amp
 IMPLS = ("fused_amp", "torch_amp", "torch_master")
 
 
+def _groups_with_grads(optimizer):
+    """(group, its params with grads, their grads) of each group, for the _foreach loops below."""
+    for group in optimizer.param_groups:
+        params = [p for p in group["params"] if p.grad is not None]
+        yield group, params, [p.grad for p in params]
+
+
 class ForeachLion(torch.optim.Optimizer):
     """Lion as a user without a library writes it for speed: torch's _foreach ops (torch ships no
     Lion). torch's fused/foreach flags are accepted; it always runs this one way."""
@@ -30,9 +37,7 @@ class ForeachLion(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self):
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            grads = [p.grad for p in params]
+        for group, params, grads in _groups_with_grads(self):
             for p in params:
                 if not self.state[p]:
                     self.state[p]["exp_avg"] = torch.zeros_like(p)
@@ -58,9 +63,7 @@ class ForeachAdEMAMix(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self):
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            grads = [p.grad for p in params]
+        for group, params, grads in _groups_with_grads(self):
             for p in params:
                 if not self.state[p]:
                     self.state[p].update(step=0, m1=torch.zeros_like(p), m2=torch.zeros_like(p),
