@@ -429,6 +429,26 @@ def test_signature_is_torchs_plus_our_keywords(entry):
                         inspect.signature(entry.theirs.__init__).parameters)
 
 
+def test_a_users_subclass_keeps_its_own_signature():
+    """Our classes take fused_amp's options as **options and show them in their signature; a
+    subclass with a signature of its own (naming one of them, or *args/**kwargs) keeps it."""
+    class Named(Adam):
+        def __init__(self, params, lr=1e-3, master_weights=True):
+            super().__init__(params, lr=lr, master_weights=master_weights)
+
+    class Forwarding(AdamW):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+
+    assert list(inspect.signature(Named).parameters) == ["params", "lr", "master_weights"]
+    assert list(inspect.signature(Forwarding).parameters) == ["args", "kwargs"]
+    p = torch.nn.Parameter(torch.randn(3, dtype=torch.bfloat16))
+    assert Named([p], master_weights="remainder").defaults["master_weights"] == "remainder"
+    assert Forwarding([p], lr=0.1, max_grad_norm=1.0).defaults["max_grad_norm"] == 1.0
+    with pytest.raises(TypeError, match=r"Forwarding.__init__\(\) got an unexpected keyword argument 'foo'"):
+        Forwarding([p], foo=1)
+
+
 @pytest.mark.parametrize("flags", [dict(foreach=True), dict(foreach=False), dict(fused=True),
                                    dict(fused=False), dict(capturable=True)])
 @pytest.mark.parametrize("cls,torch_cls,kw", PLAIN, ids=PLAIN_IDS)

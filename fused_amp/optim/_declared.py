@@ -1,7 +1,7 @@
 """What each optimizer class declares (its torch checks, its hyperparameters for the step op)
 and what the step op's C++ table says of it (its states, its scalar state): read, not restated."""
 from fused_amp import ops
-from fused_amp.optim._options import with_our_options
+from fused_amp.optim._options import takes_our_options, with_our_options
 
 
 class Declared:
@@ -17,7 +17,7 @@ class Declared:
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         init = cls.__dict__.get("__init__")
-        if init is not None:  # (its **options: fused_amp's options, declared once in _options)
+        if init is not None and takes_our_options(init):  # fused_amp's options, declared in _options
             init.__signature__ = with_our_options(init)
         if "_kernel" not in cls.__dict__ and cls.__name__.lower() in ops.optimizers():
             cls._kernel = cls.__name__.lower()

@@ -34,6 +34,14 @@ def group_options(args: dict) -> dict:
     return dict(named, **{k: options.get(k, default) for k, (default, _) in FUSED_AMP_OPTIONS.items()})
 
 
+def takes_our_options(init) -> bool:
+    """Whether ``init`` takes fused_amp's options as ``**options`` (ours do; a user's subclass
+    with a signature of its own keeps it)."""
+    params = inspect.signature(init).parameters
+    return ("options" in params and params["options"].kind == inspect.Parameter.VAR_KEYWORD
+            and not FUSED_AMP_OPTIONS.keys() & params.keys())
+
+
 def with_our_options(init) -> inspect.Signature:
     """The signature of an ``__init__(self, ..., **options)``: its own parameters, then
     FUSED_AMP_OPTIONS as keyword-only ones with their defaults."""
