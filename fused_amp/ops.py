@@ -1,4 +1,5 @@
 """Functional API over ``torch.ops.fused_amp``; registers fake kernels for ``torch.compile``."""
+import functools
 from typing import Dict, List, Mapping, Optional, Sequence
 
 import torch
@@ -97,7 +98,6 @@ def optimizers() -> Dict[str, Dict]:
 
 
 _OPTIMIZERS = _C.optimizers()
-_KEPT: Dict[tuple, tuple] = {}
 
 
 def kept_states(optimizer: str, hyper: Mapping[str, float]) -> tuple:
@@ -105,12 +105,13 @@ def kept_states(optimizer: str, hyper: Mapping[str, float]) -> tuple:
     list name)`` in the order :func:`step_` takes their lists (Adam: ``exp_avg`` and
     ``exp_avg_sq``, and ``max_exp_avg_sq`` with ``amsgrad``). The C++ descriptor decides."""
     names = _hyper_names(f"kept_states({optimizer})", optimizer, hyper)
-    values = tuple(float(hyper[n]) for n in names)
-    kept = _KEPT.get((optimizer, values))
-    if kept is None:
-        table = _OPTIMIZERS[optimizer]["states"]
-        kept = _KEPT[optimizer, values] = tuple(table[k][:2] for k in _C.kept_states(optimizer, values))
-    return kept
+    return _kept_states(optimizer, tuple(float(hyper[n]) for n in names))
+
+
+@functools.lru_cache(maxsize=64)  # bounded: a scheduler may change a hyperparameter every step
+def _kept_states(optimizer: str, values: tuple) -> tuple:
+    table = _OPTIMIZERS[optimizer]["states"]
+    return tuple(table[k][:2] for k in _C.kept_states(optimizer, values))
 
 
 def _hyper_names(op: str, optimizer: str, hyper: Mapping[str, float]) -> List[str]:
