@@ -1,5 +1,4 @@
 """Functional API over ``torch.ops.fused_amp``; registers fake kernels for ``torch.compile``."""
-import functools
 from typing import Dict, List, Mapping, Optional, Sequence
 
 import torch
@@ -98,6 +97,7 @@ def optimizers() -> Dict[str, Dict]:
 
 
 _OPTIMIZERS = _C.optimizers()
+_KEPT: Dict[tuple, tuple] = {}
 
 
 def kept_states(optimizer: str, hyper: Mapping[str, float]) -> tuple:
@@ -108,10 +108,15 @@ def kept_states(optimizer: str, hyper: Mapping[str, float]) -> tuple:
     return _kept_states(optimizer, tuple(float(hyper[n]) for n in names))
 
 
-@functools.lru_cache(maxsize=64)  # bounded: a scheduler may change a hyperparameter every step
+@torch.compiler.assume_constant_result  # torch.compile takes the result as a constant of the graph
 def _kept_states(optimizer: str, values: tuple) -> tuple:
-    table = _OPTIMIZERS[optimizer]["states"]
-    return tuple(table[k][:2] for k in _C.kept_states(optimizer, values))
+    kept = _KEPT.get((optimizer, values))
+    if kept is None:
+        if len(_KEPT) >= 64:  # bounded: a scheduler may change a hyperparameter every step
+            _KEPT.clear()
+        table = _OPTIMIZERS[optimizer]["states"]
+        kept = _KEPT[optimizer, values] = tuple(table[k][:2] for k in _C.kept_states(optimizer, values))
+    return kept
 
 
 def _hyper_names(op: str, optimizer: str, hyper: Mapping[str, float]) -> List[str]:
