@@ -171,11 +171,12 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
         """Run (or with ``check_only`` validate) the fused op on one device's lists; ``scalars``
         holds lr, lr_tensor, inv_scale, found_inf, unscale_grads and, when clipping, grad_norm and
         max_grad_norm."""
-        keys = self._state_keys_for(group)
+        hyper = self._hyper(group)  # (built once: the kept states and the op both take it)
+        keys = self._kept_keys(hyper)
         scalar_key = self._scalar_state[0] if self._scalar_state else None
         ops.step_(self._kernel, lists["params"], lists["grads"], lists["master_params"],
                   [lists[key] for key in keys], lists_or_empty(lists, "steps", self._counts_steps(group, scalars)),
-                  hyper=self._hyper(group), state_absmaxes=lists_or_empty(lists, "state_absmaxes", bool(keys)),
+                  hyper=hyper, state_absmaxes=lists_or_empty(lists, "state_absmaxes", bool(keys)),
                   scalar_states=lists_or_empty(lists, scalar_key, scalar_key is not None),
                   check_only=check_only, **scalars)
 

@@ -52,7 +52,11 @@ class Declared:
     def _state_keys_for(self, group) -> tuple:
         """The state tensors shaped like the param, zero-filled when a param first steps: those
         its step op keeps with the group's hyperparameters (the C++ descriptor says which)."""
-        return tuple(key for key, _ in ops.kept_states(self._kernel, self._hyper(group)))
+        return self._kept_keys(self._hyper(group))
+
+    def _kept_keys(self, hyper) -> tuple:
+        """The state keys the step op keeps with these hyperparameters (``_hyper``'s dict)."""
+        return tuple(key for key, _ in ops.kept_states(self._kernel, hyper))
 
     def _initial_state(self, group) -> dict:
         """The value each state starts from, by key, where it is not zero."""
