@@ -208,7 +208,7 @@ def test_bf16_state_is_the_fp32_step_rounded_to_nearest(cls, torch_cls, kw, mast
     opt = cls(params, state_dtype=torch.bfloat16, master_weights=master_weights, stochastic_rounding=False, **kw)
     ref = cls(ref_params, **kw)
     for p in params:  # state created now (in bf16: Rprop's step_size = lr rounded), for the fp32 run to start from
-        opt._init_state(p, opt.param_groups[0])
+        opt._init_state(p, opt.param_groups[0], opt._state_keys_for(opt.param_groups[0]))
     for step in range(6):
         for p, q in zip(params, ref_params):
             for key, value in moments(opt, p).items():  # the fp32 run starts from the bf16 state

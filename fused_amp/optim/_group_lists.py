@@ -79,10 +79,10 @@ class DeviceLists:
     per-device lists of a group's params with grads (``self._lists_cache``: group index ->
     GroupLists)."""
 
-    def _init_state(self, p, group):
-        """Create what a param's step needs (moments in the group's state dtype), and bring a
-        master that a checkpoint or a change of ``master_weights`` left in another form (fp32,
-        remainder, 24-bit) to the group's."""
+    def _init_state(self, p, group, moments):
+        """Create what a param's step needs (``moments``, the group's ``_state_keys_for``, in its
+        state dtype), and bring a master that a checkpoint or a change of ``master_weights`` left
+        in another form (fp32, remainder, 24-bit) to the group's."""
         state = self.state[p]
         step = state.get("step")
         if not isinstance(step, torch.Tensor):  # new, or a legacy checkpoint's Python number
@@ -97,8 +97,7 @@ class DeviceLists:
                                           device=p.device)
             elif value.device != p.device or value.dtype != torch.float32:
                 state[key] = value.to(p.device, torch.float32).reshape(())
-        _memory.bring_state(type(self).__name__, p, group, state, self._state_keys_for(group),
-                            self._initial_state(group))
+        _memory.bring_state(type(self).__name__, p, group, state, moments, self._initial_state(group))
         _memory.bring_master(p, group, state)
         return state
 
@@ -110,7 +109,8 @@ class DeviceLists:
         builds them and keeps nothing: the compiled step runs none of this again."""
         params = group["params"]
         grads, grad_refs = self._group_grads(index, params)  # (local shards of DTensor grads)
-        keys = self._state_keys_for(group) + ((self._scalar_state[0],) if self._scalar_state else ())
+        moments = self._state_keys_for(group)  # (once per group, not per param)
+        keys = moments + ((self._scalar_state[0],) if self._scalar_state else ())
         options = (keys, group["master_weights"], group["state_dtype"], group["min_8bit_size"])
         keep = all(map(operator.is_not, grads, repeat(None))) and not torch.compiler.is_compiling()
         cached = self._lists_cache.get(index) if keep else None
@@ -123,7 +123,7 @@ class DeviceLists:
         for i, p in enumerate(params):
             if grads[i] is None:
                 continue
-            state = self._init_state(p, group)
+            state = self._init_state(p, group, moments)
             lists, indices = by_device[p.device]
             indices.append(i)
             lists["params"].append(p)

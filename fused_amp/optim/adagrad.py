@@ -48,8 +48,9 @@ class Adagrad(MasterWeightOptimizer):
                  fused: Optional[bool] = None, **options):
         super().__init__(params, group_options(locals()))
         for group in self.param_groups:  # torch.optim.Adagrad creates its state here
+            moments = self._state_keys_for(group)
             for p in group["params"]:
-                self._init_state(p, group)
+                self._init_state(p, group, moments)
 
     @classmethod
     def _check_hyperparameters(cls, o):
