@@ -127,7 +127,7 @@ struct Entry {
                     const std::optional<at::Tensor>& inv_scale, const std::optional<at::Tensor>& found_inf,
                     const std::optional<at::Tensor>& grad_norm, std::optional<double> max_grad_norm,
                     std::optional<int64_t> rounding_seed, bool stochastic_codes, bool unscale_grads,
-                    bool check_only) {
+                    const std::optional<at::Tensor>& weight_amax, bool check_only) {
     BelowAutograd below;
     core::Staging staging;
     const std::string name(optimizer);
@@ -147,6 +147,10 @@ struct Entry {
                                              inv_scale, found_inf, grad_norm, max_grad_norm, rounding_seed,
                                              stochastic_codes, unscale_grads, check_only ? nullptr : &staging),
                          hyper.vec()};
+      if (weight_amax) {
+        core::check_weight_amax(op.c_str(), *weight_amax, params, Opt::kWritesOutput);
+        a->tensors.weight_amax = *weight_amax;
+      }
     });
     TORCH_CHECK_VALUE(known, "step_: unknown optimizer '", name, "'; known: ", optimizer_names());
     if (check_only || params.empty()) return;
@@ -154,6 +158,7 @@ struct Entry {
     staging.copy_back();
     bump_step_versions(a->tensors, params, grads, master_params, states, state_absmaxes, steps, outputs);
     bump_versions(scalar_states);
+    if (weight_amax && !weight_amax->is_inference()) weight_amax->unsafeGetTensorImpl()->bump_version();
   }
 };
 

@@ -30,7 +30,7 @@ constexpr const char* kSchemas[] = {
     "Tensor(u!)[] outputs, float[] hyper, float lr, "
     "Tensor? lr_tensor=None, Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
     "float? max_grad_norm=None, int? rounding_seed=None, bool stochastic_codes=False, "
-    "bool unscale_grads=True, bool check_only=False) -> ()"};
+    "bool unscale_grads=True, Tensor(w!)? weight_amax=None, bool check_only=False) -> ()"};
 
 // The ops' names, in the order of kSchemas.
 constexpr const char* kOps[] = {"unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_"};

@@ -136,7 +136,8 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
           inv_scale: Optional[torch.Tensor] = None, found_inf: Optional[torch.Tensor] = None,
           grad_norm: Optional[torch.Tensor] = None, max_grad_norm: Optional[float] = None,
           rounding_seed: Optional[int] = None, stochastic_codes: bool = False,
-          unscale_grads: bool = True, check_only: bool = False) -> None:
+          unscale_grads: bool = True, weight_amax: Optional[torch.Tensor] = None,
+          check_only: bool = False) -> None:
     r"""One fused step of ``optimizer`` (a name of :func:`optimizers`: ``"adam"``, ``"sgd"``,
     ``"lion"``, ...) over all params; see its class in ``fused_amp.optim`` for the rule.
 
@@ -180,6 +181,11 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
     them: multiplied by ``min(1, max_grad_norm / (grad_norm + 1e-6))``, which the kernels form
     on the device; with ``unscale_grads`` they are left so in place. ``check_only`` validates
     the arguments and returns, so that a caller can check several calls before running any.
+    With ``weight_amax`` (fp32, one element per param, on their device) the step writes each
+    param's amax there, ``max(abs(param))`` of the values it wrote (in the param's dtype, as
+    fp32): what fp8 scaling reads (``torchao``'s ``precompute_float8_dynamic_scale_for_fsdp``),
+    formed in the pass that writes the params instead of a pass of its own. A skipped step
+    (``found_inf``) leaves it as it was.
     Tensors in other layouts than their param (or not dense) are handled through copies.
 
     Args:
@@ -193,7 +199,8 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
             ignored).
         state_absmaxes, scalar_states, outputs, inv_scale, found_inf, grad_norm, max_grad_norm:
             as described above.
-        rounding_seed, stochastic_codes, unscale_grads, check_only: as described above.
+        rounding_seed, stochastic_codes, unscale_grads, weight_amax, check_only: as described
+            above.
 
     Raises:
         ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
@@ -221,7 +228,8 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
                hyper=[float(hyper[n]) for n in names], lr=lr, lr_tensor=lr_tensor,
                inv_scale=inv_scale, found_inf=found_inf, grad_norm=grad_norm,
                max_grad_norm=max_grad_norm, rounding_seed=rounding_seed,
-               stochastic_codes=stochastic_codes, unscale_grads=unscale_grads, check_only=check_only)
+               stochastic_codes=stochastic_codes, unscale_grads=unscale_grads, weight_amax=weight_amax,
+               check_only=check_only)
 
 
 _REMOVED = ("adam_step_", "sgd_step_", "lion_step_", "muon_momentum_")

@@ -138,9 +138,10 @@ def test_the_launchers_refuse_the_dtypes_they_have_no_kernel_for(sim):
 MASTER_KIND = {False: 0, True: 1, "remainder": 2, "remainder8": 3}
 
 
-def kind(dtype, master=False, state_dtype=torch.float32):
-    """The (param dtype, master kind, state dtype) triple of the simulated launches."""
-    return (ctypes.c_int * 3)(DTYPE_CODE[dtype], MASTER_KIND[master], DTYPE_CODE[state_dtype])
+def kind(dtype, master=False, state_dtype=torch.float32, amax=False):
+    """The (param dtype, master kind, state dtype) of the simulated launches, and whether each
+    tensor's row ends with its amax slot."""
+    return (ctypes.c_int * 4)(DTYPE_CODE[dtype], MASTER_KIND[master], DTYPE_CODE[state_dtype], int(amax))
 
 
 def optimizer_lists(dtype, master, gen, aligned):
@@ -411,8 +412,8 @@ Q8_SIZES = [0, 1, 255, 256, 257, 2047, 2048, 2049, 2560, 2561, 0, 5200, 7700, 4,
 Q8 = 4  # the state dtype code of 8-bit codes
 
 
-def q8_kind(dtype, master=False):
-    return (ctypes.c_int * 3)(DTYPE_CODE[dtype], MASTER_KIND[master], Q8)
+def q8_kind(dtype, master=False, amax=False):
+    return (ctypes.c_int * 4)(DTYPE_CODE[dtype], MASTER_KIND[master], Q8, int(amax))
 
 
 def q8_lists(dtype, master, gen, aligned):
@@ -486,6 +487,13 @@ def test_adam_with_8bit_state_matches_cpu_op(sim, large, dtype, master, stochast
         assert steps[i].item() == ref[7][i].item() == 3.0
 
 
+def torch_amax(params):
+    """What torchao's precompute_float8_dynamic_scale_for_fsdp reads: each param's inf-norm (0 for
+    an empty one, where torch has none and the step writes 0)."""
+    norms = iter(torch._foreach_norm([p for p in params if p.numel()], ord=math.inf))
+    return torch.stack([next(norms).float() if p.numel() else torch.zeros(()) for p in params])
+
+
 # Every optimizer of the table, by its registry entries: each storage kind against the CPU op.
 STORAGE = {  # param dtype, master, state dtype (Q8: 8-bit codes), the harness's `stochastic`
     "fp32 state": (torch.float32, False, torch.float32, 0),
@@ -501,7 +509,8 @@ STORAGE = {  # param dtype, master, state dtype (Q8: 8-bit codes), the harness's
 def test_every_optimizer_matches_the_cpu_op(sim, cls, torch_cls, kw, storage):
     """The kernel of each optimizer of the table (optimizer_step.cu, generic over its
     descriptor) against the CPU op, bit for bit: params, masters, grads left unscaled, every state
-    kept (8-bit: codes and absmax), three steps and an overflow step that writes nothing."""
+    kept (8-bit: codes and absmax), the weight amax (fp8 scaling) of each step, which is torch's
+    max(abs(param)) of the params written, three steps and an overflow step that writes nothing."""
     dtype, master, state_dtype, stochastic = STORAGE[storage]
     opt = cls([torch.nn.Parameter(torch.zeros(1))], **kw)
     group = opt.param_groups[0]
@@ -530,19 +539,27 @@ def test_every_optimizer_matches_the_cpu_op(sim, cls, torch_cls, kw, storage):
     seed = 77 if stochastic else None
     inv = torch.tensor([0.5])
     lr = float(group["lr"])
+    with_amax = not table["writes_output"]  # (an optimizer that writes outputs writes no weight)
+    ref_amax = torch.full((len(params),), -1.0)
     for found in (0.0, 0.0, 0.0, 1.0):
         found_inf = torch.tensor([found])
-        rows = [list(r) + ([a] if quantized else [])
-                for r, a in zip(zip(params, grads, masters, *states, steps, *scalars), absmax)]
+        slots = [torch.zeros(1, dtype=torch.int32) for _ in params]  # the kernels' amax slots
+        rows = [list(r) + ([a] if quantized else []) + ([slot] if with_amax else [])
+                for r, a, slot in zip(zip(params, grads, masters, *states, steps, *scalars), absmax, slots)]
         sim.step(name, 4 + len(table["states"]) + len(scalars),
-                 (q8_kind(dtype, master) if quantized else kind(dtype, master, state_dtype)),
+                 (q8_kind(dtype, master, with_amax) if quantized else kind(dtype, master, state_dtype, with_amax)),
                  len(params), ptr_array(rows), numel_array(params), [hyper[h] for h in table["hyper"]], [],
                  ctypes.c_double(lr), None, fptr(inv), fptr(found_inf), 1, None, ctypes.c_float(0), stochastic,
                  ctypes.c_int64(seed or 0), 0)
         ops.step_(name, ref[0], ref[1], ref[2] if master else [], ref[3:3 + len(keys)], ref[-1], hyper=hyper, lr=lr,
                   state_absmaxes=ref_absmax if quantized else [], scalar_states=(ref_scalars or [[]])[0],
-                  inv_scale=inv, found_inf=found_inf,
+                  inv_scale=inv, found_inf=found_inf, weight_amax=ref_amax if with_amax else None,
                   rounding_seed=seed, stochastic_codes=stochastic == 2)
+        if with_amax and not found:
+            assert_bitwise_equal(torch.cat(slots).view(torch.float32), ref_amax, "amax slots")
+            assert_bitwise_equal(ref_amax, torch_amax(ref[0]), "torch's amax")
+    if with_amax:  # the overflow step left the amax of the last clean one
+        assert_bitwise_equal(ref_amax, torch_amax(ref[0]), "amax after overflow")
     for i in range(len(params)):
         assert_bitwise_equal(grads[i], ref[1][i], f"grad {i}")
         assert_bitwise_equal(params[i], ref[0][i], f"param {i}")

@@ -39,7 +39,7 @@ OUT = os.path.join(ROOT, "build-mutants")
 # optimizers' own files test)
 TESTS = ["tests/test_unscale.py", "tests/test_optim.py", "tests/test_clip.py", "tests/test_memory_modes.py",
          "tests/test_quantized_state.py", "tests/test_master24.py", "tests/test_lion.py", "tests/test_ademamix.py",
-         "tests/test_muon.py", "tests/test_update_scale.py", "tests/test_grad_scaler.py"]
+         "tests/test_muon.py", "tests/test_update_scale.py", "tests/test_grad_scaler.py", "tests/test_weight_amax.py"]
 SWAP = {"+": "-", "-": "+", "*": "/", "/": "*", "+=": "-=", "-=": "+=", "*=": "/=", "/=": "*="}
 # functions of the op headers that get no operator mutant, and why
 UNMUTATED = {

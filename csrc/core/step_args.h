@@ -41,6 +41,9 @@ struct StepTensors {
   double lr = 0.0;
   // leave the grads as the step used them (unscaled, clipped), as torch's recipe leaves them
   bool write_grads = false;
+  // fp8 scaling: the step writes each param's amax (the largest |element| it wrote, as fp32)
+  // here, one element per param; a skipped step (found_inf) leaves it as it was
+  std::optional<at::Tensor> weight_amax;
 
   // Whether param i's master is the int16 remainder of a bf16 param (not an fp32 master).
   bool is_remainder(size_t i) const {

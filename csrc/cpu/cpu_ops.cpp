@@ -101,7 +101,7 @@ float step_grad_mult(const core::StepTensors& s) {
 // ops::rounding_key when its bf16 state and 24-bit master round stochastically.
 template <typename T>
 UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t e, bool write_grads,
-                        uint32_t round_key) {
+                        uint32_t round_key, uint32_t* amax_bits) {
   // dtypes are validated: skip data_ptr<T>()'s check, a measurable cost with many small tensors
   auto at_b = [&](const std::vector<at::Tensor>& list, size_t bytes) -> void* {
     return list.empty() || !list[t].defined() ? nullptr
@@ -122,15 +122,17 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
                     s.rounding_seed.has_value(), s.stochastic_codes, write_grads};
   for (int k = 0; k < ops::kMaxStates; ++k) r.state[k] = at_b(s.states[k], state_bytes);
   if (!s.outputs.empty()) r.output = static_cast<c10::BFloat16*>(s.outputs[t].data_ptr()) + b;
+  r.amax_bits = amax_bits;
   return r;
 }
 
 // Runs the loop of each param's dtype and state dtype over every param, with that param's
 // coefficients (`coeffs[t]`, the loops' Coeffs) and rounding key (`round_keys[t]`). Grads
 // multiplied by 1 keep their value: they are written back only when `grad_mult` changes them.
+// With `amax_slots` (one per param, zero) the loops max into them what they round to params.
 template <class Coeffs>
 void update_all(const core::StepTensors& s, float grad_mult, const std::vector<Coeffs>& coeffs,
-                const std::vector<uint32_t>& round_keys, const Loops::Step& loops) {
+                const std::vector<uint32_t>& round_keys, const Loops::Step& loops, uint32_t* amax_slots) {
   const auto& [on_float, on_half, on_bfloat16] = loops;
   const bool w = s.write_grads && grad_mult != 1.f;
   parallel_over(core::flat_offsets(numels_of(s.params)), [&](size_t t, int64_t b, int64_t e) {
@@ -143,10 +145,11 @@ void update_all(const core::StepTensors& s, float grad_mult, const std::vector<C
       if (b == e) return;
     }
     const uint32_t key = round_keys[t];
+    uint32_t* const amax = amax_slots ? amax_slots + t : nullptr;
     switch (s.params[t].scalar_type()) {
-      case at::kFloat: on_float[st](range_of<float>(s, t, b, e, w, key), &coeffs[t]); break;
-      case at::kHalf: on_half[st](range_of<c10::Half>(s, t, b, e, w, key), &coeffs[t]); break;
-      case at::kBFloat16: on_bfloat16[st](range_of<c10::BFloat16>(s, t, b, e, w, key), &coeffs[t]); break;
+      case at::kFloat: on_float[st](range_of<float>(s, t, b, e, w, key, amax), &coeffs[t]); break;
+      case at::kHalf: on_half[st](range_of<c10::Half>(s, t, b, e, w, key, amax), &coeffs[t]); break;
+      case at::kBFloat16: on_bfloat16[st](range_of<c10::BFloat16>(s, t, b, e, w, key, amax), &coeffs[t]); break;
       default: TORCH_INTERNAL_ASSERT(false, "dtype passed validation but has no loop");
     }
   });
@@ -160,6 +163,22 @@ std::vector<uint32_t> round_keys_of(const core::StepTensors& s) {
     keys[t] = ops::rounding_key(*s.rounding_seed, *s.steps[t].data_ptr<float>() + 1.f);
   }
   return keys;
+}
+
+// Param t's amax from the largest magnitude (ops::magnitude_bits) the loops rounded to it. Each
+// rounding to a param (to nearest even; a remainder's ties away from zero) is symmetric and
+// monotone in |value|, so the largest |param| written is the rounding of the largest |value|.
+float written_amax(const core::StepTensors& s, size_t t, uint32_t bits) {
+  const float v = ops::float_of(bits);
+  switch (s.params[t].scalar_type()) {
+    case at::kHalf: return static_cast<float>(c10::Half(v));
+    case at::kBFloat16:
+      if (s.is_remainder(t) || s.is_remainder8(t)) {
+        return ops::float_of(static_cast<uint32_t>(ops::param_bits_of_master(bits)) << 16);
+      }
+      return static_cast<float>(c10::BFloat16(v));
+    default: return v;
+  }
 }
 
 void increment_steps(const core::StepTensors& s) {
@@ -235,7 +254,11 @@ void Device::step(const core::StepArgs& a) {
         coeffs.push_back(Opt::coeffs(h, lr, ts, mult));
       }
     }
-    update_all(s, mult, coeffs, round_keys_of(s), loops().step[Optimizers::index<Opt>()]);
+    std::vector<uint32_t> amax(s.weight_amax ? s.params.size() : 0, 0u);
+    update_all(s, mult, coeffs, round_keys_of(s), loops().step[Optimizers::index<Opt>()],
+               amax.empty() ? nullptr : amax.data());
+    float* const out = s.weight_amax ? s.weight_amax->data_ptr<float>() : nullptr;
+    for (size_t t = 0; t < amax.size(); ++t) out[t] = written_amax(s, t, amax[t]);
     for (size_t t = 0; t < s.scalars.size(); ++t) *s.scalars[t].data_ptr<float>() = Opt::advance(h, tensor_steps[t]);
   });
   increment_steps(s);

@@ -44,6 +44,10 @@ struct UpdateRange {
   bool may_stream = true;
   // an optimizer that writes no param (ops::Elementwise::kWritesOutput): its bf16 output
   c10::BFloat16* output = nullptr;
+  // where the step's weight amax is asked for (fp8 scaling): the param's slot, into which the
+  // range maxes (atomically) the ops::magnitude_bits of the largest fp32 value it rounded to a
+  // param (a 24-bit master's rounded value); cpu_ops.cpp rounds that to the param's dtype
+  uint32_t* amax_bits = nullptr;
 };
 
 // The state dtypes a step loop exists for, as indices into the Loops arrays.

@@ -69,15 +69,36 @@ FA_VECTOR_HELPER void master24_addends(const UpdateRange<T>& r, int64_t i, const
   }
 }
 
+// amax: the largest ops::magnitude_bits so far of the values rounded to params, lane by lane.
+FA_VECTOR_HELPER void max_magnitude(U32& amax, const U32& bits) {
+  const U32 m = bits & 0x7fffffffu;
+  amax = m > amax ? m : amax;
+}
+FA_VECTOR_HELPER uint32_t max_lane(const U32& v) {
+  uint32_t m = 0;
+  for (int j = 0; j < kLanes; ++j) m = std::max(m, v[j]);
+  return m;
+}
+
+// Stores the fp32 values (a, b) as the param (and its master or remainder) and maxes into
+// `amax` the magnitudes of what the param is rounded from (a 24-bit master: its rounded value).
 template <typename T>
-FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream) {
+FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream,
+                                  U32& amax) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (r.remainder) return store_master_as(r.param + i, r.remainder + i, a, b);
     if (r.remainder8) {
       U32 add_a, add_b;
       master24_addends(r, i, a, b, add_a, add_b);
-      return store_master24_as(r.param + i, r.remainder8 + i, round_to_24(a, add_a), round_to_24(b, add_b));
+      const U32 m_a = round_to_24(a, add_a), m_b = round_to_24(b, add_b);
+      max_magnitude(amax, m_a);
+      max_magnitude(amax, m_b);
+      return store_master24_as(r.param + i, r.remainder8 + i, m_a, m_b);
     }
+  }
+  max_magnitude(amax, bits_of(a));
+  max_magnitude(amax, bits_of(b));
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (r.remainder) return store_master_as(r.param + i, r.remainder + i, a, b);
   }
   if (r.master) store2(r.master + i, a, b);
   if constexpr (kCanStream<T>) {
@@ -124,13 +145,15 @@ inline float value_at(const UpdateRange<T>& r, int64_t i) {
   return static_cast<float>(r.param[i]);
 }
 
+// Stores v as the param (and its master or remainder); returns the ops::magnitude_bits of what
+// the param is rounded from (a 24-bit master: its rounded value).
 template <typename T>
-inline void set_value_at(const UpdateRange<T>& r, int64_t i, float v) {
+inline uint32_t set_value_at(const UpdateRange<T>& r, int64_t i, float v) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (r.remainder) {
       r.param[i].x = ops::param_bits_of_master(ops::bits_of(v));
       r.remainder[i].x = ops::remainder_of_master(ops::bits_of(v));
-      return;
+      return ops::magnitude_bits(v);
     }
     if (r.remainder8) {
       const uint32_t b = ops::bits_of(v);
@@ -140,11 +163,12 @@ inline void set_value_at(const UpdateRange<T>& r, int64_t i, float v) {
       const uint32_t m = ops::round_bits_to_24(b, addend);
       r.param[i].x = ops::param_bits_of_master(m);
       r.remainder8[i] = ops::remainder8_of_master(m);
-      return;
+      return m & 0x7fffffffu;
     }
   }
   if (r.master) r.master[i] = v;
   r.param[i] = static_cast<T>(v);
+  return ops::magnitude_bits(v);
 }
 
 template <typename S>
@@ -177,21 +201,30 @@ FA_VECTOR_HELPER const U32* vector_rounding_bits(const UpdateRange<T>& r, int64_
 // Runs vector_loop(begin, end, stream) over the whole vectors of the range and scalar_step(i)
 // over the elements before the first aligned vector (when streaming) and after the last whole
 // one. Both compute the same IEEE operations, so where an element falls does not change its
-// result.
+// result. Both return the largest magnitude they rounded to a param; so does this.
 template <typename T, class VectorLoop, class ScalarStep>
-void update_range(const UpdateRange<T>& r, VectorLoop&& vector_loop, ScalarStep&& scalar_step) {
+uint32_t update_range(const UpdateRange<T>& r, VectorLoop&& vector_loop, ScalarStep&& scalar_step) {
   const bool stream = kCanStream<T> && r.master != nullptr && r.may_stream;
   int64_t i = 0;
+  uint32_t amax = 0;
   if (stream) {
     constexpr int64_t kBytes = kStep<T> * sizeof(T);
     const int64_t misaligned = reinterpret_cast<uintptr_t>(r.param) % kBytes;
     const int64_t head = misaligned ? (kBytes - misaligned) / static_cast<int64_t>(sizeof(T)) : 0;
-    for (; i < std::min(head, r.n); ++i) scalar_step(i);
+    for (; i < std::min(head, r.n); ++i) amax = std::max(amax, scalar_step(i));
   }
   const int64_t vectors_end = i + (r.n - i) / kStep<T> * kStep<T>;
-  if (vectors_end > i) vector_loop(i, vectors_end, stream);
-  for (i = std::max(i, vectors_end); i < r.n; ++i) scalar_step(i);
+  if (vectors_end > i) amax = std::max(amax, vector_loop(i, vectors_end, stream));
+  for (i = std::max(i, vectors_end); i < r.n; ++i) amax = std::max(amax, scalar_step(i));
   if (stream) stream_fence();  // order the streaming stores before the threads join
+  return amax;
+}
+
+// The range's amax into its param's slot: other threads max theirs into it at the same time.
+inline void max_into(uint32_t* slot, uint32_t amax) {
+  uint32_t seen = __atomic_load_n(slot, __ATOMIC_RELAXED);
+  while (amax > seen && !__atomic_compare_exchange_n(slot, &seen, amax, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
 }
 
 // The vector loops take the range and the coefficients by value, as their own copies: no store
@@ -201,13 +234,15 @@ void update_range(const UpdateRange<T>& r, VectorLoop&& vector_loop, ScalarStep&
 
 // One optimizer's step (ops/optimizer.h) over the whole vectors of [begin, end). C is Opt::Coeffs,
 // or a type derived from it that fixes its options at compile time (Opt::with_fixed_options).
+// Returns the largest magnitude it rounded to a param (update_range).
 template <class Opt, typename T, typename S, typename C>
-FA_VECTOR_LOOP void step_vectors(const UpdateRange<T> r, const C c, int64_t begin, int64_t end, bool stream) {
+FA_VECTOR_LOOP uint32_t step_vectors(const UpdateRange<T> r, const C c, int64_t begin, int64_t end, bool stream) {
   constexpr int K = Opt::kStates;
   const ExponentShift shift = exponent_shift_of<T>(c.inv_scale, r.write_grad);
   const bool read = Opt::reads_states(c);
   bool keeps_state = false;
   for (int k = 0; k < K; ++k) keeps_state |= Opt::has_state(c, k);
+  U32 amax{};
   for (int64_t i = begin; i < end; i += kStep<T>) {
     VecF p0, p1, g0, g1, s0[K], s1[K];
     if constexpr (Opt::kWritesOutput) {
@@ -227,7 +262,7 @@ FA_VECTOR_LOOP void step_vectors(const UpdateRange<T> r, const C c, int64_t begi
     if constexpr (Opt::kWritesOutput) {
       store2(r.output + i, p0, p1);  // rounded to nearest even, as torch's .bfloat16()
     } else {
-      store_value(r, i, p0, p1, stream);
+      store_value(r, i, p0, p1, stream, amax);
     }
     if (!keeps_state) continue;
     U32 bits[4];
@@ -239,13 +274,14 @@ FA_VECTOR_LOOP void step_vectors(const UpdateRange<T> r, const C c, int64_t begi
                    random && Opt::kStateInfo[k].high_bits ? random + 2 : random);
     }
   }
+  return max_lane(amax);
 }
 
 template <class Opt, typename T, typename S, typename C>
 void step_range_with(const UpdateRange<T>& r, const C& c) {
   constexpr int K = Opt::kStates;
-  update_range(
-      r, [&](int64_t begin, int64_t end, bool stream) { step_vectors<Opt, T, S>(r, c, begin, end, stream); },
+  const uint32_t amax = update_range(
+      r, [&](int64_t begin, int64_t end, bool stream) { return step_vectors<Opt, T, S>(r, c, begin, end, stream); },
       [&](int64_t i) {
         const bool read = Opt::reads_states(c);
         float p = Opt::kWritesOutput ? 0.f : value_at(r, i), st[K];
@@ -253,10 +289,11 @@ void step_range_with(const UpdateRange<T>& r, const C& c) {
           st[k] = Opt::has_state(c, k) && read ? state_at(static_cast<S*>(r.state[k]), i) : 0.f;
         }
         Opt::update(p, grad_at(r, i, c.inv_scale), st, c);
+        uint32_t written = 0;
         if constexpr (Opt::kWritesOutput) {
           r.output[i] = static_cast<c10::BFloat16>(p);
         } else {
-          set_value_at(r, i, p);
+          written = set_value_at(r, i, p);
         }
         const uint32_t bits = r.stochastic ? ops::rounding_bits(r.round_key, r.first + i) : 0u;
         for (int k = 0; k < K; ++k) {
@@ -264,7 +301,9 @@ void step_range_with(const UpdateRange<T>& r, const C& c) {
           set_state_at(static_cast<S*>(r.state[k]), i, st[k], r.stochastic,
                        Opt::kStateInfo[k].high_bits ? bits >> 16 : bits & 0xffffu);
         }
+        return written;
       });
+  if (r.amax_bits) max_into(r.amax_bits, amax);
 }
 
 // The loop of the Loops table: `coeffs` points to an Opt::Coeffs.

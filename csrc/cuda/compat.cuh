@@ -38,6 +38,13 @@ inline int fused_amp_sim_launches = 0;         // launches so far, for the tests
 #define __ballot_sync(mask, pred) ::fused_amp::emu::vote(FA_EMU_SITE, ::fused_amp::emu::WarpOp::Ballot, (mask), (pred))
 #define __any_sync(mask, pred) (::fused_amp::emu::vote(FA_EMU_SITE, ::fused_amp::emu::WarpOp::Any, (mask), (pred)) != 0)
 #define __all_sync(mask, pred) (::fused_amp::emu::vote(FA_EMU_SITE, ::fused_amp::emu::WarpOp::All, (mask), (pred)) != 0)
+// CUDA's atomicMax on 32-bit unsigned values (the emulated blocks may run on several host threads)
+inline unsigned int atomicMax(unsigned int* p, unsigned int v) {
+  unsigned int seen = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (v > seen && !__atomic_compare_exchange_n(p, &seen, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+  return seen;
+}
 #else
 #include <cuda_runtime_api.h>
 #define FA_GLOBAL __global__

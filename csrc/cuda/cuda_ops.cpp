@@ -6,6 +6,9 @@
 #include <torch/library.h>
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/ne.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <map>
@@ -86,8 +89,8 @@ MasterKind master_kind(const core::StepTensors& st, size_t i) {
 }
 
 // The pointers of param i in launch.h's StepList order, for an optimizer with `states` states
-// and `scalars` (0 or 1) scalar states; the absmaxes last.
-TensorPtrs step_ptrs(const core::StepTensors& st, size_t i, int states, int scalars) {
+// and `scalars` (0 or 1) scalar states; then the absmaxes (8-bit state) and the amax slot.
+TensorPtrs step_ptrs(const core::StepTensors& st, size_t i, int states, int scalars, void* amax_slot) {
   TensorPtrs t{};
   t.p[kParam] = st.params[i].data_ptr();
   t.p[kGrad] = st.grads[i].data_ptr();
@@ -96,6 +99,7 @@ TensorPtrs step_ptrs(const core::StepTensors& st, size_t i, int states, int scal
   t.p[step_list(states)] = ptr_or_null(st.steps, i);
   if (scalars) t.p[step_list(states) + 1] = st.scalars[i].data_ptr();
   t.p[step_lists(states, scalars)] = ptr_or_null(st.absmaxes, i);
+  t.p[step_lists(states, scalars) + st.is_quantized(i)] = amax_slot;
   t.numel = st.params[i].numel();
   return t;
 }
@@ -145,7 +149,8 @@ void Device::update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArg
 
 // One optimizer step on the current stream: params grouped by kind (param dtype, master kind,
 // state dtype), one launch sequence per group, then the step counts (those that exist)
-// incremented unless found_inf says overflow.
+// incremented unless found_inf says overflow. The weight amax, when asked for, is maxed into
+// zeroed slots and goes to weight_amax unless found_inf says overflow (no host sync either way).
 void Device::step(const core::StepArgs& a) {
   const core::StepTensors& st = a.tensors;
   int states = 0, scalars = 0;
@@ -156,10 +161,14 @@ void Device::step(const core::StepArgs& a) {
   const c10::cuda::CUDAGuard guard(st.params[0].device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const Scalars sc = scalars_of(st);
+  const at::Tensor amax_slots = st.weight_amax ? at::zeros({static_cast<int64_t>(st.params.size())},
+                                                            st.weight_amax->options().dtype(at::kInt))
+                                               : at::Tensor();
   std::map<std::tuple<Dtype, MasterKind, Dtype>, std::vector<TensorPtrs>> groups;
   for (size_t i = 0; i < st.params.size(); ++i) {
+    void* const slot = st.weight_amax ? amax_slots.data_ptr<int>() + i : nullptr;
     groups[{dtype_of(st.params[i].scalar_type()), master_kind(st, i), dtype_of(st.state_dtype(i))}]
-        .push_back(step_ptrs(st, i, states, scalars));
+        .push_back(step_ptrs(st, i, states, scalars, slot));
   }
   for (const auto& [key, list] : groups) {
     const auto [param, master, state] = key;
@@ -169,6 +178,10 @@ void Device::step(const core::StepArgs& a) {
     std::vector<TensorPtrs> steps;
     for (const auto& step : st.steps) steps.push_back(ptrs_of({step.data_ptr()}, 1));
     increment_steps(steps, float_ptr(st.found_inf), stream);
+  }
+  if (st.weight_amax) {  // the slots hold magnitude bits: as fp32, the amaxes themselves
+    const at::Tensor fresh = amax_slots.view(at::kFloat);
+    st.weight_amax->copy_(st.found_inf ? at::where(at::ne(*st.found_inf, 0), *st.weight_amax, fresh) : fresh);
   }
 }
 

@@ -16,7 +16,7 @@
 
 namespace fused_amp::cuda {
 
-constexpr int kMaxLists = 8;
+constexpr int kMaxLists = 9;
 
 // One tensor as the kernels see it: up to kMaxLists partner pointers and its element count.
 struct TensorPtrs {
@@ -79,7 +79,9 @@ struct StepKind {
 // optimizer that writes no param). All params share the kind's
 // dtypes; master, the states not kept and SGD's step without momentum are null. With 8-bit state
 // one list more follows: the tensor's absmaxes, one row of ops::quant_blocks(numel) per state
-// kept, in state order.
+// kept, in state order. Last (after the absmaxes) the tensor's amax slot, null unless the step's
+// weight amax is asked for (fp8 scaling): a zeroed uint32 into which the kernels max the
+// ops::magnitude_bits of every param element they write.
 enum StepList { kParam = 0, kGrad, kMasterList, kFirstState };
 // The step count's list of an optimizer with `states` states (its scalar state's is the next).
 constexpr int step_list(int states) { return kFirstState + states; }

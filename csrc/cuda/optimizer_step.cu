@@ -15,6 +15,8 @@ template <class Opt, typename param_t, MasterKind kMasterKind, typename state_t>
 struct StepFunctor {
   static constexpr int K = Opt::kStates;
   static constexpr int kLists = step_lists(K, kScalars<Opt>);
+  // the amax slot's list: after the absmaxes' with 8-bit state (launch.h)
+  static constexpr int kAmaxList = kLists + std::is_same_v<state_t, uint8_t>;
   typename Opt::Hyper h;
   StepScalars s;
   StateSpec<K> spec;  // the lists of the states kept, their maps and rounding bits (from the host)
@@ -31,6 +33,7 @@ struct StepFunctor {
     StateSpec<K> kept = spec;
     kept.read = Opt::reads_states(c);
     const auto states = step_states<state_t, K>(meta, t, start, kept, kLists);
+    uint32_t amax = 0;
     for_each_step_ilp(n, pa.aligned(), states, rounding, [&](const IlpIndex& ix, float (&st)[K][kILP]) {
       float p[kILP], g[kILP];
       pa.load(p, g, ix);
@@ -44,8 +47,10 @@ struct StepFunctor {
 #pragma unroll
         for (int k = 0; k < K; ++k) st[k][j] = e[k];
       }
-      pa.store(p, ix, rounding);
+      const uint32_t written = pa.store(p, ix, rounding);
+      amax = written > amax ? written : amax;
     });
+    if (auto* const slot = static_cast<uint32_t*>(meta.ptr[kAmaxList][t])) warp_max_into(slot, amax);
   }
 };
 
@@ -61,7 +66,7 @@ struct OptimizerLaunch {
   void run() const {
     constexpr MasterKind kKind = Opt::kWritesOutput ? MasterKind::Output : kMasterKind;
     using Functor = StepFunctor<Opt, param_t, kKind, state_t>;
-    static_assert(Functor::kLists + 1 <= kMaxLists, "every list of the optimizer (absmaxes too) fits TensorPtrs");
+    static_assert(Functor::kAmaxList + 1 <= kMaxLists, "every list of the optimizer (absmaxes, amax) fits TensorPtrs");
     apply_step<Functor::kLists, state_t>(tensors, Functor{h, s, spec}, stream);
   }
 };

@@ -6,8 +6,28 @@
 
 namespace fused_amp::cuda {
 
+// The largest ops::magnitude_bits of the kILP values at ix that lie in the tensor.
+FA_DEVICE uint32_t max_magnitude(const float (&w)[kILP], const IlpIndex& ix) {
+  uint32_t m = 0;
+#pragma unroll
+  for (int j = 0; j < kILP; ++j) {
+    const uint32_t b = ops::magnitude_bits(w[j]);
+    if ((ix.packed || ix.base + j * ix.stride < ix.n) && b > m) m = b;
+  }
+  return m;
+}
+
+// A warp's largest `amax` into `slot` (every lane of the warp calls it).
+FA_DEVICE void warp_max_into(uint32_t* slot, uint32_t amax) {
+  for (int d = 16; d > 0; d >>= 1) {
+    const uint32_t other = __shfl_xor_sync(0xffffffffu, amax, d);
+    amax = other > amax ? other : amax;
+  }
+  if (threadIdx.x % 32 == 0) atomicMax(slot, amax);
+}
+
 // Everything the optimizers do around their math: pick the fp32 value of the param, write it
-// back, leave the grad unscaled.
+// back (and say the largest |param| written), leave the grad unscaled.
 template <typename param_t, MasterKind kMasterKind>
 struct ParamAccess {
   param_t* param;
@@ -60,7 +80,15 @@ struct ParamAccess {
     for (int j = 0; j < kILP; ++j) u[j] = g[j] * inv_scale;
     store_ilp(grad, u, ix);
   }
-  FA_DEVICE void store(const float (&p)[kILP], const IlpIndex& ix, const StepRounding& rounding) const {
+  // The bf16 params of these bits, as fp32.
+  FA_DEVICE static void widen_bits(const uint16_t (&hi)[kILP], float (&w)[kILP]) {
+#pragma unroll
+    for (int j = 0; j < kILP; ++j) w[j] = ops::float_of(static_cast<uint32_t>(hi[j]) << 16);
+  }
+  // Stores the values; returns the largest ops::magnitude_bits of the params written (0 for an
+  // output, which is not a param).
+  FA_DEVICE uint32_t store(const float (&p)[kILP], const IlpIndex& ix, const StepRounding& rounding) const {
+    float written[kILP];
     if constexpr (kMasterKind == MasterKind::Remainder) {
       uint16_t hi[kILP], lo[kILP];
 #pragma unroll
@@ -70,6 +98,7 @@ struct ParamAccess {
       }
       store_ilp(param_bits(), hi, ix);
       store_ilp(remainder(), lo, ix);
+      widen_bits(hi, written);
     } else if constexpr (kMasterKind == MasterKind::Remainder8) {
       uint32_t random[kILP];
       rounding.bits(random, ix, true);
@@ -85,12 +114,17 @@ struct ParamAccess {
       }
       store_ilp(param_bits(), hi, ix);
       store_ilp(remainder8(), lo, ix);
+      widen_bits(hi, written);
     } else if constexpr (kMasterKind == MasterKind::Output) {
       store_ilp(output(), p, ix);  // rounded to nearest even, as torch's .bfloat16()
+      return 0;
     } else {
       if constexpr (kMasterKind == MasterKind::Fp32) store_ilp(master_f(), p, ix);
       store_ilp(param, p, ix);
+#pragma unroll
+      for (int j = 0; j < kILP; ++j) written[j] = widen(from_float<param_t>(p[j]));
     }
+    return max_magnitude(written, ix);
   }
 };
 
@@ -143,14 +177,14 @@ void dispatch_param(Dtype dtype, MasterKind master, const Launch& launch) {
   }
 }
 
-// Runs f over tensors with kLists pointers each for state_t's storage kind: 8-bit state in tiles
-// of whole quant blocks, with its absmaxes in one list more (list kLists).
+// Runs f over tensors with kLists pointers each, and the amax slot's, for state_t's storage kind:
+// 8-bit state in tiles of whole quant blocks, with its absmaxes in one list more (list kLists).
 template <int kLists, typename state_t, class Functor>
 void apply_step(const std::vector<TensorPtrs>& tensors, const Functor& f, cudaStream_t stream) {
   if constexpr (std::is_same_v<state_t, uint8_t>) {
-    multi_tensor_apply<kLists + 1, false, TileShape>(tensors, f, stream);
+    multi_tensor_apply<kLists + 2, false, TileShape>(tensors, f, stream);
   } else {
-    multi_tensor_apply<kLists>(tensors, f, stream);
+    multi_tensor_apply<kLists + 1>(tensors, f, stream);
   }
 }
 

@@ -38,6 +38,10 @@ FA_HD float float_of(uint32_t b) {
 
 FA_HD bool is_nan_bits(uint32_t b) { return (b & 0x7fffffffu) > 0x7f800000u; }
 
+// |x| as bits: their unsigned order is the order of |x|, with NaN above inf, so that a maximum
+// over them (a weight's amax for fp8 scaling) is NaN where any element is, as torch's is.
+FA_HD uint32_t magnitude_bits(float x) { return bits_of(x) & 0x7fffffffu; }
+
 // The bits of an fp32 value rounded to a bf16 value (low half zero) by adding `addend` (below
 // 2^16) to its magnitude bits: the high half goes up exactly when the low half plus the addend
 // carries. A NaN keeps its high half with the quiet bit set, so that it stays a NaN there. Both

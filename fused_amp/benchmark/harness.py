@@ -11,6 +11,7 @@ import warnings
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 import fused_amp
 
@@ -115,11 +116,22 @@ def count_host_syncs(fn: Callable[[], None], device: str) -> Optional[int]:
 
 
 def tensor_bytes(tensors) -> int:
+    """The bytes of the tensors' memory, each counted once; a tensor subclass that wraps others
+    (torchao's 8-bit state: codes and scales) by the tensors it holds."""
     seen, total = set(), 0
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and t.data_ptr() not in seen:
+
+    def add(t):
+        nonlocal total
+        if is_traceable_wrapper_subclass(t):
+            for name in t.__tensor_flatten__()[0]:
+                add(getattr(t, name))
+        elif t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             total += t.numel() * t.element_size()
+
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            add(t)
     return total
 
 

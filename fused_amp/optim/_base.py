@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from fused_amp import _scaling, ops
-from fused_amp.optim import _memory, _quantize
+from fused_amp.optim import _float8, _memory, _quantize
 from fused_amp.optim._clipping import ClipGradNorm, ClipState
 from fused_amp.optim._declared import Declared
 from fused_amp.optim._grad_norm import check_clip_options, check_same_clip_options
@@ -46,7 +46,8 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
     # What a loaded group lacking an option gets (subclasses: as torch's __setstate__ sets it)
     _group_defaults: Dict[str, Any] = {"master_weights": True, "unscale_grads": True,
                                        "state_dtype": torch.float32, "stochastic_rounding": False,
-                                       "rounding_seed": 0, "min_8bit_size": _quantize.MIN_8BIT_SIZE}
+                                       "rounding_seed": 0, "min_8bit_size": _quantize.MIN_8BIT_SIZE,
+                                       "float8_scales": None}
 
     def __init__(self, params, defaults):
         """``defaults``: every constructor argument but ``params`` (``_options.group_options``), the
@@ -79,6 +80,8 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
             name, group["master_weights"], group["state_dtype"], group["stochastic_rounding"],
             group["rounding_seed"], group["min_8bit_size"])
         _memory.check_group_params(name, group, index)
+        if group["float8_scales"] not in (None, True, False):
+            raise ValueError(f"{name}: float8_scales must be True, False or None, got {group['float8_scales']!r}")
         check_clip_options(group["max_grad_norm"], group["grad_norm_type"])
         group["grad_norm_type"] = float(group["grad_norm_type"])
         check_same_clip_options(name, self.param_groups[:index] + [group])
@@ -149,11 +152,13 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
         # Each op checks its arguments before it writes; with several ops (groups, devices),
         # all are checked before the first runs, so a bad grad anywhere changes nothing.
         try:
+            _float8.check_asked(type(self).__name__, self.param_groups, [lists for _, lists, _ in calls])
             if len(calls) > 1:
                 for group, lists, scalars in calls:
                     self._update(group, lists, scalars, check_only=True)
             for group, lists, scalars in calls:
                 self._update(group, lists, scalars, check_only=False)
+            _float8.hand_over([lists for _, lists, _ in calls])
         finally:
             # the grads are this step's: the cached lists keep them no longer, so that zero_grad()
             # frees them as it does with torch's optimizers
@@ -178,7 +183,7 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
                   [lists[key] for key in keys], lists_or_empty(lists, "steps", self._counts_steps(group, scalars)),
                   hyper=hyper, state_absmaxes=lists_or_empty(lists, "state_absmaxes", bool(keys)),
                   scalar_states=lists_or_empty(lists, scalar_key, scalar_key is not None),
-                  check_only=check_only, **scalars)
+                  weight_amax=lists.get("weight_amax"), check_only=check_only, **scalars)
 
 
 def lists_or_empty(lists, key, needed) -> List:

@@ -9,7 +9,7 @@ from typing import Any, Dict
 import torch
 
 import fused_amp._C as _C  # the extension module itself, not the package face
-from fused_amp.optim import _memory, _quantize
+from fused_amp.optim import _float8, _memory, _quantize
 from fused_amp.optim._grad_norm import DTensor, local_grads, local_shard, local_shards
 from fused_amp.optim._memory import MASTER as _MASTER, REMAINDER as _REMAINDER, REMAINDER8 as _REMAINDER8
 
@@ -111,7 +111,8 @@ class DeviceLists:
         grads, grad_refs = self._group_grads(index, params)  # (local shards of DTensor grads)
         moments = self._state_keys_for(group)  # (once per group, not per param)
         keys = moments + ((self._scalar_state[0],) if self._scalar_state else ())
-        options = (keys, group["master_weights"], group["state_dtype"], group["min_8bit_size"])
+        options = (keys, group["master_weights"], group["state_dtype"], group["min_8bit_size"],
+                   group["float8_scales"])
         keep = all(map(operator.is_not, grads, repeat(None))) and not torch.compiler.is_compiling()
         cached = self._lists_cache.get(index) if keep else None
         if cached is not None and cached.still_valid(group, params, self.state, options):
@@ -152,6 +153,8 @@ class DeviceLists:
                         lists[key] = [local_shard(t) for t in lists[key]]
         for lists, _ in by_device.values():
             lists["grad_refs"] = grad_refs
+            if sharded:
+                _float8.plan(lists, group)  # torchao's float8 weights (FSDP2's fp8 all-gather)
             self._plan_lists(lists)
         # drop what is kept for this group (step() drops that of groups no longer in the optimizer)
         self._lists_cache.pop(index, None)

@@ -18,6 +18,7 @@ FUSED_AMP_OPTIONS = {
     "stochastic_rounding": (None, Optional[bool]),
     "rounding_seed": (None, Optional[int]),
     "min_8bit_size": (_quantize.MIN_8BIT_SIZE, int),
+    "float8_scales": (None, Optional[bool]),
 }
 
 

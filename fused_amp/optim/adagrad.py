@@ -35,6 +35,7 @@ class Adagrad(MasterWeightOptimizer):
         foreach, fused: accepted with torch's checks; the step is always one fused pass.
         maximize (bool): maximize the objective instead of minimizing (default: False).
         differentiable (bool): must be False: the fused step runs outside autograd.
+        float8_scales: as for :class:`fused_amp.optim.Adam`.
         master_weights, state_dtype, rounding_seed, min_8bit_size: as for
             :class:`fused_amp.optim.Adam` (8-bit: the unsigned map).
         stochastic_rounding (bool, optional): as for :class:`fused_amp.optim.Adam`, except that

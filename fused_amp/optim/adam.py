@@ -78,6 +78,13 @@ class Adam(MasterWeightOptimizer):
             fused step (default: None: no clipping). See :meth:`clip_grad_norm_` for clipping
             chosen per step.
         grad_norm_type (float): the norm of ``max_grad_norm``: 2.0 (default), 1.0 or inf.
+        float8_scales (bool, optional): hand the fp8 scales of torchao's float8 weights under
+            FSDP2's fp8 all-gather over from the step: each weight's amax is formed in the pass
+            that writes it, and its ``_precomputed_scale`` set as
+            ``torchao.float8.precompute_float8_dynamic_scale_for_fsdp`` sets it (bitwise, one
+            all-reduce), so that call and its read of every weight are not needed. Default None:
+            where such weights are found; True: also, and refuse a model without them; False: never.
+            See the fp8 training page.
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3,
@@ -131,8 +138,8 @@ class AdamW(Adam):
 
     Same arguments and defaults as :class:`torch.optim.AdamW` (``weight_decay=1e-2``), plus
     ``master_weights``, ``unscale_grads``, ``max_grad_norm``, ``grad_norm_type``, ``state_dtype``,
-    ``stochastic_rounding``, ``rounding_seed`` and ``min_8bit_size``. As in torch, its groups always decay
-    decoupled, also when a checkpoint says otherwise:
+    ``stochastic_rounding``, ``rounding_seed``, ``min_8bit_size`` and ``float8_scales``. As in
+    torch, its groups always decay decoupled, also when a checkpoint says otherwise:
 
     .. math::
         \theta \leftarrow \theta - \gamma\lambda\theta \qquad
@@ -151,7 +158,8 @@ class AdamW(Adam):
             pass that runs on the device.
         differentiable (bool): must be False: the fused step runs outside autograd.
         master_weights, unscale_grads, max_grad_norm, grad_norm_type: as for :class:`Adam`.
-        state_dtype, stochastic_rounding, rounding_seed, min_8bit_size: as for :class:`Adam`.
+        state_dtype, stochastic_rounding, rounding_seed, min_8bit_size, float8_scales: as for
+            :class:`Adam`.
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3,

@@ -82,6 +82,8 @@ class Muon(MasterWeightOptimizer):
         stochastic_rounding, rounding_seed: the rounding of 24-bit masters
             (``master_weights="remainder8"``), as for :class:`fused_amp.optim.Adam`; the momentum
             (bf16 or 8-bit) rounds to nearest.
+        float8_scales: as for :class:`fused_amp.optim.Adam` (the pass that applies the update
+            forms the amaxes).
         unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
     """
 
@@ -202,6 +204,10 @@ class Muon(MasterWeightOptimizer):
             take = lambda xs: [xs[i] for i in indices] if xs else []  # noqa: E731
             params_r = take(params)
             updates = [o if o.dtype == p.dtype else o.to(p.dtype) for o, p in zip(take(orthogonal), params_r)]
+            amax = lists.get("weight_amax")  # (fp8 scaling: the pass writes these params' amaxes)
+            amax_r = None if amax is None else amax[indices]  # a copy, which goes back after
             ops.step_("sgd", params_r, updates, take(masters), [], take(steps),
                       lr=lr * ratio, lr_tensor=None if lr_tensor is None else lr_tensor * ratio,
-                      hyper=_apply_hyper(group["weight_decay"] / ratio), **apply)
+                      hyper=_apply_hyper(group["weight_decay"] / ratio), weight_amax=amax_r, **apply)
+            if amax_r is not None:
+                amax[indices] = amax_r

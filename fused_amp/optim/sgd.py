@@ -32,6 +32,7 @@ class SGD(MasterWeightOptimizer):
         maximize (bool): maximize the objective instead of minimizing (default: False).
         foreach, fused: accepted with torch's checks; the step is always one fused pass.
         differentiable (bool): must be False: the fused step runs outside autograd.
+        float8_scales: as for :class:`fused_amp.optim.Adam`.
         master_weights (bool or str): keep fp32 masters for fp16/bf16 params (default: True);
             ``"remainder"`` keeps them as bf16 param + int16 remainder, ``"remainder8"`` as 24-bit
             masters (bf16 param + one byte; see :class:`fused_amp.optim.Adam`).

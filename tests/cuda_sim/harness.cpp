@@ -26,8 +26,9 @@ StepKind step_kind(const int* kind) {
   return {static_cast<Dtype>(kind[0]), static_cast<MasterKind>(kind[1]), static_cast<Dtype>(kind[2])};
 }
 
-// An optimizer's lists per tensor: with 8-bit state its absmaxes follow (launch.h).
-int lists_of(int lists, const int* kind) { return lists + (static_cast<Dtype>(kind[2]) == Dtype::Byte); }
+// An optimizer's lists per tensor: with 8-bit state its absmaxes follow, then the amax slot
+// (launch.h) where kind[3] asks for it.
+int lists_of(int lists, const int* kind) { return lists + (static_cast<Dtype>(kind[2]) == Dtype::Byte) + kind[3]; }
 
 }  // namespace
 
@@ -76,7 +77,7 @@ int fa_sim_update_scale(float* scale, int* growth_tracker, int* hysteresis_track
 
 // One step of `optimizer` (optimizers.h), then the step counts' increment. `kind`: param dtype,
 // master kind (0 none, 1 fp32, 2 remainder, 3 24-bit), state dtype (4: 8-bit codes, with the
-// absmaxes as one list more); `lists`: the lists per tensor (launch.h's StepList: param, grad,
+// absmaxes as one list more), and 1 where the rows end with each tensor's amax slot (0 else); `lists`: the lists per tensor (launch.h's StepList: param, grad,
 // master (or output), the states, step, the scalar state if the optimizer keeps one); `hyper`: the
 // optimizer's hyperparameters in its descriptor's order; with `stochastic` 1 bf16 state and
 // 24-bit masters round stochastically with `seed`, 2 also 8-bit codes.

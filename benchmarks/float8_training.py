@@ -1,0 +1,76 @@
+"""fp8 training (torchao's float8 linears, tensorwise dynamic scaling) with fused_amp's optimizers
+against torchao's recipe with torch's AdamW, on the character language model of the memory
+suite (fused_amp.benchmark.convergence), 3 seeds each: the same seeds give the same starts and
+batches everywhere.
+
+- "torchao + torch AdamW (fp32 weights)": torchao's recipe as its docs give it, the model's
+  weights fp32 and torch's AdamW stepping them;
+- "torchao + fused_amp AdamW, bf16 weights + fp32 masters" and "... + remainder": the model in
+  bf16, the optimizer keeping exact fp32 masters (4 bytes, or a 2-byte remainder);
+- "torchao + torch AdamW (bf16 weights)": no masters, every update rounded to bf16.
+Each float8 linear casts its weight and input to e4m3 in every forward (torch._scaled_mm runs on
+the CPU). Run: python -m benchmarks.float8_training [steps]."""
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import fused_amp
+from fused_amp.benchmark import convergence
+
+
+class Float8CharMLP(convergence.CharMLP):
+    """The memory suite's model with its linears called as modules, so that torchao's
+    convert_to_float8_training swaps them for float8 ones; computes in the weights' dtype."""
+
+    def forward(self, x):
+        h = self.embed(x).flatten(1)
+        return self.out(F.gelu(self.hidden(h))).float()
+
+
+def train(make, dtype, seed, steps, data, lr=2e-3, batch=64):
+    from torchao.float8 import convert_to_float8_training
+
+    split = data.numel() * 9 // 10
+    train_data, held_out = data[:split], data[split:]
+    torch.manual_seed(seed)
+    model = Float8CharMLP().to(dtype)
+    convert_to_float8_training(model)  # tensorwise dynamic scaling (torchao's default)
+    opt = make(model.parameters(), lr)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x, y = convergence._batch(train_data, gen, batch)
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    eval_gen = torch.Generator().manual_seed(12345)
+    with torch.no_grad():
+        return statistics.fmean(F.cross_entropy(model(x), y).item()
+                                for x, y in (convergence._batch(held_out, eval_gen, 512) for _ in range(8)))
+
+
+RECIPES = {
+    "torchao + torch AdamW (fp32 weights)": (lambda p, lr: torch.optim.AdamW(p, lr=lr, weight_decay=0.0),
+                                             torch.float32),
+    "torchao + fused_amp AdamW, bf16 weights + fp32 masters":
+        (lambda p, lr: fused_amp.optim.AdamW(p, lr=lr, weight_decay=0.0), torch.bfloat16),
+    "torchao + fused_amp AdamW, bf16 weights + remainder":
+        (lambda p, lr: fused_amp.optim.AdamW(p, lr=lr, weight_decay=0.0, master_weights="remainder"),
+         torch.bfloat16),
+    "torchao + torch AdamW (bf16 weights)": (lambda p, lr: torch.optim.AdamW(p, lr=lr, weight_decay=0.0),
+                                             torch.bfloat16),
+}
+
+
+def main(steps=300, seeds=(0, 1, 2)):
+    data = convergence.corpus()
+    print(f"char LM, float8 linears (torchao tensorwise), {steps} steps, seeds {list(seeds)}: held-out loss")
+    for name, (make, dtype) in RECIPES.items():
+        losses = [train(make, dtype, seed, steps, data) for seed in seeds]
+        print(f"  {name:56s} mean {statistics.fmean(losses):.4f}  spread {max(losses) - min(losses):.4f}  "
+              f"({', '.join(f'{x:.4f}' for x in losses)})")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 300)

@@ -1,0 +1,122 @@
+"""fp8 training with torchao's float8 linears (tensorwise dynamic scaling) and our optimizers, on
+CPU (torch._scaled_mm runs there): FSDP2's fp8 all-gather on 2 gloo ranks with the scales the
+fused step hands over, bitwise as torchao's own precompute_float8_dynamic_scale_for_fsdp."""
+import math
+
+import pytest
+import torch
+
+import fused_amp
+from fused_amp.benchmark import harness
+from optim_registry import PLAIN, PLAIN_IDS
+
+torchao_float8 = pytest.importorskip("torchao.float8")
+
+
+def run_ranks(fn, world, *args):
+    try:
+        return harness.run_ranks(fn, world, *args, deadline_s=180)
+    except RuntimeError as e:
+        pytest.fail(str(e))
+
+
+def float8_model(seed=0):
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 48),
+                                torch.nn.GELU(), torch.nn.Linear(48, 16)).to(torch.bfloat16)
+    convert_to_float8_training(model, config=Float8LinearConfig(enable_fsdp_float8_all_gather=True))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def float8_weights(model):
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    return [p._local_tensor for p in model.parameters()
+            if isinstance(p._local_tensor, WeightWithDynamicFloat8CastTensor)]
+
+
+def scales(model):
+    return [w._precomputed_scale.clone() for w in float8_weights(model)]
+
+
+def fp8_run(rank, world, cls, kw, options, steps=4, overflow_at=2):
+    """Trains the fp8 model with ``cls``; after each step records the scales the step handed over
+    and those torchao's precompute computes from the same weights, and trains on with ours; with
+    ``float8_scales=False`` it records and trains with torchao's (its recipe as its docs give it)."""
+    from torchao.float8.fsdp_utils import precompute_float8_dynamic_scale_for_fsdp
+
+    model = float8_model()
+    opt = cls(model.parameters(), **kw, **options)
+    scaler = fused_amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    ours, theirs, losses = [], [], []
+    for step in range(steps):
+        torch.manual_seed(100 + 2 * step + rank)
+        x = torch.randn(16, 32, dtype=torch.bfloat16)
+        loss = model(x).float().pow(2).mean()
+        scaler.scale(loss).backward()
+        if step == overflow_at and rank == 1:  # an overflow on one rank: every rank skips the step
+            next(model.parameters()).grad._local_tensor.view(-1)[0] = math.inf
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        handed = [w._precomputed_scale for w in float8_weights(model)]
+        precompute_float8_dynamic_scale_for_fsdp(model)
+        theirs.append(scales(model))
+        if options.get("float8_scales") is not False:  # ours go on: the next steps all-gather with them
+            ours.append([h.clone() for h in handed])
+            for w, h in zip(float8_weights(model), handed):
+                w._precomputed_scale = h
+        losses.append(loss.item())
+    return dict(ours=ours, theirs=theirs, losses=losses, scale=scaler.get_scale(),
+                params=[p.full_tensor() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("options", [dict(), dict(master_weights="remainder"),
+                                     dict(master_weights="remainder8", state_dtype=torch.uint8, min_8bit_size=0)],
+                         ids=["fp32 masters", "remainder", "24-bit + 8-bit state"])
+def test_fsdp2_float8_scales_from_the_step_are_torchaos(options):
+    """Every step (an overflow step, which writes no weight, among them) hands over bitwise the
+    scales torchao's precompute computes from the same sharded weights, and training with them
+    is bitwise training with torchao's precompute."""
+    cls, kw = fused_amp.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)
+    ours = run_ranks(fp8_run, 2, cls, kw, options)
+    recipe = run_ranks(fp8_run, 2, cls, kw, dict(options, float8_scales=False))
+    for rank, (o, r) in enumerate(zip(ours, recipe)):
+        assert o["scale"] == r["scale"] == 2.0 ** 7  # the overflow step was skipped on both
+        assert len(o["ours"][0]) == 3  # the three linears' weights
+        for step, (handed, precomputed) in enumerate(zip(o["ours"], o["theirs"])):
+            for a, b in zip(handed, precomputed):
+                assert torch.equal(a, b), f"rank {rank} step {step}: {a} != {b}"
+        assert o["losses"] == r["losses"]
+        for a, b in zip(o["params"], r["params"]):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("cls,torch_cls,kw", PLAIN, ids=PLAIN_IDS)
+def test_every_optimizer_hands_over_torchaos_scales(cls, torch_cls, kw):
+    results = run_ranks(fp8_run, 2, cls, kw, dict(float8_scales=True), 3, None)
+    for o in results:
+        for handed, precomputed in zip(o["ours"], o["theirs"]):
+            assert all(torch.equal(a, b) for a, b in zip(handed, precomputed))
+
+
+def test_float8_scales_true_without_float8_weights_is_refused():
+    p = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    opt = fused_amp.optim.AdamW([p], float8_scales=True)
+    p.grad = torch.ones_like(p)
+    before = p.detach().clone()
+    with pytest.raises(ValueError, match="float8_scales=True, but no param"):
+        opt.step()
+    assert torch.equal(p.detach(), before)
+
+
+def test_float8_scales_takes_a_bool_or_none():
+    with pytest.raises(ValueError, match="float8_scales must be True, False or None"):
+        fused_amp.optim.AdamW([torch.nn.Parameter(torch.ones(2))], float8_scales="yes")
