@@ -117,6 +117,20 @@ struct Entry {
     if (!scale.is_inference()) scale.unsafeGetTensorImpl()->bump_version();
   }
 
+  static void delayed_scale_update_(at::TensorList amax_histories, at::TensorList scales, at::TensorList scale_invs,
+                                    double fp8_max, double margin, c10::string_view amax_compute_algo,
+                                    const std::optional<at::Tensor>& amax_reduction_buffer) {
+    BelowAutograd below;
+    const core::DelayedScalingTensors t{amax_histories, scales, scale_invs,
+                                        amax_reduction_buffer ? &*amax_reduction_buffer : nullptr};
+    const ops::DelayedScalingArgs args = core::delayed_scaling_args(t, fp8_max, margin, amax_compute_algo);
+    if (amax_histories.empty()) return;
+    Device::delayed_scale_update(t, args);
+    bump_versions(amax_histories);
+    bump_versions(scales);
+    bump_versions(scale_invs);
+  }
+
   // One step of the optimizer named `optimizer` (optimizers.h): its states one list after
   // another, its hyperparameters in its descriptor's order (ops/optimizer.h).
   static void step_(c10::string_view optimizer, at::TensorList params, at::TensorList grads,
@@ -170,6 +184,7 @@ void register_entries(torch::Library& m) {
   m.impl("grad_norm_", &Entry<Device>::grad_norm_);
   m.impl("update_scale_", &Entry<Device>::update_scale_);
   m.impl("step_", &Entry<Device>::step_);
+  m.impl("delayed_scale_update_", &Entry<Device>::delayed_scale_update_);
 }
 
 namespace cpu {
@@ -178,6 +193,7 @@ struct Device {
   static void grad_norm(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor& norm,
                         const at::Tensor* inv_scale, ops::NormKind kind);
   static void update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args);
+  static void delayed_scale_update(const core::DelayedScalingTensors& t, const ops::DelayedScalingArgs& args);
   static void step(const core::StepArgs& a);
 };
 }  // namespace cpu
@@ -190,6 +206,7 @@ struct Device {
   static void grad_norm(at::TensorList, const at::Tensor&, const at::Tensor&, const at::Tensor*,
                         ops::NormKind) {}
   static void update_scale(const core::ScaleTensors&, const ops::ScaleUpdateArgs&) {}
+  static void delayed_scale_update(const core::DelayedScalingTensors&, const ops::DelayedScalingArgs&) {}
   static void step(const core::StepArgs&) {}
 };
 }  // namespace meta
@@ -200,6 +217,7 @@ struct Device {
   static void grad_norm(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor& norm,
                         const at::Tensor* inv_scale, ops::NormKind kind);
   static void update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args);
+  static void delayed_scale_update(const core::DelayedScalingTensors& t, const ops::DelayedScalingArgs& args);
   static void step(const core::StepArgs& a);
 };
 }  // namespace cuda

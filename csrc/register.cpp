@@ -30,10 +30,13 @@ constexpr const char* kSchemas[] = {
     "Tensor(u!)[] outputs, float[] hyper, float lr, "
     "Tensor? lr_tensor=None, Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
     "float? max_grad_norm=None, int? rounding_seed=None, bool stochastic_codes=False, "
-    "bool unscale_grads=True, Tensor(w!)? weight_amax=None, bool check_only=False) -> ()"};
+    "bool unscale_grads=True, Tensor(w!)? weight_amax=None, bool check_only=False) -> ()",
+    "delayed_scale_update_(Tensor(a!)[] amax_histories, Tensor(b!)[] scales, Tensor(c!)[] scale_invs, *, "
+    "float fp8_max, float margin=0.0, str amax_compute_algo=\"max\", Tensor? amax_reduction_buffer=None) -> ()"};
 
 // The ops' names, in the order of kSchemas.
-constexpr const char* kOps[] = {"unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_"};
+constexpr const char* kOps[] = {"unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_",
+                                "delayed_scale_update_"};
 static_assert(std::size(kOps) == std::size(kSchemas));
 
 void define_ops(torch::Library& m) {

@@ -6,7 +6,7 @@ import torch
 import fused_amp._C as _C  # the extension module itself, not the package face
 from fused_amp import _fake
 
-__all__ = ["unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_",
+__all__ = ["unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_", "delayed_scale_update_",
            "optimizers", "kept_states"]
 
 _ops = torch.ops.fused_amp
@@ -84,6 +84,47 @@ def update_scale_(scale: torch.Tensor, growth_tracker: torch.Tensor, found_inf: 
                        _tensor(op, "found_inf", found_inf), growth_factor, backoff_factor,
                        growth_interval, hysteresis=hysteresis, hysteresis_tracker=hysteresis_tracker,
                        min_scale=min_scale, max_scale=max_scale)
+
+
+def delayed_scale_update_(amax_histories: Sequence[torch.Tensor], scales: Sequence[torch.Tensor],
+                          scale_invs: Sequence[torch.Tensor], *, fp8_max: float, margin: float = 0.0,
+                          amax_compute_algo: str = "max",
+                          amax_reduction_buffer: Optional[torch.Tensor] = None) -> None:
+    r"""Update fp8 scales from their amax histories in place, on their device, without a host sync:
+    TransformerEngine's delayed scaling recipe (``DelayedScaling``; its
+    ``amax_and_scale_update_after_reduction``) over many tensors in one op.
+
+    Each ``amax_histories[i]`` is ``[history length, n_i]`` (one length for all): column ``c``
+    holds the amax history of the tensor that ``scales[i][c]`` scales, row 0 the amax seen since
+    the last update. ``amax_reduction_buffer`` (all the row-0 amaxes, in order, all-reduced over
+    the ranks), where given and nonzero, stands for row 0. For each column whose amax is nonzero
+    the history rolls by one (row 0's amax becomes the newest row, the oldest drops out, row 0
+    restarts at 0); a column whose amax is 0 (not used this step) keeps its history. Then, with
+    :math:`a` the largest value of the history (``amax_compute_algo="max"``; NaN entries
+    ignored) or row 0's amax (``"most_recent"``), the scale becomes
+    :math:`\mathrm{fp8\_max} \cdot 2^{-\mathrm{margin}} / a` (in fp32) when :math:`a` is finite
+    and positive, else it stays; an infinite result becomes the largest fp32 value;
+    ``scale_invs[i] = 1 / scales[i]``. The loss scale's update (:func:`update_scale_`) keeps
+    one scale for all grads; this keeps one per fp8 tensor.
+
+    Args:
+        amax_histories: fp32 ``[history length, n_i]`` tensors (updated in place).
+        scales, scale_invs: fp32 tensors of ``n_i`` elements each (updated in place).
+        fp8_max: the fp8 format's largest value (448 for e4m3, 57344 for e5m2).
+        margin: the scaled amax lands at ``fp8_max * 2**-margin``.
+        amax_compute_algo: ``"max"`` or ``"most_recent"``.
+        amax_reduction_buffer: fp32, one element per column of all histories, or None.
+
+    Raises:
+        ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
+    """
+    op = "delayed_scale_update_"
+    lists = [_tensors(op, "amax_histories", amax_histories), _tensors(op, "scales", scales),
+             _tensors(op, "scale_invs", scale_invs)]
+    if _no_tensors(*lists, amax_reduction_buffer):
+        return
+    _ops.delayed_scale_update_(*lists, fp8_max=float(fp8_max), margin=float(margin),
+                               amax_compute_algo=amax_compute_algo, amax_reduction_buffer=amax_reduction_buffer)
 
 
 def optimizers() -> Dict[str, Dict]:

@@ -399,3 +399,23 @@ def muon_setup():
 def test_muon_training_step_has_no_host_sync_and_replays_in_a_cuda_graph():
     assert_no_host_sync(*muon_setup())
     assert_replays_equal_eager(muon_setup)
+
+
+def test_delayed_scaling_replays_in_a_cuda_graph_bitwise_as_the_cpu_op():
+    """fp8 delayed scaling syncs nothing with the host: captured once, replayed three times, it
+    gives the bits of three CPU updates."""
+    from test_delayed_scaling import cases
+    histories, scales = cases(torch.Generator().manual_seed(3), 8, [5, 300])
+    cpu = [[t.clone() for t in ts] for ts in (histories, scales)]
+    cpu_invs = [torch.zeros_like(s) for s in scales]
+    dev = [[t.cuda() for t in ts] for ts in (histories, scales)]
+    invs = [torch.zeros_like(s) for s in dev[1]]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.delayed_scale_update_(dev[0], dev[1], invs, fp8_max=448.0, margin=1.0)
+    for _ in range(3):
+        graph.replay()
+        ops.delayed_scale_update_(cpu[0], cpu[1], cpu_invs, fp8_max=448.0, margin=1.0)
+    torch.cuda.synchronize()
+    for got, want in zip(dev[0] + dev[1] + invs, cpu[0] + cpu[1] + cpu_invs):
+        assert_bitwise_equal(got.cpu(), want)

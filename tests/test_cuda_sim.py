@@ -833,3 +833,32 @@ def test_adam_with_8bit_state_at_the_real_sizes(real, large):
             assert_codes_match(codes[k][i], ref[3 + k][i], absmax[i][k], ref[5][i][k], f"tensor {i} state {k}")
         for name, a, b in (("param", params, ref[0]), ("grad", grads, ref[1]), ("master", masters, ref[2])):
             assert_bitwise_equal(a[i], b[i], f"{name} {i}")
+
+
+@pytest.mark.parametrize("length", [1, 3])
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+@pytest.mark.parametrize("reduction", [False, True])
+def test_delayed_scaling_matches_the_cpu_op(sim, length, algo, reduction):
+    """fp8 delayed scaling (amp.cu) against the CPU op, bit for bit: more tensors than a launch
+    takes, a tensor's scales over several blocks, every kind of amax (test_delayed_scaling.py's)."""
+    from test_delayed_scaling import cases
+    gen = torch.Generator().manual_seed(9)
+    columns = [7, 0, 2 * CHUNK + 5, 1, 12]
+    histories, scales = cases(gen, length, columns)
+    reduced = None
+    if reduction:
+        reduced = torch.rand(sum(columns), generator=gen)
+        reduced[::3] = 0.0
+    ref = [[t.clone() for t in ts] for ts in (histories, scales)]
+    ref_invs = [torch.zeros_like(s) for s in scales]
+    invs = [torch.zeros_like(s) for s in scales]
+    slices = reduced.split(columns) if reduction else [None] * len(columns)
+    for _ in range(2):
+        sim.fa_sim_delayed_scale_update(len(columns), ptr_array([[h, s, i, r] for h, s, i, r in
+                                                                 zip(histories, scales, invs, slices)]),
+                                        numel_array(scales), ctypes.c_int64(length), ctypes.c_float(448.0 / 2),
+                                        int(algo == "most_recent"))
+        ops.delayed_scale_update_(ref[0], ref[1], ref_invs, fp8_max=448.0, margin=1.0, amax_compute_algo=algo,
+                                  amax_reduction_buffer=reduced)
+    for got, want in zip(histories + scales + invs, ref[0] + ref[1] + ref_invs):
+        assert_bitwise_equal(got, want)

@@ -9,7 +9,7 @@ import torch
 
 from fused_amp import ops
 
-OPS = ["unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_"]
+OPS = ["unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_", "delayed_scale_update_"]
 
 
 @pytest.mark.parametrize("name", OPS)

@@ -39,7 +39,8 @@ OUT = os.path.join(ROOT, "build-mutants")
 # optimizers' own files test)
 TESTS = ["tests/test_unscale.py", "tests/test_optim.py", "tests/test_clip.py", "tests/test_memory_modes.py",
          "tests/test_quantized_state.py", "tests/test_master24.py", "tests/test_lion.py", "tests/test_ademamix.py",
-         "tests/test_muon.py", "tests/test_update_scale.py", "tests/test_grad_scaler.py", "tests/test_weight_amax.py"]
+         "tests/test_muon.py", "tests/test_update_scale.py", "tests/test_grad_scaler.py", "tests/test_weight_amax.py",
+         "tests/test_delayed_scaling.py"]
 SWAP = {"+": "-", "-": "+", "*": "/", "/": "*", "+=": "-=", "-=": "+=", "*=": "/=", "/=": "*="}
 # functions of the op headers that get no operator mutant, and why
 UNMUTATED = {
@@ -210,7 +211,8 @@ def function_bodies(text):
 
 def expressions(text, start, end):
     """(start, end) of each expression of the statements in text[start:end]: conditions of if
-    (not if constexpr), returns, assignments, and initializers of declarations."""
+    (not if constexpr) and of for, returns, assignments, and initializers of declarations (a
+    for's own among them)."""
     tokens = cpp_expr.tokenize(text, start, end)
     i = 0
 
@@ -239,6 +241,13 @@ def expressions(text, start, end):
                 continue
             close = close_of(i + 1, "(", ")")
             yield tokens[i + 2][2], tokens[close][2]
+            i = close + 1
+        elif word == "for":  # its declaration's initializers and its condition; the body follows
+            close = close_of(i + 1, "(", ")")
+            first_semi = statement_end(i + 2)
+            yield from initializers(tokens, i + 2, first_semi)
+            second_semi = statement_end(first_semi + 1)
+            yield tokens[first_semi + 1][2], tokens[second_semi][2]
             i = close + 1
         else:
             semi = statement_end(i)

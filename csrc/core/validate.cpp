@@ -178,6 +178,59 @@ ops::NormKind validate_grad_norm(const char* op, const at::Tensor& norm, const a
   return ops::NormKind::Inf;
 }
 
+ops::DelayedScalingArgs delayed_scaling_args(const DelayedScalingTensors& t, double fp8_max, double margin,
+                                             c10::string_view amax_compute_algo) {
+  const char* op = "delayed_scale_update_";
+  TORCH_CHECK_VALUE(amax_compute_algo == "max" || amax_compute_algo == "most_recent", op,
+                    ": amax_compute_algo must be \"max\" or \"most_recent\", got \"", amax_compute_algo, "\"");
+  constexpr double kFloatMax = std::numeric_limits<float>::max();  // (casting beyond it is undefined)
+  TORCH_CHECK_VALUE(fp8_max > 0.0 && fp8_max <= kFloatMax, op,
+                    ": fp8_max must be a positive, finite float32 value, got ", fp8_max);
+  TORCH_CHECK_VALUE(std::abs(margin) <= kFloatMax, op, ": margin must be a finite float32 value, got ", margin);
+  const float scaled_max = static_cast<float>(fp8_max) * std::pow(2.f, -static_cast<float>(margin));
+  TORCH_CHECK_VALUE(scaled_max > 0.f && std::isfinite(scaled_max), op,
+                    ": fp8_max * 2^-margin must be a positive, finite float32 value, got margin ", margin);
+  check_length(op, "scales", t.scales.size(), t.histories.size(), false);
+  check_length(op, "scale_invs", t.scale_invs.size(), t.histories.size(), false);
+  int64_t columns = 0;
+  for (size_t i = 0; i < t.histories.size(); ++i) {
+    const std::string h = "amax_histories[" + std::to_string(i) + "]";
+    const at::Tensor& history = t.histories[i];
+    TORCH_CHECK_TYPE(history.scalar_type() == at::kFloat, op, ": ", h, " must be float32, got ", history.scalar_type());
+    TORCH_CHECK_VALUE(history.dim() == 2 && history.size(0) >= 1 && history.is_contiguous(), op, ": ", h,
+                      " must be a contiguous [history length, scales] tensor, got shape ", history.sizes());
+    TORCH_CHECK_VALUE(history.size(0) == t.histories[0].size(0), op, ": ", h, " has ", history.size(0),
+                      " rows but amax_histories[0] has ", t.histories[0].size(0), ": one history length for all");
+    TORCH_CHECK_VALUE(history.device() == t.histories[0].device(), op, ": ", h, " is on ", history.device(),
+                      " but amax_histories[0] is on ", t.histories[0].device());
+    for (const auto& [name, list] : {std::pair{"scales", t.scales}, std::pair{"scale_invs", t.scale_invs}}) {
+      const at::Tensor& s = list[i];
+      const std::string where = std::string(name) + "[" + std::to_string(i) + "]";
+      TORCH_CHECK_TYPE(s.scalar_type() == at::kFloat, op, ": ", where, " must be float32, got ", s.scalar_type());
+      TORCH_CHECK_VALUE(s.numel() == history.size(1) && s.is_contiguous(), op, ": ", where, " must be contiguous with ",
+                        history.size(1), " elements (", h, "'s columns), got shape ", s.sizes());
+      TORCH_CHECK_VALUE(s.device() == history.device(), op, ": ", where, " is on ", s.device(), " but ", h,
+                        " is on ", history.device());
+    }
+    columns += history.size(1);
+  }
+  check_distinct(op, "amax_histories", t.histories);
+  check_distinct(op, "scales", t.scales);
+  check_distinct(op, "scale_invs", t.scale_invs);
+  if (t.reduced) {
+    const at::Tensor& r = *t.reduced;
+    TORCH_CHECK_TYPE(r.scalar_type() == at::kFloat, op, ": amax_reduction_buffer must be float32, got ",
+                     r.scalar_type());
+    TORCH_CHECK_VALUE(r.dim() == 1 && r.numel() == columns && r.is_contiguous(), op,
+                      ": amax_reduction_buffer must be a contiguous 1-D tensor of every history's columns (", columns,
+                      "), got shape ", r.sizes());
+    TORCH_CHECK_VALUE(t.histories.empty() || r.device() == t.histories[0].device(), op,
+                      ": amax_reduction_buffer is on ", r.device(), " but amax_histories[0] is on ",
+                      t.histories[0].device());
+  }
+  return {scaled_max, amax_compute_algo == "most_recent"};
+}
+
 ops::ScaleUpdateArgs update_scale_args(const at::Tensor& scale, const at::Tensor& growth_tracker,
                            const at::Tensor& found_inf, double growth_factor,
                            double backoff_factor, int64_t growth_interval,

@@ -85,6 +85,19 @@ struct ScaleTensors {
   const at::Tensor* hysteresis_tracker;
 };
 
+// The tensors delayed_scale_update_ writes and reads; `reduced` is null without a reduction buffer.
+struct DelayedScalingTensors {
+  at::TensorList histories, scales, scale_invs;
+  const at::Tensor* reduced;
+};
+
+// delayed_scale_update_: fp32 contiguous tensors on one device; histories [length, n_i] of one
+// length, scales and scale_invs of n_i elements, the reduction buffer of all n_i in order; the
+// fp8 format's largest value and the margin give a positive finite scaled max. Returns the
+// arguments of ops::delayed_scale_update.
+ops::DelayedScalingArgs delayed_scaling_args(const DelayedScalingTensors& t, double fp8_max, double margin,
+                                             c10::string_view amax_compute_algo);
+
 // update_scale_: fp32 scale, int32 trackers, fp32 found_inf, all one-element on one device;
 // returns the arguments of ops::update_scale.
 ops::ScaleUpdateArgs update_scale_args(const at::Tensor& scale, const at::Tensor& growth_tracker,

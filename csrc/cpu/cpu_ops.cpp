@@ -231,6 +231,22 @@ void Device::update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArg
                     *t.found_inf.data_ptr<float>() != 0.f, args);
 }
 
+// One scale per column of each history (a few thousand at most): no threads.
+void Device::delayed_scale_update(const core::DelayedScalingTensors& t, const ops::DelayedScalingArgs& args) {
+  const float* reduced = t.reduced ? t.reduced->data_ptr<float>() : nullptr;
+  for (size_t i = 0; i < t.histories.size(); ++i) {
+    const int64_t length = t.histories[i].size(0), columns = t.histories[i].size(1);
+    float* const history = t.histories[i].data_ptr<float>();
+    float* const scale = t.scales[i].data_ptr<float>();
+    float* const scale_inv = t.scale_invs[i].data_ptr<float>();
+    for (int64_t c = 0; c < columns; ++c) {
+      ops::delayed_scale_update(history + c, length, columns, reduced ? reduced + c : nullptr, scale[c], scale_inv[c],
+                                args);
+    }
+    if (reduced) reduced += columns;
+  }
+}
+
 void Device::step(const core::StepArgs& a) {
   const core::StepTensors& s = a.tensors;
   if (skip_step(s)) return;

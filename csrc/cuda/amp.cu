@@ -74,6 +74,24 @@ FA_GLOBAL void update_scale_kernel(float* scale, int* growth_tracker, int* overf
                     *found_inf != 0.f, args);
 }
 
+// Each thread updates scales of its block's chunk of a tensor's scales, one after another.
+struct DelayedScalingFunctor {
+  int64_t length;
+  ops::DelayedScalingArgs args;
+
+  template <class Meta>
+  FA_DEVICE void operator()(const Meta& meta, int t, int64_t start, int64_t n) const {
+    float* const history = static_cast<float*>(meta.ptr[0][t]);
+    float* const scale = static_cast<float*>(meta.ptr[1][t]);
+    float* const scale_inv = static_cast<float*>(meta.ptr[2][t]);
+    const float* const reduced = static_cast<const float*>(meta.ptr[3][t]);
+    for (int64_t c = start + threadIdx.x; c < start + n; c += blockDim.x) {
+      ops::delayed_scale_update(history + c, length, meta.numel[t], reduced ? reduced + c : nullptr, scale[c],
+                                scale_inv[c], args);
+    }
+  }
+};
+
 }  // namespace
 
 namespace {
@@ -124,6 +142,11 @@ void unscale(Dtype dtype, const std::vector<TensorPtrs>& tensors, float* found_i
 void update_scale(float* scale, int* growth_tracker, int* overflows_in_row, const float* found_inf,
                   const ops::ScaleUpdateArgs& args, cudaStream_t stream) {
   FA_LAUNCH(update_scale_kernel, 1, 1, stream, scale, growth_tracker, overflows_in_row, found_inf, args);
+}
+
+void delayed_scale_update(const std::vector<TensorPtrs>& tensors, int64_t length, const ops::DelayedScalingArgs& args,
+                          cudaStream_t stream) {
+  multi_tensor_apply<4>(tensors, DelayedScalingFunctor{length, args}, stream);
 }
 
 }  // namespace fused_amp::cuda

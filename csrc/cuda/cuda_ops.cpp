@@ -147,6 +147,19 @@ void Device::update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArg
                      t.found_inf.data_ptr<float>(), args, c10::cuda::getCurrentCUDAStream());
 }
 
+void Device::delayed_scale_update(const core::DelayedScalingTensors& t, const ops::DelayedScalingArgs& args) {
+  const c10::cuda::CUDAGuard guard(t.histories[0].device());
+  float* reduced = t.reduced ? t.reduced->data_ptr<float>() : nullptr;
+  std::vector<TensorPtrs> tensors;
+  for (size_t i = 0; i < t.histories.size(); ++i) {
+    const int64_t columns = t.histories[i].size(1);
+    tensors.push_back(ptrs_of({t.histories[i].data_ptr(), t.scales[i].data_ptr(), t.scale_invs[i].data_ptr(), reduced},
+                              columns));
+    if (reduced) reduced += columns;
+  }
+  cuda::delayed_scale_update(tensors, t.histories[0].size(0), args, c10::cuda::getCurrentCUDAStream());
+}
+
 // One optimizer step on the current stream: params grouped by kind (param dtype, master kind,
 // state dtype), one launch sequence per group, then the step counts (those that exist)
 // incremented unless found_inf says overflow. The weight amax, when asked for, is maxed into

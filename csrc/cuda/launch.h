@@ -47,6 +47,12 @@ void grad_norm_total(const double* partials, int64_t count, float* norm, ops::No
 void update_scale(float* scale, int* growth_tracker, int* overflows_in_row, const float* found_inf,
                   const ops::ScaleUpdateArgs& args, cudaStream_t stream);
 
+// delayed_scale_update_ (ops::delayed_scale_update) over tensors of 4 lists: amax history
+// [length, numel], scale, scale_inv, and the reduction buffer's slice (or null); numel: the
+// tensor's scales.
+void delayed_scale_update(const std::vector<TensorPtrs>& tensors, int64_t length, const ops::DelayedScalingArgs& args,
+                          cudaStream_t stream);
+
 // What every optimizer step reads besides the tensors; null pointers are absent.
 struct StepScalars {
   double lr;

@@ -43,4 +43,41 @@ FA_HD void update_scale(float& scale, int& growth_tracker, int& overflows_in_row
   }
 }
 
+// ---- fp8 delayed scaling (TransformerEngine's DelayedScaling recipe) -------------------------
+
+struct DelayedScalingArgs {
+  float scaled_max;  // the fp8 format's largest value times 2^-margin, in fp32
+  bool most_recent;  // amax_compute_algo "most_recent" (else "max")
+};
+
+// fmaxf's maximum: a NaN argument gives the other one.
+FA_HD float max_ignoring_nan(float a, float b) { return (a != a || b > a) ? b : a; }
+
+// The scale update of one fp8-scaled tensor, from its amax history (`length` values `stride`
+// apart; entry 0 holds the amax seen since the last update) and its scale. `reduced`, when not
+// null and nonzero, is that amax all-reduced over the ranks and stands for entry 0. An amax of 0
+// (the tensor was not used) changes no history. Otherwise the history rolls by one (entry 0's
+// amax becomes the newest entry, the oldest drops out, entry 0 restarts at 0), and the amax is
+// the largest of the history (NaN entries ignored, as fmaxf ignores them) or, with
+// `most_recent`, entry 0's. scale = scaled_max / amax where that amax is finite and positive,
+// else it stays; an infinite scale (a tiny amax) becomes the largest fp32 value. scale_inv =
+// 1 / scale.
+FA_HD void delayed_scale_update(float* history, int64_t length, int64_t stride, const float* reduced,
+                                float& scale, float& scale_inv, const DelayedScalingArgs& a) {
+  const float last = reduced && *reduced != 0.f ? *reduced : history[0];
+  float amax = 0.f;
+  if (last != 0.f) {
+    for (int64_t i = 0; i < length; ++i) {  // in place: entry i takes entry i + 1 before that one is written
+      const float v = i + 1 < length ? history[(i + 1) * stride] : last;
+      amax = max_ignoring_nan(amax, v);
+      history[i * stride] = i > 0 ? v : 0.f;
+    }
+  }
+  if (a.most_recent) amax = last;
+  float s = is_finite(amax) && amax > 0.f ? a.scaled_max / amax : scale;
+  if (!is_finite(s) && s == s) s = 3.402823466e38f;  // FLT_MAX
+  scale = s;
+  scale_inv = 1.f / s;
+}
+
 }  // namespace fused_amp::ops

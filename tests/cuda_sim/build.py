@@ -27,7 +27,7 @@ CONFIGS = {  # the source and its defines
     "checks": ("emulator_checks.cpp", []),  # the emulator's own tests
 }
 # the entry points that return 1 on an error (harness.cpp)
-CHECKED = {"fa_sim_unscale", "fa_sim_grad_norm", "fa_sim_update_scale", "fa_sim_step",
+CHECKED = {"fa_sim_unscale", "fa_sim_grad_norm", "fa_sim_update_scale", "fa_sim_step", "fa_sim_delayed_scale_update",
            "fa_check_exchange", "fa_check_order", "fa_check_mistake"}
 SCHEDULES = {"in order": 0, "reversed": 1, "random": 2}
 

@@ -75,6 +75,15 @@ int fa_sim_update_scale(float* scale, int* growth_tracker, int* hysteresis_track
   });
 }
 
+// delayed_scale_update_ over n tensors of 4 pointers each (history, scale, scale_inv, the
+// reduction buffer's slice or null) and `numels` scales each, histories of `length` rows.
+int fa_sim_delayed_scale_update(int n, void** ptrs, const int64_t* numels, int64_t length, float scaled_max,
+                                int most_recent) {
+  return guarded([&] {
+    delayed_scale_update(tensors_of(n, 4, ptrs, numels), length, {scaled_max, most_recent != 0}, nullptr);
+  });
+}
+
 // One step of `optimizer` (optimizers.h), then the step counts' increment. `kind`: param dtype,
 // master kind (0 none, 1 fp32, 2 remainder, 3 24-bit), state dtype (4: 8-bit codes, with the
 // absmaxes as one list more), and 1 where the rows end with each tensor's amax slot (0 else); `lists`: the lists per tensor (launch.h's StepList: param, grad,
