@@ -9,7 +9,8 @@ batches everywhere.
   bf16, the optimizer keeping exact fp32 masters (4 bytes, or a 2-byte remainder);
 - "torchao + torch AdamW (bf16 weights)": no masters, every update rounded to bf16.
 Each float8 linear casts its weight and input to e4m3 in every forward (torch._scaled_mm runs on
-the CPU). Run: python -m benchmarks.float8_training [steps]."""
+the CPU). Run: python -m benchmarks.float8_training [steps] [--every-optimizer] (each optimizer
+with torch's counterpart instead)."""
 import statistics
 import sys
 
@@ -63,14 +64,31 @@ RECIPES = {
 }
 
 
-def main(steps=300, seeds=(0, 1, 2)):
+def every_optimizer():
+    """Each optimizer of fused_amp.optim with torch's counterpart (torch has no Lion or
+    AdEMAMix) at a learning rate the char LM trains with: torch's on the fp32 model (torchao's
+    recipe), ours on the bf16 model with fp32 masters."""
+    lrs = {"Adam": 2e-3, "AdamW": 2e-3, "SGD": 0.5, "Adagrad": 2e-2, "RMSprop": 1e-3, "Adamax": 2e-3,
+           "RAdam": 2e-3, "NAdam": 2e-3, "Adadelta": 1.0, "Rprop": 1e-3}
+    recipes = {}
+    for name, lr in lrs.items():
+        theirs, ours = getattr(torch.optim, name), getattr(fused_amp.optim, name)
+        recipes[f"torchao + torch {name} (fp32 weights), lr {lr}"] = (lambda p, _, c=theirs, lr=lr: c(p, lr=lr),
+                                                                      torch.float32)
+        recipes[f"torchao + fused_amp {name}, bf16 + fp32 masters"] = (lambda p, _, c=ours, lr=lr: c(p, lr=lr),
+                                                                       torch.bfloat16)
+    return recipes
+
+
+def main(steps=300, seeds=(0, 1, 2), recipes=RECIPES):
     data = convergence.corpus()
     print(f"char LM, float8 linears (torchao tensorwise), {steps} steps, seeds {list(seeds)}: held-out loss")
-    for name, (make, dtype) in RECIPES.items():
+    for name, (make, dtype) in recipes.items():
         losses = [train(make, dtype, seed, steps, data) for seed in seeds]
         print(f"  {name:56s} mean {statistics.fmean(losses):.4f}  spread {max(losses) - min(losses):.4f}  "
-              f"({', '.join(f'{x:.4f}' for x in losses)})")
+              f"({', '.join(f'{x:.4f}' for x in losses)})", flush=True)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 300)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 300,
+         recipes=every_optimizer() if "--every-optimizer" in sys.argv else RECIPES)

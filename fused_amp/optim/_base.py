@@ -152,7 +152,8 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
         # Each op checks its arguments before it writes; with several ops (groups, devices),
         # all are checked before the first runs, so a bad grad anywhere changes nothing.
         try:
-            _float8.check_asked(type(self).__name__, self.param_groups, [lists for _, lists, _ in calls])
+            if self.__dict__.get("_only") is None:  # (a whole step, not some params in backward)
+                _float8.check_asked(type(self).__name__, self.param_groups, [lists for _, lists, _ in calls])
             if len(calls) > 1:
                 for group, lists, scalars in calls:
                     self._update(group, lists, scalars, check_only=True)
