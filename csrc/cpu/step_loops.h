@@ -274,7 +274,8 @@ FA_VECTOR_LOOP uint32_t step_vectors(const UpdateRange<T> r, const C c, int64_t 
                    random && Opt::kStateInfo[k].high_bits ? random + 2 : random);
     }
   }
-  return max_lane(amax);
+  // (the lanes' maximum only where it is asked for: 8-bit state runs this once per quant block)
+  return r.amax_bits ? max_lane(amax) : 0u;
 }
 
 template <class Opt, typename T, typename S, typename C>
