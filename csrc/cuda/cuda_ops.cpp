@@ -99,7 +99,7 @@ TensorPtrs step_ptrs(const core::StepTensors& st, size_t i, int states, int scal
   t.p[step_list(states)] = ptr_or_null(st.steps, i);
   if (scalars) t.p[step_list(states) + 1] = st.scalars[i].data_ptr();
   t.p[step_lists(states, scalars)] = ptr_or_null(st.absmaxes, i);
-  t.p[step_lists(states, scalars) + st.is_quantized(i)] = amax_slot;
+  t.p[amax_list(states, scalars, st.is_quantized(i))] = amax_slot;
   t.numel = st.params[i].numel();
   return t;
 }

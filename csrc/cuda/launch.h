@@ -94,6 +94,8 @@ constexpr int step_list(int states) { return kFirstState + states; }
 // The lists of an optimizer with `states` states and `scalars` (0 or 1) scalar states, less the
 // absmaxes' (the last, with 8-bit state).
 constexpr int step_lists(int states, int scalars) { return step_list(states) + 1 + scalars; }
+// The amax slot's list: the last, after the absmaxes' with 8-bit state (`quantized`).
+constexpr int amax_list(int states, int scalars, bool quantized) { return step_lists(states, scalars) + quantized; }
 
 // One step of the optimizer at index `optimizer` of Optimizers (optimizers.h), its
 // hyperparameters in its descriptor's order.

@@ -15,8 +15,7 @@ template <class Opt, typename param_t, MasterKind kMasterKind, typename state_t>
 struct StepFunctor {
   static constexpr int K = Opt::kStates;
   static constexpr int kLists = step_lists(K, kScalars<Opt>);
-  // the amax slot's list: after the absmaxes' with 8-bit state (launch.h)
-  static constexpr int kAmaxList = kLists + std::is_same_v<state_t, uint8_t>;
+  static constexpr int kAmaxList = amax_list(K, kScalars<Opt>, std::is_same_v<state_t, uint8_t>);
   typename Opt::Hyper h;
   StepScalars s;
   StateSpec<K> spec;  // the lists of the states kept, their maps and rounding bits (from the host)
@@ -67,7 +66,7 @@ struct OptimizerLaunch {
     constexpr MasterKind kKind = Opt::kWritesOutput ? MasterKind::Output : kMasterKind;
     using Functor = StepFunctor<Opt, param_t, kKind, state_t>;
     static_assert(Functor::kAmaxList + 1 <= kMaxLists, "every list of the optimizer (absmaxes, amax) fits TensorPtrs");
-    apply_step<Functor::kLists, state_t>(tensors, Functor{h, s, spec}, stream);
+    apply_step<Functor::kAmaxList + 1, state_t>(tensors, Functor{h, s, spec}, stream);
   }
 };
 

@@ -177,14 +177,14 @@ void dispatch_param(Dtype dtype, MasterKind master, const Launch& launch) {
   }
 }
 
-// Runs f over tensors with kLists pointers each, and the amax slot's, for state_t's storage kind:
-// 8-bit state in tiles of whole quant blocks, with its absmaxes in one list more (list kLists).
+// Runs f over tensors with kLists pointers each (launch.h's StepList, through the amax slot's) for
+// state_t's storage kind: 8-bit state in tiles of whole quant blocks.
 template <int kLists, typename state_t, class Functor>
 void apply_step(const std::vector<TensorPtrs>& tensors, const Functor& f, cudaStream_t stream) {
   if constexpr (std::is_same_v<state_t, uint8_t>) {
-    multi_tensor_apply<kLists + 2, false, TileShape>(tensors, f, stream);
+    multi_tensor_apply<kLists, false, TileShape>(tensors, f, stream);
   } else {
-    multi_tensor_apply<kLists + 1>(tensors, f, stream);
+    multi_tensor_apply<kLists>(tensors, f, stream);
   }
 }
 
