@@ -127,3 +127,17 @@ def test_float8_scales_true_without_float8_weights_is_refused():
 def test_float8_scales_takes_a_bool_or_none():
     with pytest.raises(ValueError, match="float8_scales must be True, False or None"):
         fused_amp.optim.AdamW([torch.nn.Parameter(torch.ones(2))], float8_scales="yes")
+
+
+def test_the_amaxes_reduce_over_every_sharded_mesh_dim_and_no_other():
+    """TP + FSDP2 gives a weight _StridedShard on the FSDP dim (its is_shard() says False): the
+    amaxes reduce over it too; HSDP's replicate dim is left alone; a Partial weight raises."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    from fused_amp.optim._float8 import amax_placements
+
+    assert amax_placements([_StridedShard(0, split_factor=2), Shard(1)]) == [Partial("max"), Partial("max")]
+    assert amax_placements([Replicate(), Shard(0)]) == [Replicate(), Partial("max")]
+    with pytest.raises(NotImplementedError, match="a float8 weight has the placement"):
+        amax_placements([Shard(0), Partial()])

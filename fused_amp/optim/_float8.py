@@ -15,6 +15,8 @@ from typing import List, Optional
 
 import torch
 
+from fused_amp.optim import _placements
+
 try:
     from torch.distributed.tensor import DTensor, Partial, Replicate
 except ImportError:  # torch built without distributed
@@ -55,6 +57,15 @@ def check_asked(name, groups, all_lists) -> None:
                          "enable_fsdp_float8_all_gather=True), then fully_shard)")
 
 
+def amax_placements(placements) -> list:
+    """The placements of the stacked amaxes of weights placed so: a partial maximum over each
+    mesh dim the weights are sharded on (``_StridedShard`` too, whose ``is_shard()`` says False:
+    TP + FSDP2), replicated over the others; a placement ``_placements`` does not know, or a
+    Partial one, raises."""
+    dims = _placements.sharded_dims(placements, "a float8 weight")
+    return [Partial("max") if d in dims else Replicate() for d in range(len(placements))]
+
+
 @torch.no_grad()
 def hand_over(all_lists) -> None:
     """Sets each float8 weight's ``_precomputed_scale`` from the amax the step wrote, as
@@ -78,9 +89,8 @@ def hand_over(all_lists) -> None:
 
     for (mesh, placements, dtype, fp8_dtype), items in batches.items():
         local = torch.stack([amax for _, amax in items]).to(dtype)
-        # each shard's amax is a partial maximum over the dims the weight is sharded on
-        partial = [Partial("max") if p.is_shard() else Replicate() for p in placements]
-        amax = torch.clamp(DTensor.from_local(local, mesh, partial, run_check=False), EPS)  # one all-reduce
+        amax = torch.clamp(DTensor.from_local(local, mesh, amax_placements(placements), run_check=False),
+                           EPS)  # one all-reduce
         scale = torch.finfo(fp8_dtype).max / amax.to(torch.float64)
         if dtype is torch.float16:
             scale = torch.clamp(scale, max=torch.finfo(torch.float16).max)
