@@ -153,13 +153,12 @@ struct Entry {
       TORCH_CHECK_VALUE(hyper.size() == names.size(), op, ": hyper has ", hyper.size(), " values, expected ",
                         names.size(), " (", c10::Join(", ", names), ")");
       const typename Opt::Hyper h = ops::hyper_of<Opt>(hyper.data());
-      a = core::StepArgs{Optimizers::index<Opt>(),
-                         core::validate_step(op.c_str(), params, grads, master_params,
-                                             {states, Opt::kStateInfo, Opt::kStates, Opt::state_mask(h)},
-                                             state_absmaxes, steps, Opt::steps_required(h), scalar_states,
-                                             Opt::kScalarKey, outputs, Opt::kWritesOutput, lr, lr_tensor,
-                                             inv_scale, found_inf, grad_norm, max_grad_norm, rounding_seed,
-                                             stochastic_codes, unscale_grads, check_only ? nullptr : &staging),
+      const core::StepInputs in{params, grads, master_params,
+                                {states, Opt::kStateInfo, Opt::kStates, Opt::state_mask(h)},
+                                state_absmaxes, steps, Opt::steps_required(h), scalar_states, Opt::kScalarKey,
+                                outputs, Opt::kWritesOutput, lr, lr_tensor, inv_scale, found_inf, grad_norm,
+                                max_grad_norm, rounding_seed, stochastic_codes, unscale_grads};
+      a = core::StepArgs{Optimizers::index<Opt>(), core::validate_step(op.c_str(), in, check_only ? nullptr : &staging),
                          hyper.vec()};
       if (weight_amax) {
         core::check_weight_amax(op.c_str(), *weight_amax, params, Opt::kWritesOutput);
@@ -187,14 +186,19 @@ void register_entries(torch::Library& m) {
   m.impl("delayed_scale_update_", &Entry<Device>::delayed_scale_update_);
 }
 
+// What a device implements (cpu/cpu_ops.cpp, cuda/cuda_ops.cpp), declared once for both.
+#define FUSED_AMP_DEVICE_OPS(body)                                                                             \
+  static void unscale(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor* inv_scale) body; \
+  static void grad_norm(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor& norm,          \
+                        const at::Tensor* inv_scale, ops::NormKind kind) body;                                \
+  static void update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args) body;              \
+  static void delayed_scale_update(const core::DelayedScalingTensors& t, const ops::DelayedScalingArgs& args) \
+      body;                                                                                                  \
+  static void step(const core::StepArgs& a) body;
+
 namespace cpu {
 struct Device {
-  static void unscale(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor* inv_scale);
-  static void grad_norm(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor& norm,
-                        const at::Tensor* inv_scale, ops::NormKind kind);
-  static void update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args);
-  static void delayed_scale_update(const core::DelayedScalingTensors& t, const ops::DelayedScalingArgs& args);
-  static void step(const core::StepArgs& a);
+  FUSED_AMP_DEVICE_OPS()
 };
 }  // namespace cpu
 
@@ -202,23 +206,13 @@ struct Device {
 // tensors (fused_amp/_fake.py): the same validation as the real devices, and no work.
 namespace meta {
 struct Device {
-  static void unscale(at::TensorList, const at::Tensor&, const at::Tensor*) {}
-  static void grad_norm(at::TensorList, const at::Tensor&, const at::Tensor&, const at::Tensor*,
-                        ops::NormKind) {}
-  static void update_scale(const core::ScaleTensors&, const ops::ScaleUpdateArgs&) {}
-  static void delayed_scale_update(const core::DelayedScalingTensors&, const ops::DelayedScalingArgs&) {}
-  static void step(const core::StepArgs&) {}
+  FUSED_AMP_DEVICE_OPS({})
 };
 }  // namespace meta
 
 namespace cuda {
 struct Device {
-  static void unscale(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor* inv_scale);
-  static void grad_norm(at::TensorList tensors, const at::Tensor& found_inf, const at::Tensor& norm,
-                        const at::Tensor* inv_scale, ops::NormKind kind);
-  static void update_scale(const core::ScaleTensors& t, const ops::ScaleUpdateArgs& args);
-  static void delayed_scale_update(const core::DelayedScalingTensors& t, const ops::DelayedScalingArgs& args);
-  static void step(const core::StepArgs& a);
+  FUSED_AMP_DEVICE_OPS()
 };
 }  // namespace cuda
 

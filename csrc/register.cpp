@@ -6,6 +6,7 @@
 #include <iterator>
 
 #include "cpu/loops.h"
+#include "storage_kinds.h"
 #include "ops_impl.h"
 #include "py_lists.h"
 #ifdef FUSED_AMP_WITH_CUDA
@@ -122,6 +123,26 @@ PyObject* optimizers(PyObject*, PyObject*) {
   return table;
 }
 
+// The storage kinds (storage_kinds.h), for the Python layer: {"masters": [entry, ...], "states":
+// [entry, ...]}, each entry {"kind": its MasterKind or StateKind value, "option", "key", "dtype",
+// "bytes", "bf16_params", "rounds"} (key None for state).
+PyObject* storage_kinds(PyObject*, PyObject*) {
+  auto entries = [](const auto& table) {
+    PyObject* list = PyList_New(0);
+    for (const fused_amp::StorageKind& k : table) {
+      PyObject* key = k.key ? PyUnicode_FromString(k.key) : Py_NewRef(Py_None);
+      PyObject* entry = Py_BuildValue("{s:i,s:s,s:N,s:s,s:i,s:O,s:O}", "kind", k.kind, "option", k.option, "key", key,
+                                      "dtype", k.dtype, "bytes", k.bytes, "bf16_params",
+                                      k.bf16_params ? Py_True : Py_False, "rounds", k.rounds ? Py_True : Py_False);
+      PyList_Append(list, entry);
+      Py_DECREF(entry);
+    }
+    return list;
+  };
+  return Py_BuildValue("{s:N,s:N}", "masters", entries(fused_amp::kMasterKinds), "states",
+                       entries(fused_amp::kStateKinds));
+}
+
 // kept_states(name, hyper): the indices into the table's "states" of those the step of `name` keeps
 // with these hyperparameters (in its "hyper" order): the descriptor's state_mask.
 PyObject* kept_states(PyObject*, PyObject* args) {
@@ -195,6 +216,8 @@ PyMethodDef methods[] = {
     {"build_info", build_info, METH_NOARGS, "How this extension was built and what it runs."},
     {"optimizers", optimizers, METH_NOARGS,
      "The optimizers of the step_ op: their states (key, list name, signed 8-bit map) and hyperparameters."},
+    {"storage_kinds", storage_kinds, METH_NOARGS,
+     "The storage kinds of masters and optimizer state: option values, state keys, dtypes (storage_kinds.h)."},
     {"kept_states", kept_states, METH_VARARGS,
      "The indices of the states the step of an optimizer keeps with these hyperparameters (its state_mask)."},
     {"hold_refs", fused_amp::hold_refs, METH_O,

@@ -87,7 +87,7 @@ def _applied_in(optimizer, group, p, dtype):
         return None
     if isinstance(optimizer, MasterWeightOptimizer):
         kind = _memory.master_kind(group)
-        if kind == "remainder8" and not _memory.stochastic(group):
+        if _memory.rounded_master(kind) and not _memory.stochastic(group):
             return "24-bit"
         return pdtype if kind is None else None
     return pdtype if type(optimizer).__module__.startswith("torch.optim") else None

@@ -6,8 +6,10 @@ import torch
 import fused_amp._C as _C  # the extension module itself, not the package face
 from fused_amp import _fake
 
+# the tables of the C++ side, read by the Python layer, beside the ops
+_TABLES = ("optimizers", "kept_states", "storage_kinds")
 __all__ = ["unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_", "delayed_scale_update_",
-           "optimizers", "kept_states"]
+           *_TABLES]
 
 _ops = torch.ops.fused_amp
 
@@ -138,6 +140,20 @@ def optimizers() -> Dict[str, Dict]:
 
 
 _OPTIMIZERS = _C.optimizers()
+
+
+def storage_kinds() -> Dict[str, list]:
+    """The storage kinds, from the C++ table (csrc/storage_kinds.h): ``"masters"``, where the fp32
+    value of a half param can live, and ``"states"``, how optimizer state can be held. Each entry
+    has ``"kind"`` (its number in the kernels), ``"option"`` (the ``master_weights`` value, or the
+    ``state_dtype``'s name), ``"key"`` (the optimizer-state key of a master), ``"dtype"`` (the
+    name of its tensors' torch dtype), ``"bytes"`` per element, ``"bf16_params"`` (the master's
+    top half is a bf16 param: bf16 params only) and ``"rounds"`` (it holds the fp32 value rounded,
+    to nearest even or stochastically)."""
+    return _STORAGE_KINDS
+
+
+_STORAGE_KINDS = _C.storage_kinds()
 _KEPT: Dict[tuple, tuple] = {}
 
 
@@ -284,4 +300,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'fused_amp.ops' has no attribute {name!r}")
 
 
-_fake.register([op for op in __all__ if op not in ("optimizers", "kept_states")])
+_fake.register([op for op in __all__ if op not in ("optimizers", "kept_states", "storage_kinds")])

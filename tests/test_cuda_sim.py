@@ -119,11 +119,7 @@ def test_the_launchers_refuse_the_dtypes_they_have_no_kernel_for(sim):
     t = torch.zeros(4, dtype=torch.float64)
     found, inv = torch.zeros(1), torch.ones(1)
     before = sim.fa_sim_launches()
-    with pytest.raises(EmulatorError, match="uint8 grads are not supported"):
-        sim.fa_sim_unscale(4, 1, ptr_array([[t]]), numel_array([t]), fptr(found), fptr(inv), 0)
-    with pytest.raises(EmulatorError, match="uint8 grads are not supported"):
-        sim.fa_sim_grad_norm(4, 1, ptr_array([[t]]), numel_array([t]), fptr(t), fptr(found), None, 2, fptr(found), 0)
-    with pytest.raises(EmulatorError, match="float64 and uint8 params are not supported"):
+    with pytest.raises(EmulatorError, match="float64 params are not supported"):
         sim.step("adam", 7, kind(torch.float64), 1, ptr_array([[t, t, None, t, t, None, found]]), numel_array([t]),
                         (ctypes.c_double * 4)(0.9, 0.99, 1e-8, 0.0), (ctypes.c_int * 3)(0, 0, 0),
                         ctypes.c_double(1e-3), None, None, None, 0, None, ctypes.c_float(0), 0, ctypes.c_int64(0), 0)
@@ -135,13 +131,17 @@ def test_the_launchers_refuse_the_dtypes_they_have_no_kernel_for(sim):
     assert sim.fa_sim_launches() == before
 
 
-MASTER_KIND = {False: 0, True: 1, "remainder": 2, "remainder8": 3}
+# the kernels' numbers of the storage kinds (csrc/storage_kinds.h; MasterKind::None is 0)
+_KINDS = ops.storage_kinds()
+MASTER_KIND = {False: 0, **{kind["option"]: kind["kind"] for kind in _KINDS["masters"]}}
+MASTER_KIND[True] = MASTER_KIND["fp32"]
+STATE_KIND = {getattr(torch, kind["dtype"]): kind["kind"] for kind in _KINDS["states"]}
 
 
 def kind(dtype, master=False, state_dtype=torch.float32, amax=False):
     """The (param dtype, master kind, state dtype) of the simulated launches, and whether each
     tensor's row ends with its amax slot."""
-    return (ctypes.c_int * 4)(DTYPE_CODE[dtype], MASTER_KIND[master], DTYPE_CODE[state_dtype], int(amax))
+    return (ctypes.c_int * 4)(DTYPE_CODE[dtype], MASTER_KIND[master], STATE_KIND[state_dtype], int(amax))
 
 
 def optimizer_lists(dtype, master, gen, aligned):
@@ -409,7 +409,7 @@ def test_clipped_adam_matches_cpu_op(sim, large, max_norm):
 # continued in the next launch. Everything is compared bit for bit: the CPU loops of these
 # machines use fused multiply-adds as the kernels do (as in the tests above).
 Q8_SIZES = [0, 1, 255, 256, 257, 2047, 2048, 2049, 2560, 2561, 0, 5200, 7700, 4, 0, 300]
-Q8 = 4  # the state dtype code of 8-bit codes
+Q8 = STATE_KIND[torch.uint8]  # the state kind of 8-bit codes
 
 
 def q8_kind(dtype, master=False, amax=False):

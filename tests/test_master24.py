@@ -279,7 +279,7 @@ def test_24_bit_masters_need_bf16_params(dtype):
         Adam(params, master_weights="remainder8")
     if dtype == torch.float32:
         return  # the op refuses any master of an fp32 param (test_bad_input)
-    with pytest.raises(TypeError, match=r"master_params\[0\] is a uint8 remainder but params\[0\] is Half"):
+    with pytest.raises(TypeError, match=r"master_params\[0\] has dtype uint8, a remainder \(master_weights=.remainder8.\), but params\[0\] is Half"):
         sgd_step_(params, [torch.zeros_like(params[0])], [torch.zeros(4, dtype=torch.uint8)], [], [],
                       lr=0.1, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False)
 

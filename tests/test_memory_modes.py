@@ -165,7 +165,7 @@ def test_remainder_needs_bf16_params(dtype):
 
 def test_remainder_op_refuses_a_remainder_for_a_half_param():
     p = torch.randn(10).half()
-    with pytest.raises(TypeError, match=r"master_params\[0\] is an int16 remainder but params\[0\] is Half"):
+    with pytest.raises(TypeError, match=r"master_params\[0\] has dtype int16, a remainder \(master_weights=.remainder.\), but params\[0\] is Half"):
         sgd_step_([p], [p.clone()], [torch.zeros(10, dtype=torch.int16)], [], [], lr=0.1,
                       momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False)
 
@@ -324,6 +324,33 @@ def test_state_bytes_per_param_of_each_mode():
         n = sum(p.numel() for p in params)
         held = sum(t.numel() * t.element_size() for s in opt.state.values() for k, t in s.items() if k != "step")
         assert held == per_param * n, (master_weights, state_dtype)
+
+
+def test_the_storage_kinds_table_says_what_the_optimizers_hold():
+    """ops.storage_kinds() (csrc/storage_kinds.h), which Python's memory options and the kernels
+    read: each master kind is a master_weights value whose state key holds a tensor of the
+    table's dtype and bytes, and each state kind a state_dtype whose moments have that dtype."""
+    kinds = ops.storage_kinds()
+    assert [k["option"] for k in kinds["masters"]] == ["fp32", "remainder", "remainder8"]
+    assert [k["dtype"] for k in kinds["states"]] == ["float32", "bfloat16", "uint8"]
+    for kind in kinds["masters"]:
+        p = torch.nn.Parameter(torch.randn(300, dtype=torch.bfloat16))
+        p.grad = torch.randn_like(p)
+        opt = Adam([p], master_weights=kind["option"])
+        opt.step()
+        held = opt.state[p][kind["key"]]
+        assert held.dtype == getattr(torch, kind["dtype"]) and held.element_size() == kind["bytes"], kind
+        assert [k for k in opt.state[p] if k.startswith("master")] == [kind["key"]]
+        if kind["bf16_params"]:
+            with pytest.raises(ValueError, match=f"master_weights='{kind['option']}' needs bfloat16 params"):
+                Adam([torch.nn.Parameter(torch.randn(4, dtype=torch.float16))], master_weights=kind["option"])
+    for kind in kinds["states"]:
+        p = torch.nn.Parameter(torch.randn(5000, dtype=torch.bfloat16))
+        p.grad = torch.randn_like(p)
+        opt = Adam([p], state_dtype=getattr(torch, kind["dtype"]), min_8bit_size=0)
+        opt.step()
+        assert opt.state[p]["exp_avg"].dtype == getattr(torch, kind["dtype"]), kind
+        assert opt.state[p]["exp_avg"].element_size() == kind["bytes"], kind
 
 
 # ---- the same bits on every instruction set -----------------------------------------------------

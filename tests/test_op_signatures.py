@@ -25,4 +25,4 @@ def test_the_python_wrapper_has_the_schemas_arguments(name):
 
 
 def test_every_op_of_the_library_has_a_wrapper():
-    assert sorted(n for n in ops.__all__ if n not in ("optimizers", "kept_states")) == sorted(OPS)
+    assert sorted(n for n in ops.__all__ if n not in ("optimizers", "kept_states", "storage_kinds")) == sorted(OPS)

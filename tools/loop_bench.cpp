@@ -16,11 +16,13 @@ namespace {
 
 using fused_amp::cpu::UpdateRange;
 using BF16 = c10::BFloat16;
+using fused_amp::MasterKind;
+using fused_amp::StateKind;
 
 struct Mode {
   const char* name;
-  int remainder;   // the remainder's bits: 16 (master_weights="remainder"), 8 (24-bit masters), 0 (fp32 masters)
-  int state;       // fused_amp::cpu::StateType: fp32, bf16 or 8-bit codes
+  MasterKind master;  // fp32 masters, the remainder or 24-bit masters (storage_kinds.h)
+  StateKind state;    // fp32, bf16 or 8-bit codes
   bool stochastic;        // bf16 state and 24-bit masters round stochastically
   bool stochastic_codes;  // so do 8-bit codes
 };
@@ -54,16 +56,15 @@ double ns_per_element(const Mode& mode, int64_t n, int reps) {
     grad[i] = 1024.f * normal(gen);
     state16[i] = state16[n + i] = 0.f;
   }
-  using fused_amp::cpu::kBFloat16State;
-  using fused_amp::cpu::kUInt8State;
-  void* state = mode.state == kBFloat16State ? static_cast<void*>(state16.data())
-                : mode.state == kUInt8State  ? static_cast<void*>(state8.data())
-                                             : static_cast<void*>(state32.data());
-  const size_t state_bytes = mode.state == kBFloat16State ? 2 : mode.state == kUInt8State ? 1 : 4;
-  const bool quantized = mode.state == kUInt8State;
-  const UpdateRange<BF16> range{param.data(), grad.data(), mode.remainder ? nullptr : master.data(),
-                                mode.remainder == 16 ? remainder.data() : nullptr,
-                                mode.remainder == 8 ? remainder8.data() : nullptr,
+  void* state = mode.state == StateKind::BFloat16 ? static_cast<void*>(state16.data())
+                : mode.state == StateKind::Codes8 ? static_cast<void*>(state8.data())
+                                                  : static_cast<void*>(state32.data());
+  const size_t state_bytes = fused_amp::state_storage(mode.state).bytes;
+  const bool quantized = mode.state == StateKind::Codes8;
+  void* masters = mode.master == MasterKind::Remainder ? static_cast<void*>(remainder.data())
+                  : mode.master == MasterKind::Remainder8 ? static_cast<void*>(remainder8.data())
+                                                          : static_cast<void*>(master.data());
+  const UpdateRange<BF16> range{param.data(), grad.data(), mode.master, masters,
                                 {state, static_cast<char*>(state) + n * state_bytes, nullptr},
                                 quantized ? absmax.data() : nullptr, quantized ? blocks : 0, n, 0, 12345u,
                                 mode.stochastic, mode.stochastic_codes, true};
@@ -73,7 +74,7 @@ double ns_per_element(const Mode& mode, int64_t n, int reps) {
   const fused_amp::ops::AdamCoeffs up = fused_amp::ops::adam_coeffs(hyper, 1e-3, 10.0, 1024.f);
   using fused_amp::Optimizers;
   const auto step = fused_amp::cpu::CPU_CAPABILITY::loops().step[Optimizers::index<fused_amp::ops::Adam>()]
-                        .on_bfloat16[mode.state];
+                        .on_bfloat16[static_cast<int>(mode.state)];
   return median_ns_per_element(n, reps, [&](int r) { step(range, r % 2 ? &up : &down); });
 }
 
@@ -129,20 +130,18 @@ void quantization_parts() {
 int main(int argc, char** argv) {
   // a mode's name: time that mode alone ("8-bit parts": the parts of the 8-bit state's cost)
   const char* only = argc > 1 ? argv[1] : nullptr;
-  using fused_amp::cpu::kBFloat16State;
-  using fused_amp::cpu::kFloatState;
-  using fused_amp::cpu::kUInt8State;
-  const Mode modes[] = {{"fp32 masters", 0, kFloatState, false, false},
-                        {"remainder", 16, kFloatState, false, false},
-                        {"bf16 state", 0, kBFloat16State, false, false},
-                        {"bf16 state, stochastic", 0, kBFloat16State, true, false},
-                        {"remainder + bf16 state", 16, kBFloat16State, false, false},
-                        {"8-bit state", 0, kUInt8State, false, false},
-                        {"8-bit, stochastic", 0, kUInt8State, true, true},
-                        {"remainder + 8-bit state", 16, kUInt8State, false, false},
-                        {"24-bit masters", 8, kFloatState, true, false},
-                        {"24-bit, nearest", 8, kFloatState, false, false},
-                        {"24-bit + 8-bit state", 8, kUInt8State, true, false}};
+  constexpr MasterKind kFp32 = MasterKind::Fp32, k16 = MasterKind::Remainder, k24 = MasterKind::Remainder8;
+  const Mode modes[] = {{"fp32 masters", kFp32, StateKind::Fp32, false, false},
+                        {"remainder", k16, StateKind::Fp32, false, false},
+                        {"bf16 state", kFp32, StateKind::BFloat16, false, false},
+                        {"bf16 state, stochastic", kFp32, StateKind::BFloat16, true, false},
+                        {"remainder + bf16 state", k16, StateKind::BFloat16, false, false},
+                        {"8-bit state", kFp32, StateKind::Codes8, false, false},
+                        {"8-bit, stochastic", kFp32, StateKind::Codes8, true, true},
+                        {"remainder + 8-bit state", k16, StateKind::Codes8, false, false},
+                        {"24-bit masters", k24, StateKind::Fp32, true, false},
+                        {"24-bit, nearest", k24, StateKind::Fp32, false, false},
+                        {"24-bit + 8-bit state", k24, StateKind::Codes8, true, false}};
   std::printf("%s loops, one thread: ns per element, median of 7 batches\n",
               fused_amp::cpu::CPU_CAPABILITY::loops().isa);
   std::printf("%-24s %14s %14s\n", "mode", "8,192 (cache)", "4M (memory)");

@@ -18,9 +18,9 @@ void check_states(const char* op, const char* name, at::TensorList list, at::Ten
   const bool follows_first = first && !first->empty();
   for (size_t i = 0; i < list.size(); ++i) {
     const at::ScalarType dtype = list[i].defined() ? list[i].scalar_type() : at::kFloat;
-    TORCH_CHECK_TYPE(follows_first || dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kByte,
-                     op, ": ", name, "[", i, "] has dtype ", dtype,
-                     ", expected Float, BFloat16 or Byte (the state dtypes; Byte: 8-bit codes)");
+    StateKind kind;
+    TORCH_CHECK_TYPE(follows_first || state_kind_of(dtype, &kind), op, ": ", name, "[", i, "] has dtype ", dtype,
+                     ", expected ", state_dtype_names(), " (the state dtypes; Byte: 8-bit codes)");
     check_partner(op, name, i, list[i], params[i], follows_first ? (*first)[i].scalar_type() : dtype, true);
   }
   out = list.vec();
@@ -37,7 +37,7 @@ void check_absmaxes(const char* op, const c10::List<std::optional<at::Tensor>>& 
   for (size_t i = 0; i < n; ++i) {
     const std::optional<at::Tensor> a = absmaxes.empty() ? std::nullopt : absmaxes[i];
     const bool given = a.has_value() && a->defined();
-    const bool quantized = s.state_dtype(i) == at::kByte;
+    const bool quantized = s.state_kind(i) == StateKind::Codes8;
     if (rows == 0) {
       TORCH_CHECK_VALUE(!given, op, ": state_absmaxes[", i, "] is given but the step keeps no state");
       continue;
@@ -112,109 +112,100 @@ void stage_step(const char* op, StepTensors& s, Staging* staging) {
 
 }  // namespace
 
-StepTensors validate_step(const char* op, at::TensorList params, at::TensorList grads,
-                          const c10::List<std::optional<at::Tensor>>& master_params, const StateLists& states,
-                          const c10::List<std::optional<at::Tensor>>& state_absmaxes,
-                          at::TensorList steps, bool steps_required, at::TensorList scalars,
-                          const char* scalar_key, at::TensorList outputs, bool writes_output, double lr,
-                          const std::optional<at::Tensor>& lr_tensor,
-                          const std::optional<at::Tensor>& inv_scale,
-                          const std::optional<at::Tensor>& found_inf,
-                          const std::optional<at::Tensor>& grad_norm,
-                          std::optional<double> max_grad_norm,
-                          std::optional<int64_t> rounding_seed, bool stochastic_codes,
-                          bool unscale_grads, Staging* staging) {
+StepTensors validate_step(const char* op, const StepInputs& in, Staging* staging) {
   StepTensors s;
-  s.lr = lr;
-  check_length(op, "grads", grads.size(), params.size(), false);
-  check_length(op, "master_params", master_params.size(), params.size(), true);
-  if (params.empty()) {  // nothing to update; the other lists must be empty too
-    TORCH_CHECK_VALUE(states.list.empty(), op, ": states has ", states.list.size(), " tensors but params has 0");
-    check_length(op, "state_absmaxes", state_absmaxes.size(), 0, true);
-    TORCH_CHECK_VALUE(steps.empty(), op, ": steps has ", steps.size(), " tensors but params has 0");
-    TORCH_CHECK_VALUE(scalars.empty(), op, ": scalar_states has ", scalars.size(), " tensors but params has 0");
-    TORCH_CHECK_VALUE(outputs.empty(), op, ": outputs has ", outputs.size(), " tensors but params has 0");
+  s.lr = in.lr;
+  check_length(op, "grads", in.grads.size(), in.params.size(), false);
+  check_length(op, "master_params", in.master_params.size(), in.params.size(), true);
+  if (in.params.empty()) {  // nothing to update; the other lists must be empty too
+    TORCH_CHECK_VALUE(in.states.list.empty(), op, ": states has ", in.states.list.size(), " tensors but params has 0");
+    check_length(op, "state_absmaxes", in.state_absmaxes.size(), 0, true);
+    TORCH_CHECK_VALUE(in.steps.empty(), op, ": steps has ", in.steps.size(), " tensors but params has 0");
+    TORCH_CHECK_VALUE(in.scalars.empty(), op, ": scalar_states has ", in.scalars.size(), " tensors but params has 0");
+    TORCH_CHECK_VALUE(in.outputs.empty(), op, ": outputs has ", in.outputs.size(), " tensors but params has 0");
     return s;
   }
-  const at::Device device = params[0].device();
-  if (inv_scale.has_value() && inv_scale->defined()) {
-    check_scalar(op, "inv_scale", *inv_scale, device);
-    s.inv_scale = *inv_scale;
+  const at::Device device = in.params[0].device();
+  if (in.inv_scale.has_value() && in.inv_scale->defined()) {
+    check_scalar(op, "inv_scale", *in.inv_scale, device);
+    s.inv_scale = *in.inv_scale;
   }
-  if (found_inf.has_value() && found_inf->defined()) {
-    check_scalar(op, "found_inf", *found_inf, device);
-    s.found_inf = *found_inf;
+  if (in.found_inf.has_value() && in.found_inf->defined()) {
+    check_scalar(op, "found_inf", *in.found_inf, device);
+    s.found_inf = *in.found_inf;
   }
-  if (lr_tensor.has_value() && lr_tensor->defined()) {
-    check_lr_tensor(op, *lr_tensor, device);
-    s.lr_tensor = *lr_tensor;
+  if (in.lr_tensor.has_value() && in.lr_tensor->defined()) {
+    check_lr_tensor(op, *in.lr_tensor, device);
+    s.lr_tensor = *in.lr_tensor;
   }
-  const bool has_norm = grad_norm.has_value() && grad_norm->defined();
-  TORCH_CHECK_VALUE(has_norm == max_grad_norm.has_value(), op,
+  const bool has_norm = in.grad_norm.has_value() && in.grad_norm->defined();
+  TORCH_CHECK_VALUE(has_norm == in.max_grad_norm.has_value(), op,
                     ": grad_norm and max_grad_norm go together (clipping needs both)");
   if (has_norm) {
-    check_scalar(op, "grad_norm", *grad_norm, device);
-    s.grad_norm = *grad_norm;
-    s.max_grad_norm = *max_grad_norm;
+    check_scalar(op, "grad_norm", *in.grad_norm, device);
+    s.grad_norm = *in.grad_norm;
+    s.max_grad_norm = *in.max_grad_norm;
   }
-  TORCH_CHECK_VALUE(!stochastic_codes || rounding_seed.has_value(), op,
+  TORCH_CHECK_VALUE(!in.stochastic_codes || in.rounding_seed.has_value(), op,
                     ": stochastic_codes=True rounds 8-bit codes with rounding_seed, which is None");
-  s.rounding_seed = rounding_seed;
-  s.stochastic_codes = stochastic_codes;
-  s.write_grads = unscale_grads && (s.inv_scale.has_value() || has_norm);
-  check_list(op, "params", params, device, is_reduced_or_float, "float32, float16 and bfloat16",
+  s.rounding_seed = in.rounding_seed;
+  s.stochastic_codes = in.stochastic_codes;
+  s.write_grads = in.unscale_grads && (s.inv_scale.has_value() || has_norm);
+  check_list(op, "params", in.params, device, is_reduced_or_float, "float32, float16 and bfloat16",
              true);
-  for (size_t i = 0; i < grads.size(); ++i) {
-    check_partner(op, "grads", i, grads[i], params[i], params[i].scalar_type(), s.write_grads);
+  for (size_t i = 0; i < in.grads.size(); ++i) {
+    check_partner(op, "grads", i, in.grads[i], in.params[i], in.params[i].scalar_type(), s.write_grads);
   }
-  if (s.write_grads) check_distinct(op, "grads", grads);
-  s.params = params.vec();
-  s.grads = grads.vec();
-  s.masters.resize(params.size());
-  for (size_t i = 0; i < master_params.size(); ++i) {
-    const std::optional<at::Tensor> m = master_params[i];
+  if (s.write_grads) check_distinct(op, "grads", in.grads);
+  s.params = in.params.vec();
+  s.grads = in.grads.vec();
+  s.masters.resize(in.params.size());
+  for (size_t i = 0; i < in.master_params.size(); ++i) {
+    const std::optional<at::Tensor> m = in.master_params[i];
     if (!m.has_value() || !m->defined()) continue;
-    TORCH_CHECK_VALUE(!writes_output, op, ": master_params[", i, "] is given but the step writes no param "
+    TORCH_CHECK_VALUE(!in.writes_output, op, ": master_params[", i, "] is given but the step writes no param "
                       "(its result goes to outputs)");
-    TORCH_CHECK_VALUE(params[i].scalar_type() != at::kFloat, op, ": master_params[", i,
+    TORCH_CHECK_VALUE(in.params[i].scalar_type() != at::kFloat, op, ": master_params[", i,
                       "] is given but params[", i, "] is float32, which is updated in place");
-    // an int16 or uint8 master is the remainder of a bf16 param (ops/rounding.h)
-    const at::ScalarType dtype = m->scalar_type();
-    const bool remainder = dtype == at::kShort || dtype == at::kByte;
-    TORCH_CHECK_TYPE(!remainder || params[i].scalar_type() == at::kBFloat16, op, ": master_params[",
-                     i, "] is ", dtype == at::kShort ? "an int16" : "a uint8", " remainder but params[", i,
-                     "] is ", params[i].scalar_type(), "; remainders need bfloat16 params");
-    check_partner(op, "master_params", i, *m, params[i], remainder ? dtype : at::kFloat, true);
+    // a master kind that keeps the master's top half in a bf16 param needs one (storage_kinds.h)
+    const MasterKind kind = master_kind_of(m->scalar_type());
+    for (const StorageKind& k : kMasterKinds) {
+      TORCH_CHECK_TYPE(k.kind != static_cast<int>(kind) || !k.bf16_params || in.params[i].scalar_type() == at::kBFloat16,
+                       op, ": master_params[", i, "] has dtype ", k.dtype, ", a remainder (master_weights='",
+                       k.option, "'), but params[", i, "] is ", in.params[i].scalar_type(), "; remainders need bfloat16 params");
+    }
+    check_partner(op, "master_params", i, *m, in.params[i], kind == MasterKind::None ? at::kFloat : m->scalar_type(),
+                  true);
     s.masters[i] = *m;
   }
-  check_state_lists(op, states, params, s);
-  check_absmaxes(op, state_absmaxes, s);
-  if (steps_required || !steps.empty()) {
-    check_length(op, "steps", steps.size(), params.size(), false);
-    for (size_t i = 0; i < steps.size(); ++i) {
-      check_scalar(op, ("steps[" + std::to_string(i) + "]").c_str(), steps[i], device);
+  check_state_lists(op, in.states, in.params, s);
+  check_absmaxes(op, in.state_absmaxes, s);
+  if (in.steps_required || !in.steps.empty()) {
+    check_length(op, "steps", in.steps.size(), in.params.size(), false);
+    for (size_t i = 0; i < in.steps.size(); ++i) {
+      check_scalar(op, ("steps[" + std::to_string(i) + "]").c_str(), in.steps[i], device);
     }
-    s.steps = steps.vec();
+    s.steps = in.steps.vec();
   }
-  if (scalar_key) {
-    check_length(op, "scalar_states", scalars.size(), params.size(), false);
-    for (size_t i = 0; i < scalars.size(); ++i) {
-      check_scalar(op, ("scalar_states[" + std::to_string(i) + "] (" + scalar_key + ")").c_str(), scalars[i], device);
+  if (in.scalar_key) {
+    check_length(op, "scalar_states", in.scalars.size(), in.params.size(), false);
+    for (size_t i = 0; i < in.scalars.size(); ++i) {
+      check_scalar(op, ("scalar_states[" + std::to_string(i) + "] (" + in.scalar_key + ")").c_str(), in.scalars[i], device);
     }
-    check_distinct(op, "scalar_states", scalars);
-    s.scalars = scalars.vec();
+    check_distinct(op, "scalar_states", in.scalars);
+    s.scalars = in.scalars.vec();
   } else {
-    TORCH_CHECK_VALUE(scalars.empty(), op, ": scalar_states must be empty: the optimizer keeps no scalar state, got ",
-                      scalars.size(), " tensors");
+    TORCH_CHECK_VALUE(in.scalars.empty(), op, ": scalar_states must be empty: the optimizer keeps no scalar state, got ",
+                      in.scalars.size(), " tensors");
   }
-  if (writes_output) {
-    check_length(op, "outputs", outputs.size(), params.size(), false);
-    for (size_t i = 0; i < outputs.size(); ++i) check_partner(op, "outputs", i, outputs[i], params[i], at::kBFloat16, true);
-    check_distinct(op, "outputs", outputs);
-    s.outputs = outputs.vec();
+  if (in.writes_output) {
+    check_length(op, "outputs", in.outputs.size(), in.params.size(), false);
+    for (size_t i = 0; i < in.outputs.size(); ++i) check_partner(op, "outputs", i, in.outputs[i], in.params[i], at::kBFloat16, true);
+    check_distinct(op, "outputs", in.outputs);
+    s.outputs = in.outputs.vec();
   } else {
-    TORCH_CHECK_VALUE(outputs.empty(), op, ": outputs must be empty: the step writes the params, got ",
-                      outputs.size(), " tensors");
+    TORCH_CHECK_VALUE(in.outputs.empty(), op, ": outputs must be empty: the step writes the params, got ",
+                      in.outputs.size(), " tensors");
   }
   if (staging) stage_step(op, s, staging);
   return s;

@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/storage_dtypes.h"
 #include "core/validate.h"
 #include "ops/optimizer.h"
 #include "ops/update_scale.h"
@@ -13,6 +14,8 @@
 namespace fused_amp::core {
 
 struct StepTensors {
+  // masters[i] is undefined where params[i] is updated in place, else a tensor of one of
+  // storage_kinds.h's master kinds (its dtype says which).
   std::vector<at::Tensor> params, grads, masters, steps;
   // the optimizer's per-tensor scalar state (ops::Elementwise::kScalarKey), one-element fp32
   // tensors on the params' device; empty for an optimizer that keeps none
@@ -26,8 +29,6 @@ struct StepTensors {
   // An optimizer that writes no param (ops::Elementwise::kWritesOutput) writes these instead:
   // bf16, shaped like the params; empty for every other optimizer.
   std::vector<at::Tensor> outputs;
-  // masters[i] is undefined where params[i] is updated in place, fp32 for a master, int16 for the
-  // remainder of a bf16 param, uint8 for the byte of a 24-bit master (ops/rounding.h).
   std::optional<at::Tensor> lr_tensor, inv_scale, found_inf;
   // With grad_norm (the total norm of the unscaled grads) the grads are clipped in the step:
   // multiplied by ops::clip_coef(grad_norm, max_grad_norm) on top of inv_scale.
@@ -45,22 +46,22 @@ struct StepTensors {
   // here, one element per param; a skipped step (found_inf) leaves it as it was
   std::optional<at::Tensor> weight_amax;
 
-  // Whether param i's master is the int16 remainder of a bf16 param (not an fp32 master).
-  bool is_remainder(size_t i) const {
-    return !masters.empty() && masters[i].defined() && masters[i].scalar_type() == at::kShort;
+  // Where param i's fp32 value lives (storage_kinds.h): None where it is updated in place.
+  MasterKind master_kind(size_t i) const {
+    return masters.empty() || !masters[i].defined() ? MasterKind::None : master_kind_of(masters[i].scalar_type());
   }
-  // Whether param i's master is 24 bits: a bf16 param and a byte.
-  bool is_remainder8(size_t i) const {
-    return !masters.empty() && masters[i].defined() && masters[i].scalar_type() == at::kByte;
+  // How param i's state is held (all of it one way); fp32 when it has none (SGD without momentum).
+  StateKind state_kind(size_t i) const {
+    StateKind kind = StateKind::Fp32;
+    for (const auto& list : states) {
+      if (!list.empty()) {
+        state_kind_of(list[i].scalar_type(), &kind);
+        break;
+      }
+    }
+    return kind;
   }
   bool is_quantized(size_t i) const { return !absmaxes.empty() && absmaxes[i].defined(); }
-  // The dtype of param i's state (all of it has one); fp32 when it has none (SGD without momentum).
-  at::ScalarType state_dtype(size_t i) const {
-    for (const auto& list : states) {
-      if (!list.empty()) return list[i].scalar_type();
-    }
-    return at::kFloat;
-  }
 };
 
 // The states of an optimizer as the step op takes them: `list` holds the states kept (bit k of
@@ -72,27 +73,36 @@ struct StateLists {
   unsigned mask;
 };
 
+// The arguments of step_ that validate_step checks (register.cpp's schema), with what the
+// optimizer's descriptor says of them: `steps` must be given when `steps_required`, else may
+// be; `scalars` (one-element fp32 tensors, one per param) when `scalar_key` names the
+// optimizer's scalar state, else must be empty. With `writes_output` the params are read for
+// their shapes and layouts only, `outputs` (bf16, shaped like them) are written and masters are
+// refused; without, `outputs` must be empty.
+struct StepInputs {
+  at::TensorList params, grads;
+  const c10::List<std::optional<at::Tensor>>& master_params;
+  StateLists states;
+  const c10::List<std::optional<at::Tensor>>& state_absmaxes;
+  at::TensorList steps;
+  bool steps_required;
+  at::TensorList scalars;
+  const char* scalar_key;
+  at::TensorList outputs;
+  bool writes_output;
+  double lr;
+  const std::optional<at::Tensor>&lr_tensor, &inv_scale, &found_inf, &grad_norm;
+  std::optional<double> max_grad_norm;
+  std::optional<int64_t> rounding_seed;
+  bool stochastic_codes, unscale_grads;
+};
+
 // Checks every list against params (length, device, shape, dtype) and the scalars (lr_tensor,
 // inv_scale, found_inf, grad_norm) and, for 8-bit state, its absmaxes (one row per state kept,
-// one column per block); raises before anything is touched. `steps` must be given when
-// `steps_required`, else may be; `scalars` (one-element fp32 tensors, one per param) when
-// `scalar_key` names the optimizer's scalar state, else must be empty. With `writes_output` the
-// params are read for their shapes and layouts only, `outputs` (bf16, shaped like them) are
-// written and masters are refused; without, `outputs` must be empty. With `staging`, tensors
-// whose layout the kernels cannot walk are replaced by staged copies (core::Staging); without,
-// only checks.
-StepTensors validate_step(const char* op, at::TensorList params, at::TensorList grads,
-                          const c10::List<std::optional<at::Tensor>>& master_params, const StateLists& states,
-                          const c10::List<std::optional<at::Tensor>>& state_absmaxes,
-                          at::TensorList steps, bool steps_required, at::TensorList scalars,
-                          const char* scalar_key, at::TensorList outputs, bool writes_output, double lr,
-                          const std::optional<at::Tensor>& lr_tensor,
-                          const std::optional<at::Tensor>& inv_scale,
-                          const std::optional<at::Tensor>& found_inf,
-                          const std::optional<at::Tensor>& grad_norm,
-                          std::optional<double> max_grad_norm,
-                          std::optional<int64_t> rounding_seed, bool stochastic_codes,
-                          bool unscale_grads, Staging* staging);
+// one column per block); raises before anything is touched. With `staging`, tensors whose
+// layout the kernels cannot walk are replaced by staged copies (core::Staging); without, only
+// checks.
+StepTensors validate_step(const char* op, const StepInputs& in, Staging* staging);
 
 // The validated arguments of step_, as the devices take them (ops_impl.h): the optimizer's name
 // and its hyperparameter list, in the order of its descriptor's kHyperFields.

@@ -107,15 +107,13 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
     return list.empty() || !list[t].defined() ? nullptr
                                                : static_cast<char*>(list[t].data_ptr()) + b * bytes;
   };
-  const size_t state_bytes = c10::elementSize(s.state_dtype(t));
-  const bool remainder = s.is_remainder(t), remainder8 = s.is_remainder8(t);
-  void* master = at_b(s.masters, remainder ? 2 : (remainder8 ? 1 : 4));
+  const size_t state_bytes = state_storage(s.state_kind(t)).bytes;
+  const MasterKind master = s.master_kind(t);
   const bool quantized = s.is_quantized(t);
   UpdateRange<T> r{static_cast<T*>(s.params[t].data_ptr()) + b,
                     static_cast<T*>(s.grads[t].data_ptr()) + b,
-                    remainder || remainder8 ? nullptr : static_cast<float*>(master),
-                    remainder ? static_cast<c10::BFloat16*>(master) : nullptr,
-                    remainder8 ? static_cast<uint8_t*>(master) : nullptr,
+                    master,
+                    at_b(s.masters, master_bytes(master)),
                     {},
                     quantized ? static_cast<float*>(s.absmaxes[t].data_ptr()) : nullptr,
                     quantized ? s.absmaxes[t].stride(0) : 0, e - b, b, round_key,
@@ -136,9 +134,8 @@ void update_all(const core::StepTensors& s, float grad_mult, const std::vector<C
   const auto& [on_float, on_half, on_bfloat16] = loops;
   const bool w = s.write_grads && grad_mult != 1.f;
   parallel_over(core::flat_offsets(numels_of(s.params)), [&](size_t t, int64_t b, int64_t e) {
-    const at::ScalarType state = s.state_dtype(t);
-    const int st = state == at::kBFloat16 ? kBFloat16State : (state == at::kByte ? kUInt8State : kFloatState);
-    if (st == kUInt8State) {  // a quant block belongs to the range that holds its first element
+    const int st = static_cast<int>(s.state_kind(t));
+    if (s.is_quantized(t)) {  // a quant block belongs to the range that holds its first element
       const int64_t n = s.params[t].numel();
       b = std::min(n, round_up_to_block(b));
       e = e == n ? n : std::min(n, round_up_to_block(e));
@@ -173,7 +170,7 @@ float written_amax(const core::StepTensors& s, size_t t, uint32_t bits) {
   switch (s.params[t].scalar_type()) {
     case at::kHalf: return static_cast<float>(c10::Half(v));
     case at::kBFloat16:
-      if (s.is_remainder(t) || s.is_remainder8(t)) {
+      if (const StorageKind* master = master_storage(s.master_kind(t)); master && master->bf16_params) {
         return ops::float_of(static_cast<uint32_t>(ops::param_bits_of_master(bits)) << 16);
       }
       return static_cast<float>(c10::BFloat16(v));

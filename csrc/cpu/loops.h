@@ -8,14 +8,16 @@
 #include <cstdint>
 
 #include "ops/grad_norm.h"
+#include "storage_kinds.h"
 #include "optimizers.h"
 
 namespace fused_amp::cpu {
 
 // Pointers are already offset to the range start, whose index in its tensor is `first`. The
-// fp32 value of the param is `master` when given, else the bf16 param with its 16-bit
-// `remainder` or its 8-bit `remainder8` (a 24-bit master; ops/rounding.h) when given, else the
-// param itself (fp32 params, or half params with master_weights=False). `state[k]` is the
+// fp32 value of the param lives as `master_kind` says (storage_kinds.h): in `master`, an fp32
+// master or the remainder that joins the bf16 param (16 bits, or 8 of a 24-bit master;
+// ops/rounding.h), or in the param itself (MasterKind::None: fp32 params, or half params with
+// master_weights=False; `master` null). `state[k]` is the
 // optimizer's state k (ops/optimizer.h; null where not kept), fp32 or bf16 as the loop's state
 // type says; bf16 state and 24-bit
 // masters round to nearest even, or with `stochastic` by the random bits of `round_key`. With
@@ -27,9 +29,8 @@ template <typename param_t>
 struct UpdateRange {
   param_t* param;
   param_t* grad;
-  float* master;
-  c10::BFloat16* remainder;  // int16 bits, read and written as raw 16-bit values
-  uint8_t* remainder8;       // the byte of a 24-bit master (ops/rounding.h)
+  MasterKind master_kind;
+  void* master;
   void* state[ops::kMaxStates];
   float* absmax;
   int64_t absmax_row_stride;
@@ -50,9 +51,10 @@ struct UpdateRange {
   uint32_t* amax_bits = nullptr;
 };
 
-// The state dtypes a step loop exists for, as indices into the Loops arrays.
-enum StateType : int { kFloatState = 0, kBFloat16State = 1, kUInt8State = 2 };
-constexpr int kStateTypes = 3;
+// The master's elements of r from i, as master_kind's type (a remainder's int16 as raw bf16 bits).
+template <typename M, typename T>
+inline M* master_at(const UpdateRange<T>& r, int64_t i) { return static_cast<M*>(r.master) + i; }
+
 
 struct Loops {
   const char* isa;
@@ -68,11 +70,11 @@ struct Loops {
   double (*norm_half[3])(const c10::Half*, int64_t, float);
   double (*norm_bfloat16[3])(const c10::BFloat16*, int64_t, float);
   // The step loops of each optimizer (in the order of `Optimizers`), by param dtype and
-  // StateType; the coefficients are the optimizer's Coeffs.
+  // StateKind; the coefficients are the optimizer's Coeffs.
   struct Step {
-    void (*on_float[kStateTypes])(const UpdateRange<float>&, const void* coeffs);
-    void (*on_half[kStateTypes])(const UpdateRange<c10::Half>&, const void* coeffs);
-    void (*on_bfloat16[kStateTypes])(const UpdateRange<c10::BFloat16>&, const void* coeffs);
+    void (*on_float[kStateKindCount])(const UpdateRange<float>&, const void* coeffs);
+    void (*on_half[kStateKindCount])(const UpdateRange<c10::Half>&, const void* coeffs);
+    void (*on_bfloat16[kStateKindCount])(const UpdateRange<c10::BFloat16>&, const void* coeffs);
   };
   Step step[Optimizers::size];
 };

@@ -237,9 +237,7 @@ void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, int
     UpdateRange<T> sub = r;
     sub.param += b;
     sub.grad += b;
-    if (sub.master) sub.master += b;
-    if (sub.remainder) sub.remainder += b;
-    if (sub.remainder8) sub.remainder8 += b;
+    if (sub.master) sub.master = static_cast<char*>(sub.master) + b * master_bytes(sub.master_kind);
     if (sub.output) sub.output += b;
     sub.n = n;
     sub.first = r.first + b;

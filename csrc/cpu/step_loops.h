@@ -7,15 +7,12 @@
 // bits), or the param itself.
 template <typename T>
 FA_VECTOR_HELPER void load_value(const UpdateRange<T>& r, int64_t i, VecF& a, VecF& b) {
-  if (r.master) {
-    load2(r.master + i, a, b);
-  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (r.remainder) return load_master_of(r.param + i, r.remainder + i, a, b);
-    if (r.remainder8) return load_master24_of(r.param + i, r.remainder8 + i, a, b);
-    load2(r.param + i, a, b);
-  } else {
-    load2(r.param + i, a, b);
+  if (r.master_kind == MasterKind::Fp32) return load2(master_at<float>(r, i), a, b);
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (r.master_kind == MasterKind::Remainder) return load_master_of(r.param + i, master_at<c10::BFloat16>(r, i), a, b);
+    if (r.master_kind == MasterKind::Remainder8) return load_master24_of(r.param + i, master_at<uint8_t>(r, i), a, b);
   }
+  load2(r.param + i, a, b);
 }
 
 // Half params that have an fp32 master are written by the step but not read: AVX2/AVX-512
@@ -86,21 +83,21 @@ template <typename T>
 FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream,
                                   U32& amax) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (r.remainder8) {
+    if (r.master_kind == MasterKind::Remainder8) {
       U32 add_a, add_b;
       master24_addends(r, i, a, b, add_a, add_b);
       const U32 m_a = round_to_24(a, add_a), m_b = round_to_24(b, add_b);
       max_magnitude(amax, m_a);
       max_magnitude(amax, m_b);
-      return store_master24_as(r.param + i, r.remainder8 + i, m_a, m_b);
+      return store_master24_as(r.param + i, master_at<uint8_t>(r, i), m_a, m_b);
     }
   }
   max_magnitude(amax, bits_of(a));
   max_magnitude(amax, bits_of(b));
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (r.remainder) return store_master_as(r.param + i, r.remainder + i, a, b);
+    if (r.master_kind == MasterKind::Remainder) return store_master_as(r.param + i, master_at<c10::BFloat16>(r, i), a, b);
   }
-  if (r.master) store2(r.master + i, a, b);
+  if (r.master_kind == MasterKind::Fp32) store2(master_at<float>(r, i), a, b);
   if constexpr (kCanStream<T>) {
     if (stream) return stream_store2(r.param + i, a, b);
   }
@@ -137,10 +134,10 @@ inline float grad_at(const UpdateRange<T>& r, int64_t i, float inv_scale) {
 
 template <typename T>
 inline float value_at(const UpdateRange<T>& r, int64_t i) {
-  if (r.master) return r.master[i];
+  if (r.master_kind == MasterKind::Fp32) return *master_at<float>(r, i);
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (r.remainder) return ops::float_of(ops::master_of(r.param[i].x, r.remainder[i].x));
-    if (r.remainder8) return ops::float_of(ops::master24_of(r.param[i].x, r.remainder8[i]));
+    if (r.master_kind == MasterKind::Remainder) return ops::float_of(ops::master_of(r.param[i].x, master_at<c10::BFloat16>(r, i)->x));
+    if (r.master_kind == MasterKind::Remainder8) return ops::float_of(ops::master24_of(r.param[i].x, *master_at<uint8_t>(r, i)));
   }
   return static_cast<float>(r.param[i]);
 }
@@ -150,23 +147,23 @@ inline float value_at(const UpdateRange<T>& r, int64_t i) {
 template <typename T>
 inline uint32_t set_value_at(const UpdateRange<T>& r, int64_t i, float v) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (r.remainder) {
+    if (r.master_kind == MasterKind::Remainder) {
       r.param[i].x = ops::param_bits_of_master(ops::bits_of(v));
-      r.remainder[i].x = ops::remainder_of_master(ops::bits_of(v));
+      master_at<c10::BFloat16>(r, i)->x = ops::remainder_of_master(ops::bits_of(v));
       return ops::magnitude_bits(v);
     }
-    if (r.remainder8) {
+    if (r.master_kind == MasterKind::Remainder8) {
       const uint32_t b = ops::bits_of(v);
       const uint32_t addend = r.stochastic
                                   ? ops::rounding_bits(ops::master_rounding_key(r.round_key), r.first + i) & 0xffu
                                   : ops::nearest_24_addend(b);
       const uint32_t m = ops::round_bits_to_24(b, addend);
       r.param[i].x = ops::param_bits_of_master(m);
-      r.remainder8[i] = ops::remainder8_of_master(m);
+      *master_at<uint8_t>(r, i) = ops::remainder8_of_master(m);
       return m & 0x7fffffffu;
     }
   }
-  if (r.master) r.master[i] = v;
+  if (r.master_kind == MasterKind::Fp32) *master_at<float>(r, i) = v;
   r.param[i] = static_cast<T>(v);
   return ops::magnitude_bits(v);
 }
@@ -204,7 +201,7 @@ FA_VECTOR_HELPER const U32* vector_rounding_bits(const UpdateRange<T>& r, int64_
 // result. Both return the largest magnitude they rounded to a param; so does this.
 template <typename T, class VectorLoop, class ScalarStep>
 uint32_t update_range(const UpdateRange<T>& r, VectorLoop&& vector_loop, ScalarStep&& scalar_step) {
-  const bool stream = kCanStream<T> && r.master != nullptr && r.may_stream;
+  const bool stream = kCanStream<T> && r.master_kind == MasterKind::Fp32 && r.may_stream;
   int64_t i = 0;
   uint32_t amax = 0;
   if (stream) {

@@ -135,7 +135,6 @@ void unscale(Dtype dtype, const std::vector<TensorPtrs>& tensors, float* found_i
     case Dtype::Double:
       unscale_typed<double>(tensors, found_inf, inv_scale, ops::kDoubleExponent, stream);
       break;
-    case Dtype::Byte: throw std::invalid_argument("fused_amp: uint8 grads are not supported");
   }
 }
 

@@ -27,7 +27,6 @@ Dtype dtype_of(at::ScalarType t) {
     case at::kHalf: return Dtype::Half;
     case at::kBFloat16: return Dtype::BFloat16;
     case at::kDouble: return Dtype::Double;
-    case at::kByte: return Dtype::Byte;  // 8-bit state codes
     default: TORCH_INTERNAL_ASSERT(false, "dtype passed validation but has no kernel");
   }
 }
@@ -80,12 +79,6 @@ void per_dtype(at::TensorList tensors, Ptrs&& ptrs, Launch&& launch) {
     by_dtype[static_cast<int>(tensors[i].scalar_type())].push_back(ptrs(i));
   }
   for (const auto& [dtype, list] : by_dtype) launch(dtype_of(static_cast<at::ScalarType>(dtype)), list);
-}
-
-MasterKind master_kind(const core::StepTensors& st, size_t i) {
-  if (!st.masters[i].defined()) return MasterKind::None;
-  if (st.is_remainder8(i)) return MasterKind::Remainder8;
-  return st.is_remainder(i) ? MasterKind::Remainder : MasterKind::Fp32;
 }
 
 // The pointers of param i in launch.h's StepList order, for an optimizer with `states` states
@@ -177,10 +170,10 @@ void Device::step(const core::StepArgs& a) {
   const at::Tensor amax_slots = st.weight_amax ? at::zeros({static_cast<int64_t>(st.params.size())},
                                                             st.weight_amax->options().dtype(at::kInt))
                                                : at::Tensor();
-  std::map<std::tuple<Dtype, MasterKind, Dtype>, std::vector<TensorPtrs>> groups;
+  std::map<std::tuple<Dtype, MasterKind, StateKind>, std::vector<TensorPtrs>> groups;
   for (size_t i = 0; i < st.params.size(); ++i) {
     void* const slot = st.weight_amax ? amax_slots.data_ptr<int>() + i : nullptr;
-    groups[{dtype_of(st.params[i].scalar_type()), master_kind(st, i), dtype_of(st.state_dtype(i))}]
+    groups[{dtype_of(st.params[i].scalar_type()), st.master_kind(i), st.state_kind(i)}]
         .push_back(step_ptrs(st, i, states, scalars, slot));
   }
   for (const auto& [key, list] : groups) {

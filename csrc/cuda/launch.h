@@ -13,6 +13,7 @@
 #include "ops/grad_norm.h"
 #include "ops/optimizer.h"
 #include "ops/update_scale.h"
+#include "storage_kinds.h"
 
 namespace fused_amp::cuda {
 
@@ -24,8 +25,7 @@ struct TensorPtrs {
   int64_t numel;
 };
 
-// Byte: 8-bit state codes (a state dtype only)
-enum class Dtype : int { Float, Half, BFloat16, Double, Byte };
+enum class Dtype : int { Float, Half, BFloat16, Double };
 
 // Which kernel-argument plan the launches use: 0 decides from the CUDA versions (32 KB where
 // runtime and driver allow it), 4096 or 32768 forces one (for the tests of both plans).
@@ -67,17 +67,13 @@ struct StepScalars {
   bool stochastic_codes;  // so do 8-bit codes
 };
 
-// Where the fp32 value of a param lives: the param itself, an fp32 master, a bf16 param with an
-// int16 remainder, or a 24-bit master as a bf16 param with a byte (ops/rounding.h). Output: an
-// optimizer that writes no param (ops::Elementwise::kWritesOutput) starts from 0 and writes its
-// bf16 output, in the master's list; the kernels take it from the descriptor, the host passes None.
-enum class MasterKind : int { None = 0, Fp32 = 1, Remainder = 2, Remainder8 = 3, Output = 4 };
-
-// What one launch sequence of an optimizer step is compiled for.
+// What one launch sequence of an optimizer step is compiled for: the storage kinds of
+// storage_kinds.h (the host passes MasterKind::None for an optimizer that writes an output; the
+// kernels take that from its descriptor).
 struct StepKind {
   Dtype param;
   MasterKind master;
-  Dtype state;  // Float, BFloat16 or Byte (8-bit codes, ops/quantize.h)
+  StateKind state;
 };
 
 // Lists per tensor of an optimizer step: param, grad, master, the optimizer's kStates states

@@ -92,7 +92,6 @@ void grad_norm_partials(Dtype dtype, const std::vector<TensorPtrs>& tensors, flo
       partials_typed<__nv_bfloat16>(tensors, found_inf, inv_scale, kind, stream);
       break;
     case Dtype::Double: partials_typed<double>(tensors, found_inf, inv_scale, kind, stream); break;
-    case Dtype::Byte: throw std::invalid_argument("fused_amp: uint8 grads are not supported");
   }
 }
 

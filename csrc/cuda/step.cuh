@@ -170,10 +170,10 @@ void dispatch_param(Dtype dtype, MasterKind master, const Launch& launch) {
         case MasterKind::Remainder8:
           launch.template run<__nv_bfloat16, MasterKind::Remainder8, state_t>();
           break;
+        case MasterKind::Output: throw std::invalid_argument("fused_amp: the host passes no Output master kind");
       }
       break;
-    case Dtype::Double:
-    case Dtype::Byte: throw std::invalid_argument("fused_amp: float64 and uint8 params are not supported");
+    case Dtype::Double: throw std::invalid_argument("fused_amp: float64 params are not supported");
   }
 }
 
@@ -188,13 +188,13 @@ void apply_step(const std::vector<TensorPtrs>& tensors, const Functor& f, cudaSt
   }
 }
 
-// Calls f.template run<state_t>() for the runtime state dtype.
+// Calls f.template run<state_t>() for the runtime state kind.
 template <class F>
-void dispatch_state(Dtype state, const F& f) {
+void dispatch_state(StateKind state, const F& f) {
   switch (state) {
-    case Dtype::BFloat16: return f.template run<__nv_bfloat16>();
-    case Dtype::Byte: return f.template run<uint8_t>();
-    default: return f.template run<float>();
+    case StateKind::BFloat16: return f.template run<__nv_bfloat16>();
+    case StateKind::Codes8: return f.template run<uint8_t>();
+    case StateKind::Fp32: return f.template run<float>();
   }
 }
 

@@ -175,7 +175,7 @@ def _check_param_state(optimizer, p, options, entry, where):
     if _quantize.ABSMAX in entry:
         _check_compact_state(p, moments, entry, where)
         codes = _codes_held(entry, moments)
-    for key in (_memory.REMAINDER, _memory.REMAINDER8):
+    for key in _memory.REMAINDER_KEYS:
         if key in entry:
             raise ValueError(f"{where}[{key!r}]: checkpoints hold the fp32 'master_param' "
                              "(state_dict() writes it), not the remainder")

@@ -11,9 +11,7 @@ import torch
 import fused_amp._C as _C  # the extension module itself, not the package face
 from fused_amp.optim import _float8, _memory, _quantize
 from fused_amp.optim._grad_norm import DTensor, local_grads, local_shard, local_shards
-from fused_amp.optim._memory import MASTER as _MASTER, REMAINDER as _REMAINDER, REMAINDER8 as _REMAINDER8
-
-_MASTER_KEYS = (_MASTER, _REMAINDER, _REMAINDER8)  # a param holds at most one of them
+from fused_amp.optim._memory import MASTER_KEYS as _MASTER_KEYS
 # the lists of tensors the fused ops take that stay the same from step to step (with the state's)
 _KEPT_LISTS = ("params", "master_params", "steps", "state_absmaxes")
 

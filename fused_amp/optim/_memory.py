@@ -9,11 +9,17 @@ from fused_amp import ops
 from fused_amp.optim import _quantize
 from fused_amp.optim._grad_norm import DTensor, local_shard
 
-MASTER = "master_param"        # fp32 master (master_weights=True or "fp32")
-REMAINDER = "master_remainder"  # int16 low half of the master of a bf16 param ("remainder")
-REMAINDER8 = "master_remainder8"  # uint8 bits 8-15 of the 24-bit master of a bf16 param ("remainder8")
-MASTER_WEIGHTS = (True, False, "fp32", "remainder", "remainder8")
-STATE_DTYPES = (torch.float32, torch.bfloat16, torch.uint8)
+# the storage kinds (csrc/storage_kinds.h): each master kind by its master_weights value, with its
+# state key and dtype ("fp32": "master_param"; "remainder": "master_remainder", the int16 low
+# half of a bf16 param's master; "remainder8": "master_remainder8", the uint8 bits 8-15 of a
+# 24-bit master), and the state dtypes
+MASTER_KINDS = {kind["option"]: kind for kind in ops.storage_kinds()["masters"]}
+MASTER = MASTER_KINDS["fp32"]["key"]
+MASTER_KEYS = tuple(kind["key"] for kind in MASTER_KINDS.values())  # a param holds at most one
+# the keys of the masters a bf16 param is part of; checkpoints hold them as fp32 masters
+REMAINDER_KEYS = tuple(kind["key"] for kind in MASTER_KINDS.values() if kind["bf16_params"])
+MASTER_WEIGHTS = (True, False) + tuple(MASTER_KINDS)
+STATE_DTYPES = tuple(getattr(torch, kind["dtype"]) for kind in ops.storage_kinds()["states"])
 # the 8-bit map of each state, from the optimizers' table (csrc/optimizers.h): signed for moments,
 # unsigned for second moments and sums
 SIGNED_STATES = frozenset(key for entry in ops.optimizers().values() for key, _, signed in entry["states"] if signed)
@@ -22,10 +28,15 @@ MEMORY_OPTIONS = ("master_weights", "state_dtype", "stochastic_rounding", "min_8
 
 
 def master_kind(group) -> Optional[str]:
-    """None (params updated in place), "fp32", "remainder" or "remainder8", from a group's
-    master_weights."""
+    """None (params updated in place) or the master kind's option ("fp32", "remainder",
+    "remainder8"), from a group's master_weights."""
     mw = group["master_weights"]
-    return mw if mw in ("remainder", "remainder8") else ("fp32" if mw else None)
+    return mw if isinstance(mw, str) else ("fp32" if mw else None)
+
+
+def rounded_master(master_weights) -> bool:
+    """Whether the master kind holds the fp32 value rounded (24-bit masters)."""
+    return isinstance(master_weights, str) and MASTER_KINDS[master_weights]["rounds"]
 
 
 def stochastic(group, sums: bool = False) -> bool:
@@ -35,7 +46,7 @@ def stochastic(group, sums: bool = False) -> bool:
     optimizer whose state is a running sum (``sums``: Adagrad), which would drop its increments."""
     sr = group["stochastic_rounding"]
     if sr is None:
-        return group["master_weights"] == "remainder8" or (sums and group["state_dtype"] != torch.float32)
+        return rounded_master(group["master_weights"]) or (sums and group["state_dtype"] != torch.float32)
     return bool(sr)
 
 
@@ -44,7 +55,7 @@ def check_memory_options(name: str, master_weights, state_dtype, stochastic_roun
     """Refuse what the memory options cannot be; returns the rounding seed to keep: when not
     given, the seed of torch's default generator (``torch.manual_seed`` decides it; nothing is
     drawn from the generator, so building an optimizer leaves the random stream as it was)."""
-    choices = "True, False, 'fp32', 'remainder' or 'remainder8'"
+    choices = ", ".join(map(repr, MASTER_WEIGHTS[:-1])) + f" or {MASTER_WEIGHTS[-1]!r}"
     if isinstance(master_weights, str) and master_weights not in MASTER_WEIGHTS:
         raise ValueError(f"{name}: master_weights must be {choices}, got {master_weights!r}")
     if not isinstance(master_weights, (bool, str)):
@@ -57,7 +68,7 @@ def check_memory_options(name: str, master_weights, state_dtype, stochastic_roun
     if stochastic_rounding is not None and not isinstance(stochastic_rounding, bool):
         raise TypeError(f"{name}: stochastic_rounding must be True, False or None, "
                         f"got {type(stochastic_rounding).__name__}")
-    if stochastic_rounding and state_dtype == torch.float32 and master_weights != "remainder8":
+    if stochastic_rounding and state_dtype == torch.float32 and not rounded_master(master_weights):
         raise ValueError(f"{name}: stochastic_rounding=True rounds bf16 state, 8-bit codes and 24-bit "
                          f"masters; it needs state_dtype=torch.bfloat16 or torch.uint8 or "
                          f"master_weights='remainder8', got state_dtype={state_dtype} and "
@@ -79,9 +90,9 @@ def check_group_params(name: str, group, index: int):
                 raise ValueError(f"{name}: state_dtype=torch.uint8 has CPU and CUDA kernels only; {where} "
                                  f"is on {p.device}")
     kind = master_kind(group)
-    if kind not in ("remainder", "remainder8"):
+    if kind is None or not MASTER_KINDS[kind]["bf16_params"]:
         return
-    bits = 16 if kind == "remainder" else 8
+    bits = 8 * MASTER_KINDS[kind]["bytes"]
     for i, p in enumerate(group["params"]):
         if p.dtype != torch.bfloat16:
             raise ValueError(f"{name}: master_weights={kind!r} needs bfloat16 params (the master is "
@@ -101,7 +112,7 @@ def rounding_seed_of(group, sums: bool = False) -> Optional[int]:
     round stochastically (the op rounds bf16 state and 24-bit masters so whenever it has a seed,
     and codes where ``stochastic_codes`` says)."""
     if stochastic_codes(group, sums) or (stochastic(group, sums) and (group["state_dtype"] == torch.bfloat16
-                                                                      or group["master_weights"] == "remainder8")):
+                                                                      or rounded_master(group["master_weights"]))):
         return group["rounding_seed"]
     return None
 
@@ -172,12 +183,17 @@ def join_master24(param: torch.Tensor, remainder8: torch.Tensor) -> torch.Tensor
     return _on_locals(join, param, param.detach(), remainder8)
 
 
+# each remainder kind's bits (csrc/ops/rounding.h) in torch ops, by its master_weights value
+_SPLIT = {"remainder": split_master, "remainder8": split_master24}
+_JOIN = {"remainder": join_master, "remainder8": join_master24}
+assert set(_SPLIT) == {kind for kind, entry in MASTER_KINDS.items() if entry["bf16_params"]}
+
+
 def master_of(p: torch.Tensor, state) -> Optional[torch.Tensor]:
     """The fp32 master a param's state holds, in whichever form it is kept; None without one."""
-    if REMAINDER in state:
-        return join_master(p, state[REMAINDER])
-    if REMAINDER8 in state:
-        return join_master24(p, state[REMAINDER8])
+    for kind, join in _JOIN.items():
+        if MASTER_KINDS[kind]["key"] in state:
+            return join(p, state[MASTER_KINDS[kind]["key"]])
     return state.get(MASTER)
 
 
@@ -187,18 +203,18 @@ def bring_master(p: torch.Tensor, group, state) -> None:
     master split into a remainder. A bf16 param without a master is its own (zero remainder);
     with master_weights=False a master that is there stays, as an fp32 one."""
     kind = master_kind(group)
-    form = {"remainder": REMAINDER, "remainder8": REMAINDER8}.get(kind, MASTER)
+    form = MASTER_KINDS[kind]["key"] if kind else MASTER
     if form in state:
         return
     master = master_of(p, state)
-    for key in (MASTER, REMAINDER, REMAINDER8):
+    for key in MASTER_KEYS:
         state.pop(key, None)
-    if kind in ("remainder", "remainder8"):
+    if kind in _SPLIT:
         if master is None:
-            state[form] = torch.zeros_like(p, dtype=torch.int16 if kind == "remainder" else torch.uint8,
+            state[form] = torch.zeros_like(p, dtype=getattr(torch, MASTER_KINDS[kind]["dtype"]),
                                            memory_format=torch.preserve_format)
             return
-        high, state[form] = (split_master if kind == "remainder" else split_master24)(master)
+        high, state[form] = _SPLIT[kind](master)
         p.detach().copy_(high)
     elif master is not None:
         state[MASTER] = master

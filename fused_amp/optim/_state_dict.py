@@ -9,7 +9,7 @@ from fused_amp.optim import _memory, _quantize
 from fused_amp.optim._checkpoint import check_loadable
 from fused_amp.optim._clipping import ClipState
 from fused_amp.optim._grad_norm import CLIP_OPTIONS, DTensor
-from fused_amp.optim._memory import MASTER as _MASTER, REMAINDER as _REMAINDER, REMAINDER8 as _REMAINDER8
+from fused_amp.optim._memory import MASTER as _MASTER, REMAINDER_KEYS as _REMAINDER_KEYS
 
 
 class TorchStateDict:
@@ -47,8 +47,8 @@ class TorchStateDict:
                 raise ValueError(f"{type(self).__name__}.state_dict(compact=True): a DTensor (FSDP2) param's "
                                  "absmax rows are its rank's own and cannot be resharded; use state_dict()")
             packed = state if compact else _memory.unpacked_state(p, state, self._state_keys_for(group_of[id(p)]))
-            if _REMAINDER in state or _REMAINDER8 in state:
-                packed = {k: v for k, v in packed.items() if k not in (_REMAINDER, _REMAINDER8)}
+            if any(key in state for key in _REMAINDER_KEYS):
+                packed = {k: v for k, v in packed.items() if k not in _REMAINDER_KEYS}
                 packed[_MASTER] = _memory.master_of(p, state)
             if packed is not state:
                 state_dict["state"][ids[id(p)]] = packed

@@ -73,7 +73,7 @@ def import_fp32(model: torch.nn.Module, optimizer, model_state_dict: Mapping[str
     with torch.no_grad():
         for p, group, value in masters:
             state = optimizer.state[p]
-            for key in (_memory.MASTER, _memory.REMAINDER, _memory.REMAINDER8):
+            for key in _memory.MASTER_KEYS:
                 state.pop(key, None)
             master = torch.empty_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
             state[_memory.MASTER] = master.copy_(value)

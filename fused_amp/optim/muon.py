@@ -9,7 +9,7 @@ import torch
 from fused_amp import ops
 from fused_amp.optim._base import MasterWeightOptimizer
 from fused_amp.optim._options import group_options
-from fused_amp.optim import _whole_matrices
+from fused_amp.optim import _memory, _whole_matrices
 from fused_amp.optim._newton_schulz import check_ns_options, orthogonalize
 
 # torch.optim.Muon's defaults (Keller Jordan's coefficients)
@@ -116,7 +116,7 @@ class Muon(MasterWeightOptimizer):
             if p.ndim != 2:
                 raise ValueError("Muon only supports 2D parameters whereas we found a parameter "
                                  f"with size: {p.size()}")
-        if group["stochastic_rounding"] and group["master_weights"] != "remainder8":
+        if group["stochastic_rounding"] and not _memory.rounded_master(group["master_weights"]):
             raise ValueError("Muon: stochastic_rounding=True rounds 24-bit masters "
                              "(master_weights='remainder8'); Muon's bf16 or 8-bit momentum rounds "
                              "to nearest")

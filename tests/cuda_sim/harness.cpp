@@ -10,6 +10,8 @@
 #include "entry.h"
 
 using namespace fused_amp::cuda;
+using fused_amp::MasterKind;
+using fused_amp::StateKind;
 
 namespace {
 
@@ -23,12 +25,12 @@ std::vector<TensorPtrs> tensors_of(int n, int lists, void** ptrs, const int64_t*
 }
 
 StepKind step_kind(const int* kind) {
-  return {static_cast<Dtype>(kind[0]), static_cast<MasterKind>(kind[1]), static_cast<Dtype>(kind[2])};
+  return {static_cast<Dtype>(kind[0]), static_cast<MasterKind>(kind[1]), static_cast<StateKind>(kind[2])};
 }
 
 // An optimizer's lists per tensor: with 8-bit state its absmaxes follow, then the amax slot
 // (launch.h) where kind[3] asks for it.
-int lists_of(int lists, const int* kind) { return lists + (static_cast<Dtype>(kind[2]) == Dtype::Byte) + kind[3]; }
+int lists_of(int lists, const int* kind) { return lists + (static_cast<StateKind>(kind[2]) == StateKind::Codes8) + kind[3]; }
 
 }  // namespace
 

@@ -1,0 +1,53 @@
+#pragma once
+// The storage kinds: where the fp32 value of a param lives (the optimizers' master_weights) and
+// how its optimizer state is held (state_dtype). Each kind is one entry of a table here, read by
+// validation (core/storage_dtypes.h: the dtypes), the CPU loops (cpu/loops.h: one loop per state
+// kind, a master by its kind), the CUDA launcher (cuda/step.cuh: a kernel per kind) and Python
+// (fused_amp/optim/_memory.py, through _C.storage_kinds(): option values, state keys, dtypes).
+// Their bits: ops/rounding.h (masters, bf16 state), ops/quantize.h (8-bit codes).
+namespace fused_amp {
+
+// Output is no master: an optimizer that writes no param (ops::Elementwise::kWritesOutput) writes its
+// bf16 output where the master would be; the CUDA kernels take it from the descriptor.
+enum class MasterKind : int { None = 0, Fp32 = 1, Remainder = 2, Remainder8 = 3, Output = 4 };
+enum class StateKind : int { Fp32 = 0, BFloat16 = 1, Codes8 = 2 };
+
+struct StorageKind {
+  int kind;            // its MasterKind or StateKind
+  const char* option;  // the option value that picks it: master_weights, or state_dtype's name
+  const char* key;     // the optimizer-state key of a master's tensor (null for state)
+  const char* dtype;   // the dtype of its tensors, as torch names it (torch.float32: "float32")
+  int bytes;           // per element
+  bool bf16_params;    // part of a bf16 param's bits: bf16 params only (the param is its top half)
+  bool rounds;         // holds the fp32 value rounded: to nearest even, or stochastically
+};
+
+constexpr StorageKind kMasterKinds[] = {
+    {static_cast<int>(MasterKind::Fp32), "fp32", "master_param", "float32", 4, false, false},
+    {static_cast<int>(MasterKind::Remainder), "remainder", "master_remainder", "int16", 2, true, false},
+    {static_cast<int>(MasterKind::Remainder8), "remainder8", "master_remainder8", "uint8", 1, true, true},
+};
+
+// 8-bit codes come with their blocks' absmaxes (ops/quantize.h), in a list of their own.
+constexpr StorageKind kStateKinds[] = {
+    {static_cast<int>(StateKind::Fp32), "float32", nullptr, "float32", 4, false, false},
+    {static_cast<int>(StateKind::BFloat16), "bfloat16", nullptr, "bfloat16", 2, false, true},
+    {static_cast<int>(StateKind::Codes8), "uint8", nullptr, "uint8", 1, false, true},
+};
+constexpr int kStateKindCount = sizeof kStateKinds / sizeof kStateKinds[0];
+// A state kind's entry (the table is in StateKind's order).
+constexpr const StorageKind& state_storage(StateKind kind) { return kStateKinds[static_cast<int>(kind)]; }
+
+// A master kind's entry; null for None and Output.
+constexpr const StorageKind* master_storage(MasterKind kind) {
+  for (const StorageKind& k : kMasterKinds) {
+    if (k.kind == static_cast<int>(kind)) return &k;
+  }
+  return nullptr;
+}
+// The bytes per element of a master kind's tensor (an output's bf16: 2).
+constexpr int master_bytes(MasterKind kind) {
+  return master_storage(kind) ? master_storage(kind)->bytes : (kind == MasterKind::Output ? 2 : 0);
+}
+
+}  // namespace fused_amp
