@@ -113,6 +113,28 @@ def test_the_step_splits_and_joins_every_24_bit_value(cls, stochastic):
     assert master24(opt, p)[~finite].isnan().all()
 
 
+@pytest.mark.parametrize("n", [4099, 29])
+def test_the_kernels_round_the_steps_result_to_the_nearest_24_bit_value(n):
+    """SGD moves each 24-bit master m by lr * g = its target's low byte (lr 2^-23, the ulp in
+    [1, 2); g an integer below 256, exact in bf16), so that the step's fp32 result is the
+    target; the kernels, on their vector and scalar elements, round it to 24 bits to nearest
+    even: ties below an even and an odd kept bit, just below and above a tie, a carry into the
+    exponent. The reference is round_to_24, checked on these cases above."""
+    gen = torch.Generator().manual_seed(0)
+    low = torch.randint(0, 256, (n,), generator=gen)
+    high = torch.randint(0, 2**15, (n,), generator=gen)  # fp32 mantissa bits 8-22
+    low[:9] = torch.tensor([0x80, 0x80, 0x81, 0x81, 0x7f, 0x7f, 0xff, 0x80, 0x00])
+    high[:9] = torch.tensor([0x0002, 0x0003, 0x0002, 0x0003, 0x0002, 0x0003, 0x7fff, 0x7fff, 0x0001])
+    low[-9:], high[-9:] = low[:9], high[:9]  # in the scalar tail too
+    bits = 0x3f800000 | high << 8 | low
+    p = torch.nn.Parameter(torch.zeros(n, dtype=torch.bfloat16))
+    opt = SGD([p], lr=2.0**-23, master_weights="remainder8", stochastic_rounding=False)
+    with_master(opt, p, floats(bits & ~0xff))
+    p.grad = (-low).to(torch.bfloat16)
+    opt.step()
+    assert_bitwise_equal(master24(opt, p), round_to_24(floats(bits)))
+
+
 # ---- the step ---------------------------------------------------------------------------------
 
 def scaled_steps(opt, params, steps, inf_at=3):

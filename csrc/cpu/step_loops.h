@@ -61,8 +61,8 @@ FA_VECTOR_HELPER void master24_addends(const UpdateRange<T>& r, int64_t i, const
     add_a &= 0xffu;
     add_b &= 0xffu;
   } else {
-    add_a = nearest_24_addend(a);
-    add_b = nearest_24_addend(b);
+    add_a = ops::nearest_24_addend<U32>(bits_of(a));
+    add_b = ops::nearest_24_addend<U32>(bits_of(b));
   }
 }
 
@@ -86,7 +86,7 @@ FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF
     if (r.master_kind == MasterKind::Remainder8) {
       U32 add_a, add_b;
       master24_addends(r, i, a, b, add_a, add_b);
-      const U32 m_a = round_to_24(a, add_a), m_b = round_to_24(b, add_b);
+      const U32 m_a = ops::round_bits_to_24<U32>(bits_of(a), add_a), m_b = ops::round_bits_to_24<U32>(bits_of(b), add_b);
       max_magnitude(amax, m_a);
       max_magnitude(amax, m_b);
       return store_master24_as(r.param + i, master_at<uint8_t>(r, i), m_a, m_b);

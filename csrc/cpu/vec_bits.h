@@ -134,11 +134,8 @@ FA_VECTOR_HELPER void load_master_of(const c10::BFloat16* param, const c10::BFlo
   U32 p0, p1, r0, r1;
   load_low16(param, p0, p1);
   load_low16(remainder, r0, r1);
-  auto join = [](const U32& p, const U32& r) {  // the remainder's top bit: the param rounded up
-    return float_of(((p - (r >> 15)) << 16) | r);
-  };
-  a = join(p0, r0);
-  b = join(p1, r1);
+  a = float_of(ops::master_of<U32>(p0, r0));
+  b = float_of(ops::master_of<U32>(p1, r1));
 #endif
 }
 
@@ -148,11 +145,9 @@ FA_VECTOR_HELPER void store_exact_bf16(c10::BFloat16* p, const VecF& a, const Ve
   store_words(p, bits_of(a) >> 16, bits_of(b) >> 16);
 }
 
-// ops::round_bits_to_bf16 on a vector: x rounded to a bf16 value by adding `addend` to its
-// magnitude bits; a NaN keeps its high half, made quiet.
+// x rounded to a bf16 value by adding `addend` to its magnitude bits (ops::round_bits_to_bf16).
 FA_VECTOR_HELPER VecF round_to_bf16(const VecF& x, const U32& addend) {
-  const U32 bits = bits_of(x);
-  return VecF::blendv(float_of((bits + addend) & 0xffff0000u), float_of((bits | 0x400000u) & 0xffff0000u), x.isnan());
+  return float_of(ops::round_bits_to_bf16<U32>(bits_of(x), addend));
 }
 
 FA_VECTOR_HELPER void store_master_as(c10::BFloat16* param, c10::BFloat16* remainder, const VecF& a, const VecF& b) {
@@ -172,8 +167,7 @@ FA_VECTOR_HELPER void store_master_as(c10::BFloat16* param, c10::BFloat16* remai
     return;
   }
 #endif
-  const U32 half_ulp = U32{} + 0x8000u;  // to nearest, ties away from zero (ops::param_bits_of_master)
-  store_exact_bf16(param, round_to_bf16(a, half_ulp), round_to_bf16(b, half_ulp));
+  store_words(param, ops::param_bits_of_master<U32>(bits_of(a)), ops::param_bits_of_master<U32>(bits_of(b)));
   store_words(remainder, bits_of(a) & 0xffffu, bits_of(b) & 0xffffu);
 }
 
@@ -221,41 +215,19 @@ FA_VECTOR_HELPER void load_master24_of(const c10::BFloat16* param, const uint8_t
   U32 p0, p1, r0, r1;
   load_low16(param, p0, p1);
   load_bytes(remainder8, r0, r1);
-  auto join = [](const U32& p, const U32& r) {  // the byte's top bit: the param rounded up
-    return float_of(((p - (r >> 7)) << 16) | (r << 8));
-  };
-  a = join(p0, r0);
-  b = join(p1, r1);
+  a = float_of(ops::master24_of<U32>(p0, r0));
+  b = float_of(ops::master24_of<U32>(p1, r1));
 }
-
-// ops::round_bits_to_24 and ops::nearest_24_addend on a vector.
-FA_VECTOR_HELPER U32 round_to_24(const VecF& x, const U32& addend) {
-  const U32 bits = bits_of(x);
-  const U32 nan = bits_of(x.isnan());
-  return (((bits + addend) & ~nan) | ((bits | 0x400000u) & nan)) & 0xffffff00u;
-}
-FA_VECTOR_HELPER U32 nearest_24_addend(const VecF& x) { return 0x7fu + ((bits_of(x) >> 8) & 1u); }
 
 // Stores 24-bit masters (their bits in the lanes of a, b) as bf16 params and bytes.
 FA_VECTOR_HELPER void store_master24_as(c10::BFloat16* param, uint8_t* remainder8, const U32& a, const U32& b) {
-  auto high = [](const U32& m) {  // ops::param_bits_of_master: a NaN (quiet already) keeps its high half
-    const U32 nan = bits_of(float_of(m).isnan());
-    return (((m + 0x8000u) & ~nan) | (m & nan)) >> 16;
-  };
-  store_words(param, high(a), high(b));
+  store_words(param, ops::param_bits_of_master<U32>(a), ops::param_bits_of_master<U32>(b));
   store_second_bytes(remainder8, a, b);
 }
 
 // ops::rounding_bits of 2 * kLanes consecutive elements from `index` (lowbias32 on lanes).
 FA_VECTOR_HELPER void rounding_bits2(uint32_t key, int64_t index, U32& a, U32& b) {
-  auto mix = [](U32 x) {
-    x ^= x >> 16;
-    x *= 0x7feb352du;
-    x ^= x >> 15;
-    x *= 0x846ca68bu;
-    return x ^ (x >> 16);
-  };
   const U32 first = kLaneIndex + static_cast<uint32_t>(index);
-  a = mix(key ^ first);
-  b = mix(key ^ (first + kLanes));
+  a = ops::mix32<U32>(key ^ first);
+  b = ops::mix32<U32>(key ^ (first + kLanes));
 }

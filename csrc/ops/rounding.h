@@ -1,6 +1,5 @@
 #pragma once
-// Ways to keep fp32 values in fewer bits (scalar spellings; the CPU's vector ones are in
-// cpu/vec_bits.h and compute the same bits):
+// Ways to keep fp32 values in fewer bits:
 // - an exact fp32 master as a bf16 param plus a 16-bit remainder (TransformerEngine's
 //   store_param_remainders): the remainder is the master's low 16 bits, and the param is the
 //   master rounded to nearest with ties away from zero, so that the pair gives the master back;
@@ -9,8 +8,14 @@
 //   the step's fp32 result is rounded to 24 bits to nearest even, or stochastically;
 // - bf16 optimizer state rounded stochastically, with random bits that depend on a seed, the step
 //   and the element's index in its tensor only (no thread count, no device, no launch plan).
+// The functions of bits that take a word type W compute on W = uint32_t (the scalar paths and
+// CUDA) or on a GCC vector of uint32_t lanes (the CPU's vector loops, cpu/vec_bits.h's U32): the
+// same operators on every lane (a comparison gives a lane mask, and ?: picks lane by lane), so
+// that both paths compute the same bits from one spelling. W is named at the call, not deduced:
+// 16-bit arguments widen to 32 bits before the shifts.
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "ops/common.h"
 
@@ -36,7 +41,20 @@ FA_HD float float_of(uint32_t b) {
 #endif
 }
 
-FA_HD bool is_nan_bits(uint32_t b) { return (b & 0x7fffffffu) > 0x7f800000u; }
+template <class W>
+struct Word {
+  using type = W;
+};
+template <class W>
+using word_t = typename Word<W>::type;
+
+// The signed type of W's lanes (a vector compare gives it). Magnitude bits are below 2^31, so a
+// signed compare orders them as an unsigned one does, and it is one AVX2 instruction.
+template <class W>
+using signed_word_t = std::conditional_t<std::is_same_v<W, uint32_t>, int32_t, decltype(W{} > W{})>;
+
+template <class W = uint32_t>
+FA_HD auto is_nan_bits(word_t<W> b) { return (signed_word_t<W>)(b & 0x7fffffffu) > 0x7f800000; }
 
 // |x| as bits: their unsigned order is the order of |x|, with NaN above inf, so that a maximum
 // over them (a weight's amax for fp8 scaling) is NaN where any element is, as torch's is.
@@ -46,19 +64,23 @@ FA_HD uint32_t magnitude_bits(float x) { return bits_of(x) & 0x7fffffffu; }
 // 2^16) to its magnitude bits: the high half goes up exactly when the low half plus the addend
 // carries. A NaN keeps its high half with the quiet bit set, so that it stays a NaN there. Both
 // roundings below are this one with another addend.
-FA_HD uint32_t round_bits_to_bf16(uint32_t b, uint32_t addend) {
-  return (is_nan_bits(b) ? b | 0x400000u : b + addend) & 0xffff0000u;
+template <class W = uint32_t>
+FA_HD W round_bits_to_bf16(word_t<W> b, word_t<W> addend) {
+  return (is_nan_bits<W>(b) ? b | 0x400000u : b + addend) & 0xffff0000u;
 }
 
-// The bf16 param of a master: round to nearest, ties away from zero (half a bf16 ulp added).
-FA_HD uint16_t param_bits_of_master(uint32_t m) {
-  return static_cast<uint16_t>(round_bits_to_bf16(m, 0x8000u) >> 16);
+// The bf16 param of a master (its bits, in the low half): round to nearest, ties away from zero
+// (half a bf16 ulp added).
+template <class W = uint32_t>
+FA_HD W param_bits_of_master(word_t<W> m) {
+  return round_bits_to_bf16<W>(m, W{} + 0x8000u) >> 16;
 }
 FA_HD uint16_t remainder_of_master(uint32_t m) { return static_cast<uint16_t>(m & 0xffffu); }
 // The master again: the param's bits, less the carry the rounding added, over the remainder.
 // Exact for every master that is not NaN (a NaN master comes back as a NaN).
-FA_HD uint32_t master_of(uint16_t param, uint16_t remainder) {
-  return ((static_cast<uint32_t>(param) - (remainder >> 15)) << 16) | remainder;
+template <class W = uint32_t>
+FA_HD W master_of(word_t<W> param, word_t<W> remainder) {
+  return ((param - (remainder >> 15)) << 16) | remainder;
 }
 
 // ---- 24-bit masters: a bf16 param and a byte -------------------------------------------------
@@ -66,23 +88,27 @@ FA_HD uint32_t master_of(uint16_t param, uint16_t remainder) {
 // The bits of an fp32 value rounded to a 24-bit one (low 8 bits zero) by adding `addend` (below
 // 2^8) to its magnitude bits; a NaN stays a NaN (quiet). Beyond the largest 24-bit value the
 // sum carries into the exponent's top: infinity, as IEEE rounding overflows.
-FA_HD uint32_t round_bits_to_24(uint32_t b, uint32_t addend) {
-  return (is_nan_bits(b) ? b | 0x400000u : b + addend) & 0xffffff00u;
+template <class W = uint32_t>
+FA_HD W round_bits_to_24(word_t<W> b, word_t<W> addend) {
+  return (is_nan_bits<W>(b) ? b | 0x400000u : b + addend) & 0xffffff00u;
 }
 // The addend of rounding to nearest, ties to even (the kept bits' lowest bit decides a tie).
-FA_HD uint32_t nearest_24_addend(uint32_t b) { return 0x7fu + ((b >> 8) & 1u); }
+template <class W = uint32_t>
+FA_HD W nearest_24_addend(word_t<W> b) { return 0x7fu + ((b >> 8) & 1u); }
 
 // A 24-bit master's parts: the param as in the remainder's split, the byte its bits 8-15.
 FA_HD uint8_t remainder8_of_master(uint32_t m24) { return static_cast<uint8_t>(m24 >> 8); }
 // The 24-bit master again: the param less the carry of its rounding (the byte's top bit, the
 // master's bit 15), over the byte. Exact for every 24-bit master that is not NaN.
-FA_HD uint32_t master24_of(uint16_t param, uint8_t remainder8) {
-  return ((static_cast<uint32_t>(param) - (remainder8 >> 7)) << 16) | (static_cast<uint32_t>(remainder8) << 8);
+template <class W = uint32_t>
+FA_HD W master24_of(word_t<W> param, word_t<W> remainder8) {
+  return ((param - (remainder8 >> 7)) << 16) | (remainder8 << 8);
 }
 
 // A 32-bit integer hash (Chris Wellons' lowbias32): every input bit changes about half the
 // output bits, with two multiplies.
-FA_HD uint32_t mix32(uint32_t x) {
+template <class W = uint32_t>
+FA_HD W mix32(word_t<W> x) {
   x ^= x >> 16;
   x *= 0x7feb352du;
   x ^= x >> 15;
