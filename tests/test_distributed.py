@@ -26,6 +26,10 @@ def run_ranks(fn, world, *args):
 
 
 def failing_run(rank, world, how):
+    # both ranks past the process group's set-up first: a rank that failed while the other was
+    # still connecting made that one fail too (gloo's "Connection closed by peer"), and either
+    # failure could be the one reported
+    dist.barrier()
     if rank == 1:
         if how == "raise":
             raise ValueError("rank 1 fails")
