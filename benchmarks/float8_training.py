@@ -10,7 +10,8 @@ batches everywhere.
 - "torchao + torch AdamW (bf16 weights)": no masters, every update rounded to bf16.
 Each float8 linear casts its weight and input to e4m3 in every forward (torch._scaled_mm runs on
 the CPU). Run: python -m benchmarks.float8_training [steps] [--every-optimizer] (each optimizer
-with torch's counterpart instead)."""
+with torch's counterpart instead) [--without-counterpart] (Lion and AdEMAMix, which torch lacks:
+ours on the float8 model against ours on the same model with bf16 linears)."""
 import statistics
 import sys
 
@@ -30,14 +31,15 @@ class Float8CharMLP(convergence.CharMLP):
         return self.out(F.gelu(self.hidden(h))).float()
 
 
-def train(make, dtype, seed, steps, data, lr=2e-3, batch=64):
+def train(make, dtype, seed, steps, data, lr=2e-3, batch=64, float8=True):
     from torchao.float8 import convert_to_float8_training
 
     split = data.numel() * 9 // 10
     train_data, held_out = data[:split], data[split:]
     torch.manual_seed(seed)
     model = Float8CharMLP().to(dtype)
-    convert_to_float8_training(model)  # tensorwise dynamic scaling (torchao's default)
+    if float8:
+        convert_to_float8_training(model)  # tensorwise dynamic scaling (torchao's default)
     opt = make(model.parameters(), lr)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(steps):
@@ -80,15 +82,30 @@ def every_optimizer():
     return recipes
 
 
+def without_counterpart():
+    """Lion and AdEMAMix, which torch lacks: ours (bf16 + fp32 masters) on the float8 model
+    against ours on the same model with its bf16 linears, at a learning rate the char LM trains
+    with (Lion's update is a sign, so its lr is about a tenth of Adam's)."""
+    recipes = {}
+    for name, lr in {"Lion": 2e-4, "AdEMAMix": 2e-3}.items():
+        ours = getattr(fused_amp.optim, name)
+        for float8 in (True, False):
+            linears = "float8 linears" if float8 else "bf16 linears (no fp8)"
+            recipes[f"fused_amp {name}, lr {lr}, {linears}"] = (lambda p, _, c=ours, lr=lr: c(p, lr=lr),
+                                                                torch.bfloat16, float8)
+    return recipes
+
+
 def main(steps=300, seeds=(0, 1, 2), recipes=RECIPES):
     data = convergence.corpus()
     print(f"char LM, float8 linears (torchao tensorwise), {steps} steps, seeds {list(seeds)}: held-out loss")
-    for name, (make, dtype) in recipes.items():
-        losses = [train(make, dtype, seed, steps, data) for seed in seeds]
+    for name, (make, dtype, *float8) in recipes.items():
+        losses = [train(make, dtype, seed, steps, data, float8=float8[0] if float8 else True) for seed in seeds]
         print(f"  {name:56s} mean {statistics.fmean(losses):.4f}  spread {max(losses) - min(losses):.4f}  "
               f"({', '.join(f'{x:.4f}' for x in losses)})", flush=True)
 
 
 if __name__ == "__main__":
     main(int(sys.argv[1]) if len(sys.argv) > 1 else 300,
-         recipes=every_optimizer() if "--every-optimizer" in sys.argv else RECIPES)
+         recipes=(every_optimizer() if "--every-optimizer" in sys.argv
+                  else without_counterpart() if "--without-counterpart" in sys.argv else RECIPES))
