@@ -114,6 +114,13 @@ def test_update_scale_matches_torch_and_the_cpu_op(sim, hysteresis, bounds):
             assert_bitwise_equal(tracker, ref[1])
 
 
+# the kernels' numbers of the storage kinds (csrc/storage_kinds.h; MasterKind::None is 0)
+_KINDS = ops.storage_kinds()
+MASTER_KIND = {False: 0, **{kind["option"]: kind["kind"] for kind in _KINDS["masters"]}}
+MASTER_KIND[True] = MASTER_KIND["fp32"]
+STATE_KIND = {getattr(torch, kind["dtype"]): kind["kind"] for kind in _KINDS["states"]}
+
+
 def test_the_launchers_refuse_the_dtypes_they_have_no_kernel_for(sim):
     """cuda_ops.cpp refuses them first; the launchers refuse them too, before any launch."""
     t = torch.zeros(4, dtype=torch.float64)
@@ -123,19 +130,18 @@ def test_the_launchers_refuse_the_dtypes_they_have_no_kernel_for(sim):
         sim.step("adam", 7, kind(torch.float64), 1, ptr_array([[t, t, None, t, t, None, found]]), numel_array([t]),
                         (ctypes.c_double * 4)(0.9, 0.99, 1e-8, 0.0), (ctypes.c_int * 3)(0, 0, 0),
                         ctypes.c_double(1e-3), None, None, None, 0, None, ctypes.c_float(0), 0, ctypes.c_int64(0), 0)
+    # the Output kind is the descriptor's to pick (an optimizer that writes no param), never the host's
+    output_kind = (ctypes.c_int * 4)(DTYPE_CODE[torch.bfloat16], 4, STATE_KIND[torch.float32], 0)  # 4: MasterKind::Output
+    with pytest.raises(EmulatorError, match="the host passes no Output master kind"):
+        sim.step("adam", 7, output_kind, 1, ptr_array([[t, t, None, t, t, None, found]]), numel_array([t]),
+                 (ctypes.c_double * 4)(0.9, 0.99, 1e-8, 0.0), (ctypes.c_int * 3)(0, 0, 0),
+                 ctypes.c_double(1e-3), None, None, None, 0, None, ctypes.c_float(0), 0, ctypes.c_int64(0), 0)
     # cuda_ops.cpp passes the table index step_ resolved; the harness resolves the name as step_ does (-1: none)
     with pytest.raises(EmulatorError, match="no optimizer at index -1"):
         sim.step("adagrad2", 5, kind(torch.float32), 1, ptr_array([[t, t, None, t, found]]), numel_array([t]),
                  [0.0, 0.0, 1e-10, 0.0], [], ctypes.c_double(1e-3), None, None, None, 0, None, ctypes.c_float(0), 0,
                  ctypes.c_int64(0), 0)
     assert sim.fa_sim_launches() == before
-
-
-# the kernels' numbers of the storage kinds (csrc/storage_kinds.h; MasterKind::None is 0)
-_KINDS = ops.storage_kinds()
-MASTER_KIND = {False: 0, **{kind["option"]: kind["kind"] for kind in _KINDS["masters"]}}
-MASTER_KIND[True] = MASTER_KIND["fp32"]
-STATE_KIND = {getattr(torch, kind["dtype"]): kind["kind"] for kind in _KINDS["states"]}
 
 
 def kind(dtype, master=False, state_dtype=torch.float32, amax=False):
