@@ -6,7 +6,7 @@ import torch
 import fused_amp._C as _C  # the extension module itself, not the package face
 from fused_amp import _fake
 
-# the tables of the C++ side, read by the Python layer, beside the ops
+# what the C++ side tells the Python layer about its tables (functions, not ops)
 _TABLES = ("optimizers", "kept_states", "storage_kinds")
 __all__ = ["unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_", "delayed_scale_update_",
            *_TABLES]

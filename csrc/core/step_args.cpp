@@ -168,14 +168,12 @@ StepTensors validate_step(const char* op, const StepInputs& in, Staging* staging
     TORCH_CHECK_VALUE(in.params[i].scalar_type() != at::kFloat, op, ": master_params[", i,
                       "] is given but params[", i, "] is float32, which is updated in place");
     // a master kind that keeps the master's top half in a bf16 param needs one (storage_kinds.h)
-    const MasterKind kind = master_kind_of(m->scalar_type());
-    for (const StorageKind& k : kMasterKinds) {
-      TORCH_CHECK_TYPE(k.kind != static_cast<int>(kind) || !k.bf16_params || in.params[i].scalar_type() == at::kBFloat16,
-                       op, ": master_params[", i, "] has dtype ", k.dtype, ", a remainder (master_weights='",
-                       k.option, "'), but params[", i, "] is ", in.params[i].scalar_type(), "; remainders need bfloat16 params");
-    }
-    check_partner(op, "master_params", i, *m, in.params[i], kind == MasterKind::None ? at::kFloat : m->scalar_type(),
-                  true);
+    const StorageKind* kind = master_storage(master_kind_of(m->scalar_type()));
+    TORCH_CHECK_TYPE(!kind || !kind->bf16_params || in.params[i].scalar_type() == at::kBFloat16, op,
+                     ": master_params[", i, "] has dtype ", kind->dtype, ", a remainder (master_weights='",
+                     kind->option, "'), but params[", i, "] is ", in.params[i].scalar_type(),
+                     "; remainders need bfloat16 params");
+    check_partner(op, "master_params", i, *m, in.params[i], kind ? m->scalar_type() : at::kFloat, true);
     s.masters[i] = *m;
   }
   check_state_lists(op, in.states, in.params, s);
@@ -190,7 +188,8 @@ StepTensors validate_step(const char* op, const StepInputs& in, Staging* staging
   if (in.scalar_key) {
     check_length(op, "scalar_states", in.scalars.size(), in.params.size(), false);
     for (size_t i = 0; i < in.scalars.size(); ++i) {
-      check_scalar(op, ("scalar_states[" + std::to_string(i) + "] (" + in.scalar_key + ")").c_str(), in.scalars[i], device);
+      check_scalar(op, ("scalar_states[" + std::to_string(i) + "] (" + in.scalar_key + ")").c_str(), in.scalars[i],
+                   device);
     }
     check_distinct(op, "scalar_states", in.scalars);
     s.scalars = in.scalars.vec();
@@ -200,7 +199,9 @@ StepTensors validate_step(const char* op, const StepInputs& in, Staging* staging
   }
   if (in.writes_output) {
     check_length(op, "outputs", in.outputs.size(), in.params.size(), false);
-    for (size_t i = 0; i < in.outputs.size(); ++i) check_partner(op, "outputs", i, in.outputs[i], in.params[i], at::kBFloat16, true);
+    for (size_t i = 0; i < in.outputs.size(); ++i) {
+      check_partner(op, "outputs", i, in.outputs[i], in.params[i], at::kBFloat16, true);
+    }
     check_distinct(op, "outputs", in.outputs);
     s.outputs = in.outputs.vec();
   } else {

@@ -3,7 +3,6 @@
 #include <c10/util/Exception.h>
 
 #include <array>
-#include <iterator>
 
 namespace fused_amp::core {
 
@@ -35,22 +34,27 @@ const auto& state_dtypes() {
   return dtypes;
 }
 
+// The entry of `table`, whose dtypes are `dtypes`, that has `dtype`; null where none has.
+template <size_t N>
+const StorageKind* entry_with(const StorageKind (&table)[N], const std::array<at::ScalarType, N>& dtypes,
+                              at::ScalarType dtype) {
+  for (size_t i = 0; i < N; ++i) {
+    if (dtypes[i] == dtype) return &table[i];
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 MasterKind master_kind_of(at::ScalarType dtype) {
-  for (size_t i = 0; i < std::size(kMasterKinds); ++i) {
-    if (master_dtypes()[i] == dtype) return static_cast<MasterKind>(kMasterKinds[i].kind);
-  }
-  return MasterKind::None;
+  const StorageKind* entry = entry_with(kMasterKinds, master_dtypes(), dtype);
+  return entry ? static_cast<MasterKind>(entry->kind) : MasterKind::None;
 }
 
 bool state_kind_of(at::ScalarType dtype, StateKind* kind) {
-  for (size_t i = 0; i < std::size(kStateKinds); ++i) {
-    if (state_dtypes()[i] != dtype) continue;
-    *kind = static_cast<StateKind>(kStateKinds[i].kind);
-    return true;
-  }
-  return false;
+  const StorageKind* entry = entry_with(kStateKinds, state_dtypes(), dtype);
+  if (entry) *kind = static_cast<StateKind>(entry->kind);
+  return entry != nullptr;
 }
 
 std::string state_dtype_names() {

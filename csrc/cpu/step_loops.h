@@ -9,7 +9,9 @@ template <typename T>
 FA_VECTOR_HELPER void load_value(const UpdateRange<T>& r, int64_t i, VecF& a, VecF& b) {
   if (r.master_kind == MasterKind::Fp32) return load2(master_at<float>(r, i), a, b);
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (r.master_kind == MasterKind::Remainder) return load_master_of(r.param + i, master_at<c10::BFloat16>(r, i), a, b);
+    if (r.master_kind == MasterKind::Remainder) {
+      return load_master_of(r.param + i, master_at<c10::BFloat16>(r, i), a, b);
+    }
     if (r.master_kind == MasterKind::Remainder8) return load_master24_of(r.param + i, master_at<uint8_t>(r, i), a, b);
   }
   load2(r.param + i, a, b);
@@ -86,7 +88,8 @@ FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF
     if (r.master_kind == MasterKind::Remainder8) {
       U32 add_a, add_b;
       master24_addends(r, i, a, b, add_a, add_b);
-      const U32 m_a = ops::round_bits_to_24<U32>(bits_of(a), add_a), m_b = ops::round_bits_to_24<U32>(bits_of(b), add_b);
+      const U32 m_a = ops::round_bits_to_24<U32>(bits_of(a), add_a);
+      const U32 m_b = ops::round_bits_to_24<U32>(bits_of(b), add_b);
       max_magnitude(amax, m_a);
       max_magnitude(amax, m_b);
       return store_master24_as(r.param + i, master_at<uint8_t>(r, i), m_a, m_b);
@@ -95,7 +98,9 @@ FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF
   max_magnitude(amax, bits_of(a));
   max_magnitude(amax, bits_of(b));
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (r.master_kind == MasterKind::Remainder) return store_master_as(r.param + i, master_at<c10::BFloat16>(r, i), a, b);
+    if (r.master_kind == MasterKind::Remainder) {
+      return store_master_as(r.param + i, master_at<c10::BFloat16>(r, i), a, b);
+    }
   }
   if (r.master_kind == MasterKind::Fp32) store2(master_at<float>(r, i), a, b);
   if constexpr (kCanStream<T>) {
@@ -136,8 +141,12 @@ template <typename T>
 inline float value_at(const UpdateRange<T>& r, int64_t i) {
   if (r.master_kind == MasterKind::Fp32) return *master_at<float>(r, i);
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (r.master_kind == MasterKind::Remainder) return ops::float_of(ops::master_of(r.param[i].x, master_at<c10::BFloat16>(r, i)->x));
-    if (r.master_kind == MasterKind::Remainder8) return ops::float_of(ops::master24_of(r.param[i].x, *master_at<uint8_t>(r, i)));
+    if (r.master_kind == MasterKind::Remainder) {
+      return ops::float_of(ops::master_of(r.param[i].x, master_at<c10::BFloat16>(r, i)->x));
+    }
+    if (r.master_kind == MasterKind::Remainder8) {
+      return ops::float_of(ops::master24_of(r.param[i].x, *master_at<uint8_t>(r, i)));
+    }
   }
   return static_cast<float>(r.param[i]);
 }
