@@ -333,6 +333,8 @@ def test_the_storage_kinds_table_says_what_the_optimizers_hold():
     kinds = ops.storage_kinds()
     assert [k["option"] for k in kinds["masters"]] == ["fp32", "remainder", "remainder8"]
     assert [k["dtype"] for k in kinds["states"]] == ["float32", "bfloat16", "uint8"]
+    assert [k["rounds"] for k in kinds["states"]] == [False, True, True]
+    assert [k["rounds"] for k in kinds["masters"]] == [False, False, True]
     for kind in kinds["masters"]:
         p = torch.nn.Parameter(torch.randn(300, dtype=torch.bfloat16))
         p.grad = torch.randn_like(p)

@@ -19,7 +19,8 @@ MASTER_KEYS = tuple(kind["key"] for kind in MASTER_KINDS.values())  # a param ho
 # the keys of the masters a bf16 param is part of; checkpoints hold them as fp32 masters
 REMAINDER_KEYS = tuple(kind["key"] for kind in MASTER_KINDS.values() if kind["bf16_params"])
 MASTER_WEIGHTS = (True, False) + tuple(MASTER_KINDS)
-STATE_DTYPES = tuple(getattr(torch, kind["dtype"]) for kind in ops.storage_kinds()["states"])
+STATE_KINDS = {getattr(torch, kind["dtype"]): kind for kind in ops.storage_kinds()["states"]}
+STATE_DTYPES = tuple(STATE_KINDS)
 # the 8-bit map of each state, from the optimizers' table (csrc/optimizers.h): signed for moments,
 # unsigned for second moments and sums
 SIGNED_STATES = frozenset(key for entry in ops.optimizers().values() for key, _, signed in entry["states"] if signed)
@@ -39,6 +40,11 @@ def rounded_master(master_weights) -> bool:
     return isinstance(master_weights, str) and MASTER_KINDS[master_weights]["rounds"]
 
 
+def rounded_state(state_dtype) -> bool:
+    """Whether the state kind holds fp32 values rounded (bf16 state, 8-bit codes)."""
+    return STATE_KINDS[state_dtype]["rounds"]
+
+
 def stochastic(group, sums: bool = False) -> bool:
     """Whether what the group stores in fewer than 32 bits rounds stochastically: as
     ``stochastic_rounding`` says, or by default (None) for 24-bit masters, whose rounding to
@@ -46,7 +52,7 @@ def stochastic(group, sums: bool = False) -> bool:
     optimizer whose state is a running sum (``sums``: Adagrad), which would drop its increments."""
     sr = group["stochastic_rounding"]
     if sr is None:
-        return rounded_master(group["master_weights"]) or (sums and group["state_dtype"] != torch.float32)
+        return rounded_master(group["master_weights"]) or (sums and rounded_state(group["state_dtype"]))
     return bool(sr)
 
 
@@ -68,7 +74,7 @@ def check_memory_options(name: str, master_weights, state_dtype, stochastic_roun
     if stochastic_rounding is not None and not isinstance(stochastic_rounding, bool):
         raise TypeError(f"{name}: stochastic_rounding must be True, False or None, "
                         f"got {type(stochastic_rounding).__name__}")
-    if stochastic_rounding and state_dtype == torch.float32 and not rounded_master(master_weights):
+    if stochastic_rounding and not rounded_state(state_dtype) and not rounded_master(master_weights):
         raise ValueError(f"{name}: stochastic_rounding=True rounds bf16 state, 8-bit codes and 24-bit "
                          f"masters; it needs state_dtype=torch.bfloat16 or torch.uint8 or "
                          f"master_weights='remainder8', got state_dtype={state_dtype} and "
