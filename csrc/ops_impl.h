@@ -136,7 +136,11 @@ struct Entry {
   static void step_(c10::string_view optimizer, at::TensorList params, at::TensorList grads,
                     const c10::List<std::optional<at::Tensor>>& master_params, at::TensorList states,
                     at::TensorList steps, const c10::List<std::optional<at::Tensor>>& state_absmaxes,
-                    at::TensorList scalar_states, at::TensorList outputs, c10::ArrayRef<double> hyper, double lr,
+                    at::TensorList scalar_states, at::TensorList outputs,
+                    const c10::List<std::optional<at::Tensor>>& float8_weights,
+                    const c10::List<std::optional<at::Tensor>>& float8_scales,
+                    const c10::List<std::optional<at::Tensor>>& float8_scale_invs, c10::ArrayRef<double> hyper,
+                    double lr,
                     const std::optional<at::Tensor>& lr_tensor,
                     const std::optional<at::Tensor>& inv_scale, const std::optional<at::Tensor>& found_inf,
                     const std::optional<at::Tensor>& grad_norm, std::optional<double> max_grad_norm,
@@ -161,9 +165,13 @@ struct Entry {
       a = core::StepArgs{Optimizers::index<Opt>(), core::validate_step(op.c_str(), in, check_only ? nullptr : &staging),
                          hyper.vec()};
       if (weight_amax) {
-        core::check_weight_amax(op.c_str(), *weight_amax, params, Opt::kWritesOutput);
+        TORCH_CHECK_VALUE(!Opt::kWritesOutput, op, ": weight_amax is for optimizers that write their params; this "
+                          "one writes outputs");
+        core::check_per_param(op.c_str(), "weight_amax", *weight_amax, params);
         a->tensors.weight_amax = *weight_amax;
       }
+      core::check_float8_weights(op.c_str(), float8_weights, float8_scales, float8_scale_invs, Opt::kWritesOutput,
+                                 a->tensors, check_only ? nullptr : &staging);
     });
     TORCH_CHECK_VALUE(known, "step_: unknown optimizer '", name, "'; known: ", optimizer_names());
     if (check_only || params.empty()) return;
@@ -171,6 +179,8 @@ struct Entry {
     staging.copy_back();
     bump_step_versions(a->tensors, params, grads, master_params, states, state_absmaxes, steps, outputs);
     bump_versions(scalar_states);
+    bump_versions(float8_weights);
+    bump_versions(float8_scale_invs);
     if (weight_amax && !weight_amax->is_inference()) weight_amax->unsafeGetTensorImpl()->bump_version();
   }
 };

@@ -1,11 +1,11 @@
 """fused_amp: fused multi-tensor kernels for mixed-precision training in PyTorch."""
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from fused_amp import _C, integrations, ops, optim  # noqa: F401
+from fused_amp import _C, float8, integrations, ops, optim  # noqa: F401
 from fused_amp.check import Finding, check_model
 from fused_amp.grad_scaler import GradScaler, OverflowReport
 
-__all__ = ["Finding", "GradScaler", "OverflowReport", "build_info", "check_model", "integrations", "ops",
+__all__ = ["Finding", "GradScaler", "OverflowReport", "build_info", "check_model", "float8", "integrations", "ops",
            "optim"]
 
 

@@ -189,7 +189,10 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
           master_params: List[Optional[torch.Tensor]], states: Sequence[List[torch.Tensor]],
           steps: List[torch.Tensor], *, state_absmaxes: Optional[List[Optional[torch.Tensor]]] = None,
           scalar_states: Optional[List[torch.Tensor]] = None, outputs: Optional[List[torch.Tensor]] = None,
-          hyper: Mapping[str, float], lr: float, lr_tensor: Optional[torch.Tensor] = None,
+          float8_weights: Optional[List[Optional[torch.Tensor]]] = None,
+          float8_scales: Optional[List[Optional[torch.Tensor]]] = None,
+          float8_scale_invs: Optional[List[Optional[torch.Tensor]]] = None, hyper: Mapping[str, float],
+          lr: float, lr_tensor: Optional[torch.Tensor] = None,
           inv_scale: Optional[torch.Tensor] = None, found_inf: Optional[torch.Tensor] = None,
           grad_norm: Optional[torch.Tensor] = None, max_grad_norm: Optional[float] = None,
           rounding_seed: Optional[int] = None, stochastic_codes: bool = False,
@@ -243,6 +246,16 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
     fp32): what fp8 scaling reads (``torchao``'s ``precompute_float8_dynamic_scale_for_fsdp``),
     formed in the pass that writes the params instead of a pass of its own. A skipped step
     (``found_inf``) leaves it as it was.
+    With ``float8_weights`` (one per param: a ``torch.float8_e4m3fn`` tensor shaped like it, or
+    None) and ``float8_scales`` (one-element fp32 tensors on their device, given exactly where a
+    copy is) the step also writes each param's fp8 copy in that pass: the param as written,
+    times its scale, clamped to the e4m3 range and cast to nearest even, bit for bit torchao's
+    cast of the weight (``(param.float() * scale).clamp(-448, 448).to(torch.float8_e4m3fn)``;
+    of an fp32 param, TransformerEngine's cast of the master). The scale must be known before
+    the step: delayed scaling's (:func:`delayed_scale_update_`, whose amax history takes this
+    step's ``weight_amax``). Where ``float8_scale_invs`` (the same form; optional) holds a
+    tensor, the step writes ``1 / scale`` there: the copy's dequantization scale as of its
+    cast. A skipped step writes no copy and no inverse.
     Tensors in other layouts than their param (or not dense) are handled through copies.
 
     Args:
@@ -258,6 +271,7 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
             as described above.
         rounding_seed, stochastic_codes, unscale_grads, weight_amax, check_only: as described
             above.
+        float8_weights, float8_scales, float8_scale_invs: as described above.
 
     Raises:
         ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
@@ -277,12 +291,16 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
     absmaxes = _tensors(op, "state_absmaxes", state_absmaxes or [])
     scalars = _tensors(op, "scalar_states", scalar_states or [])
     outputs = _tensors(op, "outputs", outputs or [])
-    if _no_tensors(*lists, *state_lists, steps, absmaxes, scalars, outputs, lr_tensor, inv_scale, found_inf,
-                   grad_norm):
+    float8_weights = _tensors(op, "float8_weights", float8_weights or [])
+    float8_scales = _tensors(op, "float8_scales", float8_scales or [])
+    float8_scale_invs = _tensors(op, "float8_scale_invs", float8_scale_invs or [])
+    if _no_tensors(*lists, *state_lists, steps, absmaxes, scalars, outputs, float8_weights, float8_scales,
+                   float8_scale_invs, lr_tensor, inv_scale, found_inf, grad_norm):
         return
     _ops.step_(optimizer, *lists, [t for s in state_lists for t in s], steps, state_absmaxes=absmaxes,
-               scalar_states=scalars, outputs=outputs,
-               hyper=[float(hyper[n]) for n in names], lr=lr, lr_tensor=lr_tensor,
+               scalar_states=scalars, outputs=outputs, float8_weights=float8_weights, float8_scales=float8_scales,
+               float8_scale_invs=float8_scale_invs, hyper=[float(hyper[n]) for n in names], lr=lr,
+               lr_tensor=lr_tensor,
                inv_scale=inv_scale, found_inf=found_inf, grad_norm=grad_norm,
                max_grad_norm=max_grad_norm, rounding_seed=rounding_seed,
                stochastic_codes=stochastic_codes, unscale_grads=unscale_grads, weight_amax=weight_amax,

@@ -101,5 +101,5 @@ def test_every_expression_of_the_op_headers_is_read_and_every_rounding_flip_foun
         if header not in ("optimizer.h",):
             assert any(f"(ops/{header}:" in n for n in names), f"no mutant in ops/{header}"
     assert sum("one short" in n for n in names) >= 10
-    assert sum(n.startswith(("stochastic", "bf16", "the remainder", "24-bit", "signed", "unsigned")) for n in names) == \
-        len(mutate_cpu_code.ROUNDINGS)
+    flips = ("stochastic", "bf16", "the remainder", "24-bit", "signed", "unsigned", "fp8")
+    assert sum(n.startswith(flips) for n in names) == len(mutate_cpu_code.ROUNDINGS)

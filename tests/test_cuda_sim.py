@@ -14,6 +14,7 @@ emulator itself."""
 import ctypes
 import math
 import zlib
+from functools import partial
 
 import pytest
 import torch
@@ -144,10 +145,11 @@ def test_the_launchers_refuse_the_dtypes_they_have_no_kernel_for(sim):
     assert sim.fa_sim_launches() == before
 
 
-def kind(dtype, master=False, state_dtype=torch.float32, amax=False):
-    """The (param dtype, master kind, state dtype) of the simulated launches, and whether each
-    tensor's row ends with its amax slot."""
-    return (ctypes.c_int * 4)(DTYPE_CODE[dtype], MASTER_KIND[master], STATE_KIND[state_dtype], int(amax))
+def kind(dtype, master=False, state_dtype=torch.float32, ends=0):
+    """The (param dtype, master kind, state dtype) of the simulated launches, and how many lists
+    end each tensor's row: 1, its amax slot; 4, also its fp8 copy, the copy's scale and where the
+    scale's inverse goes (launch.h)."""
+    return (ctypes.c_int * 4)(DTYPE_CODE[dtype], MASTER_KIND[master], STATE_KIND[state_dtype], ends)
 
 
 def optimizer_lists(dtype, master, gen, aligned):
@@ -418,8 +420,8 @@ Q8_SIZES = [0, 1, 255, 256, 257, 2047, 2048, 2049, 2560, 2561, 0, 5200, 7700, 4,
 Q8 = STATE_KIND[torch.uint8]  # the state kind of 8-bit codes
 
 
-def q8_kind(dtype, master=False, amax=False):
-    return (ctypes.c_int * 4)(DTYPE_CODE[dtype], MASTER_KIND[master], Q8, int(amax))
+def q8_kind(dtype, master=False, ends=0):
+    return (ctypes.c_int * 4)(DTYPE_CODE[dtype], MASTER_KIND[master], Q8, ends)
 
 
 def q8_lists(dtype, master, gen, aligned):
@@ -547,25 +549,37 @@ def test_every_optimizer_matches_the_cpu_op(sim, cls, torch_cls, kw, storage):
     lr = float(group["lr"])
     with_amax = not table["writes_output"]  # (an optimizer that writes outputs writes no weight)
     ref_amax = torch.full((len(params),), -1.0)
+    # fp8 copies (each scale puts its param elsewhere in e4m3's range) and their scales' inverses
+    copies, ref_copies = ([torch.zeros(p.shape, dtype=torch.float8_e4m3fn) for p in params] for _ in range(2))
+    scales = [torch.tensor([(1.0, 2.0 ** -9, 40.0, 0.37, 1e4)[i % 5]]) for i in range(len(params))]
+    invs, ref_invs = ([torch.zeros(1) for _ in params] for _ in range(2))
     for found in (0.0, 0.0, 0.0, 1.0):
         found_inf = torch.tensor([found])
         slots = [torch.zeros(1, dtype=torch.int32) for _ in params]  # the kernels' amax slots
-        rows = [list(r) + ([a] if quantized else []) + ([slot] if with_amax else [])
-                for r, a, slot in zip(zip(params, grads, masters, *states, steps, *scalars), absmax, slots)]
+        ends = [[slot, copy, scale, inv] if with_amax else []
+                for slot, copy, scale, inv in zip(slots, copies, scales, invs)]
+        rows = [list(r) + ([a] if quantized else []) + end
+                for r, a, end in zip(zip(params, grads, masters, *states, steps, *scalars), absmax, ends)]
         sim.step(name, 4 + len(table["states"]) + len(scalars),
-                 (q8_kind(dtype, master, with_amax) if quantized else kind(dtype, master, state_dtype, with_amax)),
+                 (q8_kind if quantized else partial(kind, state_dtype=state_dtype))(dtype, master,
+                                                                                   ends=4 if with_amax else 0),
                  len(params), ptr_array(rows), numel_array(params), [hyper[h] for h in table["hyper"]], [],
                  ctypes.c_double(lr), None, fptr(inv), fptr(found_inf), 1, None, ctypes.c_float(0), stochastic,
                  ctypes.c_int64(seed or 0), 0)
+        float8 = dict(float8_weights=ref_copies, float8_scales=scales, float8_scale_invs=ref_invs) if with_amax else {}
         ops.step_(name, ref[0], ref[1], ref[2] if master else [], ref[3:3 + len(keys)], ref[-1], hyper=hyper, lr=lr,
                   state_absmaxes=ref_absmax if quantized else [], scalar_states=(ref_scalars or [[]])[0],
                   inv_scale=inv, found_inf=found_inf, weight_amax=ref_amax if with_amax else None,
-                  rounding_seed=seed, stochastic_codes=stochastic == 2)
+                  rounding_seed=seed, stochastic_codes=stochastic == 2, **float8)
         if with_amax and not found:
             assert_bitwise_equal(torch.cat(slots).view(torch.float32), ref_amax, "amax slots")
             assert_bitwise_equal(ref_amax, torch_amax(ref[0]), "torch's amax")
     if with_amax:  # the overflow step left the amax of the last clean one
         assert_bitwise_equal(ref_amax, torch_amax(ref[0]), "amax after overflow")
+        for i, (copy, ref_copy) in enumerate(zip(copies, ref_copies)):
+            assert_bitwise_equal(copy.view(torch.uint8), ref_copy.view(torch.uint8), f"fp8 copy {i}")
+            assert_bitwise_equal(invs[i], ref_invs[i], f"scale_inv {i}")
+        assert_bitwise_equal(ref_invs[0], torch.ones(1), "scale_inv 0 (1 / 1)")
     for i in range(len(params)):
         assert_bitwise_equal(grads[i], ref[1][i], f"grad {i}")
         assert_bitwise_equal(params[i], ref[0][i], f"param {i}")

@@ -7,7 +7,8 @@ The mutants:
 - each counted loop of the CPU kernels (csrc/cpu/*.h, `for (...; i < n; ++i)`) one element
   short at its end;
 - each storage kind's rounding flipped (ROUNDINGS): bf16 to nearest with ties away instead of
-  to even, the remainder split with ties to even instead of away, 24-bit masters with ties away,
+  to even, the remainder split with ties to even instead of away, 24-bit masters and fp8 copies
+  with ties away, fp8 copies not saturated,
   stochastic rounding of bf16 state, 24-bit masters and 8-bit codes to nearest, 8-bit codes
   rounded down.
 All of them are compiled into one build (a scratch copy of csrc/ in build-mutants/, each mutant
@@ -40,7 +41,7 @@ OUT = os.path.join(ROOT, "build-mutants")
 TESTS = ["tests/test_unscale.py", "tests/test_optim.py", "tests/test_clip.py", "tests/test_memory_modes.py",
          "tests/test_quantized_state.py", "tests/test_master24.py", "tests/test_lion.py", "tests/test_ademamix.py",
          "tests/test_muon.py", "tests/test_update_scale.py", "tests/test_grad_scaler.py", "tests/test_weight_amax.py",
-         "tests/test_delayed_scaling.py"]
+         "tests/test_delayed_scaling.py", "tests/test_float8_weights.py"]
 SWAP = {"+": "-", "-": "+", "*": "/", "/": "*", "+=": "-=", "-=": "+=", "*=": "/=", "/=": "*="}
 # functions of the op headers that get no operator mutant, and why
 UNMUTATED = {
@@ -62,6 +63,12 @@ ROUNDINGS = [
      "the remainder split with ties to even, not away from zero (scalars and vectors)"),
     ("ops/rounding.h", "return 0x7fu + ((b >> 8) & 1u);", "return {on} ? W{} | 0x80u : 0x7fu + ((b >> 8) & 1u);",
      "24-bit masters to nearest with ties away from zero, not to even (scalars and vectors)"),
+    ("ops/float8.h", "(mag + 0x7ffffu + ((mag >> 20) & 1u) - (120u << 23))",
+     "(mag + ({on} ? W{} | 0x80000u : 0x7ffffu + ((mag >> 20) & 1u)) - (120u << 23))",
+     "fp8 copies to nearest with ties away from zero, not to even (scalars and vectors)"),
+    ("ops/float8.h", "(is_nan_bits<W>(mag) || mag <= W{} + kE4m3MaxBits)",
+     "(is_nan_bits<W>(mag) || {on} || mag <= W{} + kE4m3MaxBits)",
+     "fp8 copies not saturated beyond 448 (torch's casts before 2.12)"),
     ("cpu/step_loops.h", "  if (r.stochastic) {\n    rounding_bits2", "  if (r.stochastic && !{on}) {\n    rounding_bits2",
      "stochastic rounding of 24-bit masters to nearest instead (vectors)"),
     ("cpu/step_loops.h", "const uint32_t addend = r.stochastic\n", "const uint32_t addend = r.stochastic && !{on}\n",

@@ -1,5 +1,6 @@
 #include "core/step_args.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include <string>
@@ -212,5 +213,45 @@ StepTensors validate_step(const char* op, const StepInputs& in, Staging* staging
   return s;
 }
 
+void check_float8_weights(const char* op, const c10::List<std::optional<at::Tensor>>& weights,
+                          const c10::List<std::optional<at::Tensor>>& scales,
+                          const c10::List<std::optional<at::Tensor>>& scale_invs, bool writes_output, StepTensors& s,
+                          Staging* staging) {
+  const size_t n = s.params.size();
+  check_length(op, "float8_weights", weights.size(), n, true);
+  check_length(op, "float8_scales", scales.size(), weights.size(), false);
+  check_length(op, "float8_scale_invs", scale_invs.size(), weights.size(), true);
+  auto given = [](const c10::List<std::optional<at::Tensor>>& list, size_t i) {
+    return i < list.size() && list[i].has_value() && list[i]->defined();
+  };
+  std::vector<at::Tensor> written_invs(scale_invs.size(), at::empty({0}));  // (empty ones are not compared)
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const std::string at_i = "[" + std::to_string(i) + "]";
+    const bool copy = given(weights, i);
+    TORCH_CHECK_VALUE(copy == given(scales, i), op, copy ? ": float8_weights" : ": float8_scales", at_i,
+                      " is given but float8_", copy ? "scales" : "weights", at_i,
+                      " is None (each copy is its param times its scale, cast to e4m3)");
+    TORCH_CHECK_VALUE(copy || !given(scale_invs, i), op, ": float8_scale_invs", at_i, " is given but float8_weights",
+                      at_i, " is None (no copy to dequantize)");
+    if (!copy) continue;
+    TORCH_CHECK_VALUE(!writes_output, op, ": float8_weights", at_i, " is given but the step writes no param (its ",
+                      "result goes to outputs)");
+    check_partner(op, "float8_weights", i, *weights[i], s.params[i], at::kFloat8_e4m3fn, true);
+    check_scalar(op, ("float8_scales" + at_i).c_str(), *scales[i], s.params[i].device());
+    s.float8_weights.resize(n);
+    s.float8_scales.resize(n);
+    s.float8_weights[i] = staging ? staging->like(*weights[i], s.params[i], true) : *weights[i];
+    s.float8_scales[i] = *scales[i];
+    if (!given(scale_invs, i)) continue;
+    const at::Tensor inv = *scale_invs[i];
+    check_scalar(op, ("float8_scale_invs" + at_i).c_str(), inv, s.params[i].device());
+    TORCH_CHECK_VALUE(!inv.is_alias_of(s.float8_scales[i]), op, ": float8_scale_invs", at_i,
+                      " shares memory with float8_scales", at_i, ", which the step reads while writing it");
+    s.float8_scale_invs.resize(n);
+    s.float8_scale_invs[i] = inv;
+    written_invs[i] = inv;
+  }
+  check_distinct(op, "float8_scale_invs", written_invs);
+}
 
 }  // namespace fused_amp::core

@@ -45,6 +45,12 @@ struct StepTensors {
   // fp8 scaling: the step writes each param's amax (the largest |element| it wrote, as fp32)
   // here, one element per param; a skipped step (found_inf) leaves it as it was
   std::optional<at::Tensor> weight_amax;
+  // fp8 weights: where float8_weights[i] is defined (float8_e4m3fn, shaped like params[i]) the
+  // step writes there the e4m3 cast of the param it wrote times float8_scales[i] (one fp32
+  // element, ops/float8.h) and, where float8_scale_invs[i] is defined, 1 / float8_scales[i]
+  // there: the copy's dequantization scale as of its cast (delayed scaling moves the scale on
+  // before the copy is next cast). Empty lists where no copy is asked for.
+  std::vector<at::Tensor> float8_weights, float8_scales, float8_scale_invs;
 
   // Where param i's fp32 value lives (storage_kinds.h): None where it is updated in place.
   MasterKind master_kind(size_t i) const {
@@ -103,6 +109,16 @@ struct StepInputs {
 // layout the kernels cannot walk are replaced by staged copies (core::Staging); without, only
 // checks.
 StepTensors validate_step(const char* op, const StepInputs& in, Staging* staging);
+
+// The fp8 weights of step_ and their scales and scales' inverses (lists of one per param, or
+// empty; None where a param has no copy): each copy float8_e4m3fn and shaped as its param, each
+// scale and inverse one fp32 element on the params' device, given exactly where a copy is (the
+// inverses may be left out); for an optimizer that writes its params (not `writes_output`). Into
+// `s`; copies in another layout than their param are staged as step_'s other tensors are.
+void check_float8_weights(const char* op, const c10::List<std::optional<at::Tensor>>& weights,
+                          const c10::List<std::optional<at::Tensor>>& scales,
+                          const c10::List<std::optional<at::Tensor>>& scale_invs, bool writes_output, StepTensors& s,
+                          Staging* staging);
 
 // The validated arguments of step_, as the devices take them (ops_impl.h): the optimizer's name
 // and its hyperparameter list, in the order of its descriptor's kHyperFields.

@@ -121,6 +121,10 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
   for (int k = 0; k < ops::kMaxStates; ++k) r.state[k] = at_b(s.states[k], state_bytes);
   if (!s.outputs.empty()) r.output = static_cast<c10::BFloat16*>(s.outputs[t].data_ptr()) + b;
   r.amax_bits = amax_bits;
+  if (!s.float8_weights.empty() && s.float8_weights[t].defined()) {
+    r.float8 = static_cast<uint8_t*>(s.float8_weights[t].data_ptr()) + b;
+    r.float8_scale = *s.float8_scales[t].data_ptr<float>();
+  }
   return r;
 }
 
@@ -272,6 +276,11 @@ void Device::step(const core::StepArgs& a) {
                amax.empty() ? nullptr : amax.data());
     float* const out = s.weight_amax ? s.weight_amax->data_ptr<float>() : nullptr;
     for (size_t t = 0; t < amax.size(); ++t) out[t] = written_amax(s, t, amax[t]);
+    for (size_t t = 0; t < s.float8_scale_invs.size(); ++t) {
+      if (s.float8_scale_invs[t].defined()) {
+        *s.float8_scale_invs[t].data_ptr<float>() = 1.f / *s.float8_scales[t].data_ptr<float>();
+      }
+    }
     for (size_t t = 0; t < s.scalars.size(); ++t) *s.scalars[t].data_ptr<float>() = Opt::advance(h, tensor_steps[t]);
   });
   increment_steps(s);

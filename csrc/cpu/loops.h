@@ -49,6 +49,10 @@ struct UpdateRange {
   // range maxes (atomically) the ops::magnitude_bits of the largest fp32 value it rounded to a
   // param (a 24-bit master's rounded value); cpu_ops.cpp rounds that to the param's dtype
   uint32_t* amax_bits = nullptr;
+  // where an fp8 weight is asked for: its e4m3 codes, the cast of the param written times
+  // float8_scale (ops/float8.h); null otherwise
+  uint8_t* float8 = nullptr;
+  float float8_scale = 0.f;
 };
 
 // The master's elements of r from i, as master_kind's type (a remainder's int16 as raw bf16 bits).

@@ -17,6 +17,7 @@
 
 // The op templates must come after the vector spellings to see them.
 #include "cpu/loops.h"
+#include "ops/float8.h"
 #include "ops/grad_norm.h"
 #include "ops/quantize.h"
 #include "ops/rounding.h"

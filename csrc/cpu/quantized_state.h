@@ -9,7 +9,6 @@
 using F32 = float __attribute__((vector_size(kLanes * sizeof(float))));
 using I32 = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
 using I8 = int8_t __attribute__((vector_size(kLanes)));
-using U8 = uint8_t __attribute__((vector_size(kLanes)));
 
 template <bool kSigned>
 FA_VECTOR_HELPER VecF load_codes(const uint8_t* p) {
@@ -239,6 +238,7 @@ void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, int
     sub.grad += b;
     if (sub.master) sub.master = static_cast<char*>(sub.master) + b * master_bytes(sub.master_kind);
     if (sub.output) sub.output += b;
+    if (sub.float8) sub.float8 += b;
     sub.n = n;
     sub.first = r.first + b;
     sub.may_stream = false;

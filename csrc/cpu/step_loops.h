@@ -82,7 +82,7 @@ FA_VECTOR_HELPER uint32_t max_lane(const U32& v) {
 // Stores the fp32 values (a, b) as the param (and its master or remainder) and maxes into
 // `amax` the magnitudes of what the param is rounded from (a 24-bit master: its rounded value).
 template <typename T>
-FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream,
+FA_VECTOR_HELPER void store_param(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream,
                                   U32& amax) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (r.master_kind == MasterKind::Remainder8) {
@@ -107,6 +107,31 @@ FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF
     if (stream) return stream_store2(r.param + i, a, b);
   }
   store2(r.param + i, a, b);
+}
+
+// The e4m3 codes of the params at i as written (read back from cache: every master kind rounds
+// them its own way) times the range's float8_scale (ops/float8.h).
+template <typename T>
+FA_VECTOR_HELPER void store_float8(const UpdateRange<T>& r, int64_t i) {
+  VecF x[2];
+  load2(r.param + i, x[0], x[1]);
+  U32 codes[2];
+  for (int h = 0; h < 2; ++h) {
+    const U32 b = bits_of(x[h] * VecF(r.float8_scale));
+    const U32 mag = ops::e4m3_magnitude<U32>(b);
+    codes[h] = ops::e4m3_code<U32>(b, mag, bits_of(float_of(mag) + VecF(ops::kE4m3SubnormalBias)));
+  }
+  store_bytes(r.float8 + i, codes[0], codes[1]);
+}
+
+// Stores the fp32 values (a, b) as the param (and its master or remainder, and its fp8 copy) and
+// maxes into `amax` the magnitudes of what the param is rounded from (a 24-bit master: its
+// rounded value).
+template <typename T>
+FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream,
+                                  U32& amax) {
+  store_param(r, i, a, b, stream, amax);
+  if (r.float8) store_float8(r, i);
 }
 
 // The grad as the GradScaler leaves it after a step: unscaled, in its own dtype.
@@ -210,7 +235,8 @@ FA_VECTOR_HELPER const U32* vector_rounding_bits(const UpdateRange<T>& r, int64_
 // result. Both return the largest magnitude they rounded to a param; so does this.
 template <typename T, class VectorLoop, class ScalarStep>
 uint32_t update_range(const UpdateRange<T>& r, VectorLoop&& vector_loop, ScalarStep&& scalar_step) {
-  const bool stream = kCanStream<T> && r.master_kind == MasterKind::Fp32 && r.may_stream;
+  // (an fp8 copy reads the params back: they must stay in cache)
+  const bool stream = kCanStream<T> && r.master_kind == MasterKind::Fp32 && r.may_stream && !r.float8;
   int64_t i = 0;
   uint32_t amax = 0;
   if (stream) {
@@ -301,6 +327,7 @@ void step_range_with(const UpdateRange<T>& r, const C& c) {
           r.output[i] = static_cast<c10::BFloat16>(p);
         } else {
           written = set_value_at(r, i, p);
+          if (r.float8) r.float8[i] = ops::e4m3_of_scaled(static_cast<float>(r.param[i]), r.float8_scale);
         }
         const uint32_t bits = r.stochastic ? ops::rounding_bits(r.round_key, r.first + i) : 0u;
         for (int k = 0; k < K; ++k) {

@@ -20,6 +20,7 @@ constexpr int64_t kStep = 2 * OpVec<T>::size();
 constexpr int kLanes = VecF::size();
 using U32 = uint32_t __attribute__((vector_size(kLanes * sizeof(uint32_t))));
 using U16 = uint16_t __attribute__((vector_size(kLanes * sizeof(uint16_t))));
+using U8 = uint8_t __attribute__((vector_size(kLanes)));
 using I16 = int16_t __attribute__((vector_size(2 * kLanes * sizeof(int16_t))));  // the words of a step's elements
 static_assert(sizeof(U32) == sizeof(VecF), "a float vector and its bits must have the same size");
 
@@ -89,6 +90,25 @@ FA_VECTOR_HELPER I16 words_of(const U32& a, const U32& b) {
 FA_VECTOR_HELPER void store_words(c10::BFloat16* p, const U32& a, const U32& b) {
   const I16 words = words_of(a, b);
   std::memcpy(p, &words, sizeof words);
+}
+
+// Stores the lanes of (a, b), each holding a value below 256, to p[0, 2 * kLanes) as bytes.
+FA_VECTOR_HELPER void store_bytes(uint8_t* p, const U32& a, const U32& b) {
+  const I16 words = words_of(a, b);
+#if defined(CPU_CAPABILITY_AVX2)
+  __m256i w;
+  std::memcpy(&w, &words, sizeof w);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1)));
+#elif defined(CPU_CAPABILITY_AVX512)
+  __m512i w;
+  std::memcpy(&w, &words, sizeof w);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi16_epi8(w));
+#else
+  using Bytes = uint8_t __attribute__((vector_size(2 * kLanes)));
+  const Bytes bytes = __builtin_convertvector(words, Bytes);
+  std::memcpy(p, &bytes, sizeof bytes);
+#endif
 }
 
 template <typename T>

@@ -82,7 +82,8 @@ void per_dtype(at::TensorList tensors, Ptrs&& ptrs, Launch&& launch) {
 }
 
 // The pointers of param i in launch.h's StepList order, for an optimizer with `states` states
-// and `scalars` (0 or 1) scalar states; then the absmaxes (8-bit state) and the amax slot.
+// and `scalars` (0 or 1) scalar states; then the absmaxes (8-bit state), the amax slot and the
+// fp8 weight's codes, scale and scale's inverse.
 TensorPtrs step_ptrs(const core::StepTensors& st, size_t i, int states, int scalars, void* amax_slot) {
   TensorPtrs t{};
   t.p[kParam] = st.params[i].data_ptr();
@@ -93,6 +94,12 @@ TensorPtrs step_ptrs(const core::StepTensors& st, size_t i, int states, int scal
   if (scalars) t.p[step_list(states) + 1] = st.scalars[i].data_ptr();
   t.p[step_lists(states, scalars)] = ptr_or_null(st.absmaxes, i);
   t.p[amax_list(states, scalars, st.is_quantized(i))] = amax_slot;
+  if (!st.float8_weights.empty() && st.float8_weights[i].defined()) {
+    const int float8 = float8_list(states, scalars, st.is_quantized(i));
+    t.p[float8] = st.float8_weights[i].data_ptr();
+    t.p[float8 + 1] = st.float8_scales[i].data_ptr();
+    t.p[float8 + 2] = ptr_or_null(st.float8_scale_invs, i);
+  }
   t.numel = st.params[i].numel();
   return t;
 }

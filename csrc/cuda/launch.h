@@ -17,7 +17,7 @@
 
 namespace fused_amp::cuda {
 
-constexpr int kMaxLists = 9;
+constexpr int kMaxLists = 12;
 
 // One tensor as the kernels see it: up to kMaxLists partner pointers and its element count.
 struct TensorPtrs {
@@ -81,9 +81,11 @@ struct StepKind {
 // optimizer that writes no param). All params share the kind's
 // dtypes; master, the states not kept and SGD's step without momentum are null. With 8-bit state
 // one list more follows: the tensor's absmaxes, one row of ops::quant_blocks(numel) per state
-// kept, in state order. Last (after the absmaxes) the tensor's amax slot, null unless the step's
+// kept, in state order. Then (after the absmaxes) the tensor's amax slot, null unless the step's
 // weight amax is asked for (fp8 scaling): a zeroed uint32 into which the kernels max the
-// ops::magnitude_bits of every param element they write.
+// ops::magnitude_bits of every param element they write. Last the fp8 weight's three lists, null
+// unless one is asked for: its e4m3 codes, which the kernels write (ops/float8.h), its scale (one
+// fp32) and where the kernels write the scale's inverse (or null).
 enum StepList { kParam = 0, kGrad, kMasterList, kFirstState };
 // The step count's list of an optimizer with `states` states (its scalar state's is the next).
 constexpr int step_list(int states) { return kFirstState + states; }
@@ -92,6 +94,10 @@ constexpr int step_list(int states) { return kFirstState + states; }
 constexpr int step_lists(int states, int scalars) { return step_list(states) + 1 + scalars; }
 // The amax slot's list: the last, after the absmaxes' with 8-bit state (`quantized`).
 constexpr int amax_list(int states, int scalars, bool quantized) { return step_lists(states, scalars) + quantized; }
+// The fp8 weight's codes' list (its scale's and the inverse's are the next two, the last of all).
+constexpr int float8_list(int states, int scalars, bool quantized) {
+  return amax_list(states, scalars, quantized) + 1;
+}
 
 // One step of the optimizer at index `optimizer` of Optimizers (optimizers.h), its
 // hyperparameters in its descriptor's order.

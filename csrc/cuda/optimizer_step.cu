@@ -16,6 +16,7 @@ struct StepFunctor {
   static constexpr int K = Opt::kStates;
   static constexpr int kLists = step_lists(K, kScalars<Opt>);
   static constexpr int kAmaxList = amax_list(K, kScalars<Opt>, std::is_same_v<state_t, uint8_t>);
+  static constexpr int kFloat8List = float8_list(K, kScalars<Opt>, std::is_same_v<state_t, uint8_t>);
   typename Opt::Hyper h;
   StepScalars s;
   StateSpec<K> spec;  // the lists of the states kept, their maps and rounding bits (from the host)
@@ -27,7 +28,8 @@ struct StepFunctor {
     const float step = step_ptr ? *step_ptr : 0.f;  // (SGD without momentum may count none)
     const float scalar = kScalars<Opt> ? *static_cast<const float*>(meta.ptr[step_list(K) + 1][t]) : 1.f;
     const typename Opt::Coeffs c = Opt::coeffs(h, lr_of(s), {step, scalar}, grad_mult_of(s));
-    const auto pa = param_access<param_t, kMasterKind>(meta, t, start, s.write_grads && c.inv_scale != 1.f);
+    const auto pa =
+        param_access<param_t, kMasterKind>(meta, t, start, s.write_grads && c.inv_scale != 1.f, kFloat8List);
     const StepRounding rounding = rounding_of(s, step + 1.f, start);
     StateSpec<K> kept = spec;
     kept.read = Opt::reads_states(c);
@@ -65,8 +67,10 @@ struct OptimizerLaunch {
   void run() const {
     constexpr MasterKind kKind = Opt::kWritesOutput ? MasterKind::Output : kMasterKind;
     using Functor = StepFunctor<Opt, param_t, kKind, state_t>;
-    static_assert(Functor::kAmaxList + 1 <= kMaxLists, "every list of the optimizer (absmaxes, amax) fits TensorPtrs");
-    apply_step<Functor::kAmaxList + 1, state_t>(tensors, Functor{h, s, spec}, stream);
+    static_assert(Functor::kFloat8List + 3 <= kMaxLists,
+                  "every list of the optimizer (absmaxes, amax, fp8 copy, scale, inverse) fits TensorPtrs");
+    // (the lists through the fp8 copy's scale: its inverse is written by InverseFunctor)
+    apply_step<Functor::kFloat8List + 2, state_t>(tensors, Functor{h, s, spec}, stream);
   }
 };
 
@@ -82,6 +86,18 @@ struct AdvanceFunctor {
     if (threadIdx.x != 0 || (found_inf && *found_inf != 0.f)) return;
     float* const scalar = static_cast<float*>(meta.ptr[1][t]);
     *scalar = Opt::advance(h, {*static_cast<const float*>(meta.ptr[0][t]), *scalar});
+  }
+};
+
+// After a group's update: each fp8 copy's dequantization scale (lists: scale, inverse), 1 / scale,
+// unless found_inf says overflow; once per tensor, empty ones too.
+struct InverseFunctor {
+  const float* found_inf;
+
+  template <class Meta>
+  FA_DEVICE void operator()(const Meta& meta, int t, int64_t, int64_t) const {
+    if (threadIdx.x != 0 || (found_inf && *found_inf != 0.f)) return;
+    *static_cast<float*>(meta.ptr[1][t]) = 1.f / *static_cast<const float*>(meta.ptr[0][t]);
   }
 };
 
@@ -116,6 +132,12 @@ void step(int optimizer, const StepKind& kind, const std::vector<TensorPtrs>& te
       }
       multi_tensor_apply<2>(scalars, AdvanceFunctor<Opt>{h, s.found_inf}, stream);
     }
+    const int inverse = float8_list(Opt::kStates, kScalars<Opt>, kind.state == StateKind::Codes8) + 2;
+    std::vector<TensorPtrs> inverses;
+    for (const TensorPtrs& t : tensors) {
+      if (t.p[inverse]) inverses.push_back(TensorPtrs{{t.p[inverse - 1], t.p[inverse]}, 1});
+    }
+    if (!inverses.empty()) multi_tensor_apply<2>(inverses, InverseFunctor{s.found_inf}, stream);
   });
   if (!known) throw std::invalid_argument("fused_amp: no optimizer at index " + std::to_string(optimizer));
 }

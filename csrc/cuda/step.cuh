@@ -3,6 +3,7 @@
 // updates the fp32 value of the param (master, param with remainder, or the param itself) and
 // the state, and writes the param back rounded to its dtype.
 #include "cuda/step_states.cuh"
+#include "ops/float8.h"
 
 namespace fused_amp::cuda {
 
@@ -34,6 +35,8 @@ struct ParamAccess {
   param_t* grad;
   void* master;     // float* (Fp32), uint16_t* (Remainder), uint8_t* (Remainder8), __nv_bfloat16* (Output)
   bool write_grad;  // leave the grad as the step used it (unscaled, clipped), as torch's recipe does
+  uint8_t* float8;  // the fp8 weight's e4m3 codes (ops/float8.h), of the params written times float8_scale
+  float float8_scale;
 
   FA_DEVICE float* master_f() const { return static_cast<float*>(master); }
   FA_DEVICE uint16_t* remainder() const { return static_cast<uint16_t*>(master); }
@@ -43,7 +46,7 @@ struct ParamAccess {
 
   FA_DEVICE bool aligned() const {
     if (kMasterKind == MasterKind::Output) return is_aligned(grad) && is_aligned(output());
-    if (!is_aligned(param) || !is_aligned(grad)) return false;
+    if (!is_aligned(param) || !is_aligned(grad) || (float8 && !is_aligned(float8))) return false;
     if (kMasterKind == MasterKind::Fp32) return is_aligned(master_f());
     if (kMasterKind == MasterKind::Remainder) return is_aligned(remainder());
     if (kMasterKind == MasterKind::Remainder8) return is_aligned(remainder8());
@@ -124,20 +127,28 @@ struct ParamAccess {
 #pragma unroll
       for (int j = 0; j < kILP; ++j) written[j] = widen(from_float<param_t>(p[j]));
     }
+    if (float8) {
+      uint8_t codes[kILP];
+#pragma unroll
+      for (int j = 0; j < kILP; ++j) codes[j] = ops::e4m3_of_scaled(written[j], float8_scale);
+      store_ilp(float8, codes, ix);
+    }
     return max_magnitude(written, ix);
   }
 };
 
+// (float8: the fp8 weight's list, launch.h's float8_list)
 template <typename param_t, MasterKind kMasterKind, class Meta>
-FA_DEVICE ParamAccess<param_t, kMasterKind> param_access(const Meta& meta, int t, int64_t start,
-                                                     bool write_grad) {
+FA_DEVICE ParamAccess<param_t, kMasterKind> param_access(const Meta& meta, int t, int64_t start, bool write_grad,
+                                                     int float8) {
   void* master = nullptr;
   if (kMasterKind == MasterKind::Fp32) master = list_at<float>(meta.ptr[kMasterList][t], start);
   if (kMasterKind == MasterKind::Remainder) master = list_at<uint16_t>(meta.ptr[kMasterList][t], start);
   if (kMasterKind == MasterKind::Remainder8) master = list_at<uint8_t>(meta.ptr[kMasterList][t], start);
   if (kMasterKind == MasterKind::Output) master = list_at<__nv_bfloat16>(meta.ptr[kMasterList][t], start);
+  const float* const float8_scale = static_cast<const float*>(meta.ptr[float8 + 1][t]);
   return {list_at<param_t>(meta.ptr[kParam][t], start), list_at<param_t>(meta.ptr[kGrad][t], start),
-          master, write_grad};
+          master, write_grad, list_at<uint8_t>(meta.ptr[float8][t], start), float8_scale ? *float8_scale : 0.f};
 }
 
 FA_DEVICE bool skip(const StepScalars& s) { return s.found_inf && *s.found_inf != 0.f; }

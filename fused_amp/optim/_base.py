@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from fused_amp import _scaling, ops
-from fused_amp.optim import _float8, _memory, _quantize
+from fused_amp.optim import _float8, _float8_copies, _memory, _quantize
 from fused_amp.optim._clipping import ClipGradNorm, ClipState
 from fused_amp.optim._declared import Declared
 from fused_amp.optim._grad_norm import check_clip_options, check_same_clip_options
@@ -160,6 +160,7 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
             for group, lists, scalars in calls:
                 self._update(group, lists, scalars, check_only=False)
             _float8.hand_over([lists for _, lists, _ in calls])
+            _float8_copies.after_step(self, [lists for _, lists, _ in calls])
         finally:
             # the grads are this step's: the cached lists keep them no longer, so that zero_grad()
             # frees them as it does with torch's optimizers
@@ -184,7 +185,9 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
                   [lists[key] for key in keys], lists_or_empty(lists, "steps", self._counts_steps(group, scalars)),
                   hyper=hyper, state_absmaxes=lists_or_empty(lists, "state_absmaxes", bool(keys)),
                   scalar_states=lists_or_empty(lists, scalar_key, scalar_key is not None),
-                  weight_amax=lists.get("weight_amax"), check_only=check_only, **scalars)
+                  weight_amax=lists.get("weight_amax"), float8_weights=lists.get("float8_weights"),
+                  float8_scales=lists.get("float8_scales"), float8_scale_invs=lists.get("float8_scale_invs"),
+                  check_only=check_only, **scalars)
 
 
 def lists_or_empty(lists, key, needed) -> List:

@@ -33,7 +33,7 @@ def _weight_class():
 def plan(lists, group) -> None:
     """Unwraps torchao's float8 weights among a device's ``lists["params"]`` (their local shards)
     into the tensors they hold, and, where the group hands scales over (``float8_scales`` True or
-    None), keeps beside them the wrappers (``"float8_weights"``) and the amax buffer the step
+    None), keeps beside them the wrappers (``"float8_wrappers"``) and the amax buffer the step
     writes (``"weight_amax"``), started from the weights' amax as they are now (so that an
     overflow step, which writes none, leaves valid ones)."""
     cls = _weight_class()
@@ -44,14 +44,14 @@ def plan(lists, group) -> None:
         return
     lists["params"] = [p if w is None else w._tensor for p, w in zip(lists["params"], wrappers)]
     if group["float8_scales"] is not False:
-        lists["float8_weights"] = wrappers
+        lists["float8_wrappers"] = wrappers
         lists["weight_amax"] = torch.stack(torch._foreach_norm(lists["params"], ord=float("inf"))).float()
 
 
 def check_asked(name, groups, all_lists) -> None:
     """``float8_scales=True`` where no param of the step is a float8 weight would do nothing:
     refused. (Called for whole steps; a step in backward steps some params at a time.)"""
-    if any(g["float8_scales"] is True for g in groups) and not any("float8_weights" in lists for lists in all_lists):
+    if any(g["float8_scales"] is True for g in groups) and not any("float8_wrappers" in lists for lists in all_lists):
         raise ValueError(f"{name}: float8_scales=True, but no param with a grad is a torchao float8 weight "
                          "under FSDP2's fp8 all-gather (convert_to_float8_training with Float8LinearConfig("
                          "enable_fsdp_float8_all_gather=True), then fully_shard)")
@@ -76,7 +76,7 @@ def hand_over(all_lists) -> None:
     # weights that share a mesh, placements and dtypes share the one reduction (torchao stacks all)
     batches = defaultdict(list)
     for lists in all_lists:
-        wrappers = lists.get("float8_weights")
+        wrappers = lists.get("float8_wrappers")
         if not wrappers:
             continue
         for i, (w, sharded) in enumerate(zip(wrappers, lists["sharded_params"])):

@@ -9,7 +9,7 @@ from typing import Any, Dict
 import torch
 
 import fused_amp._C as _C  # the extension module itself, not the package face
-from fused_amp.optim import _float8, _memory, _quantize
+from fused_amp.optim import _float8, _float8_copies, _memory, _quantize
 from fused_amp.optim._grad_norm import DTensor, local_grads, local_shard, local_shards
 from fused_amp.optim._memory import MASTER_KEYS as _MASTER_KEYS
 # the lists of tensors the fused ops take that stay the same from step to step (with the state's)
@@ -153,6 +153,7 @@ class DeviceLists:
             lists["grad_refs"] = grad_refs
             if sharded:
                 _float8.plan(lists, group)  # torchao's float8 weights (FSDP2's fp8 all-gather)
+            _float8_copies.plan(self, lists)  # fp8 copies the step writes (fused_amp.float8)
             self._plan_lists(lists)
         # drop what is kept for this group (step() drops that of groups no longer in the optimizer)
         self._lists_cache.pop(index, None)

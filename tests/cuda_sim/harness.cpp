@@ -28,8 +28,8 @@ StepKind step_kind(const int* kind) {
   return {static_cast<Dtype>(kind[0]), static_cast<MasterKind>(kind[1]), static_cast<StateKind>(kind[2])};
 }
 
-// An optimizer's lists per tensor: with 8-bit state its absmaxes follow, then the amax slot
-// (launch.h) where kind[3] asks for it.
+// An optimizer's lists per tensor: with 8-bit state its absmaxes follow, then kind[3] lists of
+// launch.h's last four: 1, the amax slot; 4, the amax slot, the fp8 codes, their scale and its inverse.
 int lists_of(int lists, const int* kind) { return lists + (static_cast<StateKind>(kind[2]) == StateKind::Codes8) + kind[3]; }
 
 }  // namespace
@@ -88,7 +88,9 @@ int fa_sim_delayed_scale_update(int n, void** ptrs, const int64_t* numels, int64
 
 // One step of `optimizer` (optimizers.h), then the step counts' increment. `kind`: param dtype,
 // master kind (0 none, 1 fp32, 2 remainder, 3 24-bit), state dtype (4: 8-bit codes, with the
-// absmaxes as one list more), and 1 where the rows end with each tensor's amax slot (0 else); `lists`: the lists per tensor (launch.h's StepList: param, grad,
+// absmaxes as one list more), and how many of launch.h's last four lists end the rows (1: each
+// tensor's amax slot; 4: also its fp8 codes, their scale and its inverse; 0: none);
+// `lists`: the lists per tensor (launch.h's StepList: param, grad,
 // master (or output), the states, step, the scalar state if the optimizer keeps one); `hyper`: the
 // optimizer's hyperparameters in its descriptor's order; with `stochastic` 1 bf16 state and
 // 24-bit masters round stochastically with `seed`, 2 also 8-bit codes.

@@ -1,0 +1,58 @@
+"""The step's side of ``fused_amp.float8.Float8Weights``: the lists that make the step write
+the fp8 copies (ops.step_'s ``float8_weights``, ``float8_scales``, ``float8_scale_invs``) and
+their params' amaxes (``weight_amax``), and what follows the step: each amax into its copies'
+amax history, then their delayed scaling update. The copies register themselves on the
+optimizer (``_float8_copies``); nothing here imports them."""
+from collections import defaultdict
+
+import torch
+
+
+def plan(optimizer, lists) -> None:
+    """Adds to a device's lists the copies of those of its params that have one; kept with the
+    lists while they stay cached (the copies, scales and inverses are the same tensors every
+    step)."""
+    registered = optimizer.__dict__.get("_float8_copies")
+    if not registered:
+        return
+    if optimizer.__dict__.get("_only") is not None:
+        raise ValueError("Float8Weights: the optimizer steps in backward (step_in_backward), a bucket at a time; "
+                         "the copies' scales are updated once per whole step")
+    owners = [next(((c, c._index[id(p)]) for c in registered if id(p) in c._index), None) for p in lists["params"]]
+    if not any(owners):
+        return
+    if "weight_amax" in lists:
+        raise ValueError("Float8Weights: the step's params include torchao float8 weights (FSDP2's fp8 all-gather), "
+                         "which take the step's amax for their own scales")
+    lists["float8_weights"] = [c.data[i] if c else None for c, i in _or_none(owners)]
+    lists["float8_scales"] = [c.scale[i:i + 1] if c else None for c, i in _or_none(owners)]
+    lists["float8_scale_invs"] = [c.scale_inv[i:i + 1] if c else None for c, i in _or_none(owners)]
+    device = next(c.scale.device for c, _ in _or_none(owners) if c)
+    lists["weight_amax"] = torch.zeros(len(owners), device=device)  # (zero: a skipped step records none)
+    places = defaultdict(lambda: ([], []))  # copies -> (positions in the lists, columns of its history)
+    for position, (c, i) in enumerate(_or_none(owners)):
+        if c:
+            places[c][0].append(position)
+            places[c][1].append(i)
+    lists["float8_columns"] = [(c, torch.tensor(positions, device=device), torch.tensor(columns, device=device))
+                               for c, (positions, columns) in places.items()]
+
+
+def _or_none(owners):
+    return [(None, None) if o is None else o for o in owners]
+
+
+@torch.no_grad()
+def after_step(optimizer, all_lists) -> None:
+    """Each copy's amax into row 0 of its history (0 where the step was skipped, which the
+    update leaves alone), then the delayed scaling update of every set of copies."""
+    registered = optimizer.__dict__.get("_float8_copies")
+    if not registered:
+        return
+    for lists in all_lists:
+        for copies, positions, columns in lists.get("float8_columns", ()):
+            copies.amax_history[0].index_copy_(0, columns, lists["weight_amax"].index_select(0, positions))
+        if "float8_columns" in lists:
+            lists["weight_amax"].zero_()
+    for copies in registered:
+        copies.update()
