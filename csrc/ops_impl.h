@@ -137,10 +137,8 @@ struct Entry {
                     const c10::List<std::optional<at::Tensor>>& master_params, at::TensorList states,
                     at::TensorList steps, const c10::List<std::optional<at::Tensor>>& state_absmaxes,
                     at::TensorList scalar_states, at::TensorList outputs,
-                    const c10::List<std::optional<at::Tensor>>& float8_weights,
-                    const c10::List<std::optional<at::Tensor>>& float8_scales,
-                    const c10::List<std::optional<at::Tensor>>& float8_scale_invs, c10::ArrayRef<double> hyper,
-                    double lr,
+                    at::TensorList float8_weights, at::TensorList float8_scales, at::TensorList float8_scale_invs,
+                    c10::ArrayRef<int64_t> float8_indices, c10::ArrayRef<double> hyper, double lr,
                     const std::optional<at::Tensor>& lr_tensor,
                     const std::optional<at::Tensor>& inv_scale, const std::optional<at::Tensor>& found_inf,
                     const std::optional<at::Tensor>& grad_norm, std::optional<double> max_grad_norm,
@@ -170,8 +168,8 @@ struct Entry {
         core::check_per_param(op.c_str(), "weight_amax", *weight_amax, params);
         a->tensors.weight_amax = *weight_amax;
       }
-      core::check_float8_weights(op.c_str(), float8_weights, float8_scales, float8_scale_invs, Opt::kWritesOutput,
-                                 a->tensors, check_only ? nullptr : &staging);
+      core::check_float8_weights(op.c_str(), {float8_weights, float8_scales, float8_scale_invs, float8_indices},
+                                 Opt::kWritesOutput, a->tensors, check_only ? nullptr : &staging);
     });
     TORCH_CHECK_VALUE(known, "step_: unknown optimizer '", name, "'; known: ", optimizer_names());
     if (check_only || params.empty()) return;

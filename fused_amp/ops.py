@@ -189,9 +189,9 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
           master_params: List[Optional[torch.Tensor]], states: Sequence[List[torch.Tensor]],
           steps: List[torch.Tensor], *, state_absmaxes: Optional[List[Optional[torch.Tensor]]] = None,
           scalar_states: Optional[List[torch.Tensor]] = None, outputs: Optional[List[torch.Tensor]] = None,
-          float8_weights: Optional[List[Optional[torch.Tensor]]] = None,
-          float8_scales: Optional[List[Optional[torch.Tensor]]] = None,
-          float8_scale_invs: Optional[List[Optional[torch.Tensor]]] = None, hyper: Mapping[str, float],
+          float8_weights: Optional[List[torch.Tensor]] = None, float8_scales: Optional[List[torch.Tensor]] = None,
+          float8_scale_invs: Optional[List[torch.Tensor]] = None, float8_indices: Optional[List[int]] = None,
+          hyper: Mapping[str, float],
           lr: float, lr_tensor: Optional[torch.Tensor] = None,
           inv_scale: Optional[torch.Tensor] = None, found_inf: Optional[torch.Tensor] = None,
           grad_norm: Optional[torch.Tensor] = None, max_grad_norm: Optional[float] = None,
@@ -246,16 +246,17 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
     fp32): what fp8 scaling reads (``torchao``'s ``precompute_float8_dynamic_scale_for_fsdp``),
     formed in the pass that writes the params instead of a pass of its own. A skipped step
     (``found_inf``) leaves it as it was.
-    With ``float8_weights`` (one per param: a ``torch.float8_e4m3fn`` tensor shaped like it, or
-    None) and ``float8_scales`` (one-element fp32 tensors on their device, given exactly where a
-    copy is) the step also writes each param's fp8 copy in that pass: the param as written,
-    times its scale, clamped to the e4m3 range and cast to nearest even, bit for bit torchao's
-    cast of the weight (``(param.float() * scale).clamp(-448, 448).to(torch.float8_e4m3fn)``;
-    of an fp32 param, TransformerEngine's cast of the master). The scale must be known before
-    the step: delayed scaling's (:func:`delayed_scale_update_`, whose amax history takes this
-    step's ``weight_amax``). Where ``float8_scale_invs`` (the same form; optional) holds a
-    tensor, the step writes ``1 / scale`` there: the copy's dequantization scale as of its
-    cast. A skipped step writes no copy and no inverse.
+    With ``float8_weights`` the step also writes fp8 copies of some params in that pass:
+    ``float8_weights[k]`` (``torch.float8_e4m3fn``) is the copy of
+    ``params[float8_indices[k]]``, shaped like it, and ``float8_scales[k]`` (one fp32 element on
+    their device) its scale. Each copy is the param as written, times its scale, clamped to the
+    e4m3 range and cast to nearest even: bit for bit torchao's cast of the weight
+    (``(param.float() * scale).clamp(-448, 448).to(torch.float8_e4m3fn)``; of an fp32 param,
+    TransformerEngine's cast of the master). The scale must be known before the step: delayed
+    scaling's (:func:`delayed_scale_update_`, whose amax history takes this step's
+    ``weight_amax``). With ``float8_scale_invs`` (one fp32 element per copy; optional) the step
+    writes ``1 / scale`` there: the copy's dequantization scale as of its cast. A skipped step
+    writes no copy and no inverse.
     Tensors in other layouts than their param (or not dense) are handled through copies.
 
     Args:
@@ -271,7 +272,7 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
             as described above.
         rounding_seed, stochastic_codes, unscale_grads, weight_amax, check_only: as described
             above.
-        float8_weights, float8_scales, float8_scale_invs: as described above.
+        float8_weights, float8_scales, float8_scale_invs, float8_indices: as described above.
 
     Raises:
         ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
@@ -294,12 +295,14 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
     float8_weights = _tensors(op, "float8_weights", float8_weights or [])
     float8_scales = _tensors(op, "float8_scales", float8_scales or [])
     float8_scale_invs = _tensors(op, "float8_scale_invs", float8_scale_invs or [])
+    float8_indices = list(float8_indices or [])
     if _no_tensors(*lists, *state_lists, steps, absmaxes, scalars, outputs, float8_weights, float8_scales,
                    float8_scale_invs, lr_tensor, inv_scale, found_inf, grad_norm):
         return
     _ops.step_(optimizer, *lists, [t for s in state_lists for t in s], steps, state_absmaxes=absmaxes,
                scalar_states=scalars, outputs=outputs, float8_weights=float8_weights, float8_scales=float8_scales,
-               float8_scale_invs=float8_scale_invs, hyper=[float(hyper[n]) for n in names], lr=lr,
+               float8_scale_invs=float8_scale_invs, float8_indices=float8_indices,
+               hyper=[float(hyper[n]) for n in names], lr=lr,
                lr_tensor=lr_tensor,
                inv_scale=inv_scale, found_inf=found_inf, grad_norm=grad_norm,
                max_grad_norm=max_grad_norm, rounding_seed=rounding_seed,

@@ -159,3 +159,30 @@ def test_training_step_with_our_scaler_compiles_and_equals_eager():
     assert eager[2].get_scale() == 2.0 ** 7  # the overflow was skipped and backed off
     for a, b in zip(eager[0].parameters(), compiled[0].parameters()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_a_step_writing_fp8_copies_compiles_fullgraph_and_equals_eager():
+    """fused_amp.float8.Float8Weights: the step's copies, the amax into the history and the
+    delayed scaling update trace in the step's graph, with an overflow step among the steps."""
+    from fused_amp.float8 import Float8Weights
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(0)
+    ours = [torch.nn.Parameter(torch.randn(s, generator=gen).to(torch.bfloat16)) for s in ((40, 3), (7,), (100,))]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    opt, ref = fused_amp.optim.AdamW(ours, lr=0.1), fused_amp.optim.AdamW(twins, lr=0.1)
+    copies, ref_copies = Float8Weights(opt, ours[::2], amax_history_len=3), Float8Weights(ref, twins[::2],
+                                                                                        amax_history_len=3)
+    compiled = torch.compile(opt.step, fullgraph=TORCH_VERSION >= (2, 14))
+    for i in range(4):
+        for p, t in zip(ours, twins):
+            g = torch.randn(p.shape, generator=gen).to(torch.bfloat16)
+            p.grad, t.grad = g.clone(), g.clone()
+        for o in (opt, ref):
+            o.grad_scale, o.found_inf = torch.tensor(1.0), torch.tensor(float(i == 2))
+        compiled()
+        ref.step()
+        for mine, theirs in zip(copies.data, ref_copies.data):
+            assert_bitwise_equal(mine.view(torch.uint8), theirs.view(torch.uint8))
+        for key in ("amax_history", "scale", "scale_inv"):
+            assert_bitwise_equal(getattr(copies, key), getattr(ref_copies, key), key)
+    assert copies.amax_history[-1].ne(0).all()  # (the steps recorded amaxes)

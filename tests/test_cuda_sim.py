@@ -566,7 +566,8 @@ def test_every_optimizer_matches_the_cpu_op(sim, cls, torch_cls, kw, storage):
                  len(params), ptr_array(rows), numel_array(params), [hyper[h] for h in table["hyper"]], [],
                  ctypes.c_double(lr), None, fptr(inv), fptr(found_inf), 1, None, ctypes.c_float(0), stochastic,
                  ctypes.c_int64(seed or 0), 0)
-        float8 = dict(float8_weights=ref_copies, float8_scales=scales, float8_scale_invs=ref_invs) if with_amax else {}
+        float8 = dict(float8_weights=ref_copies, float8_scales=scales, float8_scale_invs=ref_invs,
+                      float8_indices=list(range(len(params)))) if with_amax else {}
         ops.step_(name, ref[0], ref[1], ref[2] if master else [], ref[3:3 + len(keys)], ref[-1], hyper=hyper, lr=lr,
                   state_absmaxes=ref_absmax if quantized else [], scalar_states=(ref_scalars or [[]])[0],
                   inv_scale=inv, found_inf=found_inf, weight_amax=ref_amax if with_amax else None,

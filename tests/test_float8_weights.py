@@ -117,7 +117,7 @@ copies = [torch.empty(len(param), dtype=torch.float8_e4m3fn)[offset:] for offset
 scales = [torch.tensor([s]) for s in (1.0, 0.5, 3.0)]
 ops.step_("sgd", params, [torch.zeros_like(p) for p in params], [], [], [], lr=0.0,
           hyper=dict(momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False),
-          float8_weights=copies, float8_scales=scales)
+          float8_weights=copies, float8_scales=scales, float8_indices=[0, 1, 2])
 for p, c, s in zip(params, copies, scales):
     ref = (p.float() * s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
     print(c.view(torch.uint8).numpy().tobytes().hex(), ref.view(torch.uint8).numpy().tobytes().hex())
@@ -153,12 +153,14 @@ def refused(match, error=ValueError, **changes):
     args = sgd_args()
     n = len(args["params"])
     args.update(float8_weights=[torch.zeros(40, dtype=E4M3) for _ in range(n)],
-                float8_scales=[torch.ones(1) for _ in range(n)], float8_scale_invs=[torch.zeros(1) for _ in range(n)])
+                float8_scales=[torch.ones(1) for _ in range(n)], float8_scale_invs=[torch.zeros(1) for _ in range(n)],
+                float8_indices=list(range(n)))
     for key, change in changes.items():
         args[key] = change(args[key]) if callable(change) else change
+
     def written():
-        return ([t for key in ("params", "master_params", "float8_scale_invs") for t in args[key] if t is not None]
-                + [bits(t) for t in args["float8_weights"] if t is not None])
+        return ([t for key in ("params", "master_params", "float8_scale_invs") for t in args[key]]
+                + [bits(t) for t in args["float8_weights"]])
 
     before = [t.clone() for t in written()]
     with pytest.raises(error, match=match):
@@ -171,16 +173,15 @@ def refused(match, error=ValueError, **changes):
 def test_what_the_op_refuses_before_writing_anything():
     refused(r"float8_weights\[1\] has dtype Float8_e5m2, expected Float8_e4m3fn", TypeError,
             float8_weights=lambda w: [w[0], torch.zeros(40, dtype=torch.float8_e5m2), w[2]])
-    refused(r"float8_weights\[0\] has shape", float8_weights=lambda w: [torch.zeros(41, dtype=E4M3)] + w[1:])
-    refused(r"float8_weights has 2 tensors but params has 3", float8_weights=lambda w: w[:2])
-    refused(r"float8_weights\[2\] is given but float8_scales\[2\] is None", float8_scales=lambda s: s[:2] + [None])
-    refused(r"float8_scales\[0\] is given but float8_weights\[0\] is None",
-            float8_weights=lambda w: [None] + w[1:], float8_scale_invs=lambda s: [None] + s[1:])
-    refused(r"float8_scale_invs\[0\] is given but float8_weights\[0\] is None",
-            float8_weights=lambda w: [None] + w[1:], float8_scales=lambda s: [None] + s[1:])
+    refused(r"float8_weights\[0\] has shape \[41\] but params\[2\] has shape \[40\]", float8_indices=[2, 0, 1],
+            float8_weights=lambda w: [torch.zeros(41, dtype=E4M3)] + w[1:])
+    refused(r"float8_weights has 2 tensors; float8_scales \(3\) and float8_indices \(3\) need as many",
+            float8_weights=lambda w: w[:2])
+    refused(r"float8_scale_invs has 2 tensors but float8_weights has 3", float8_scale_invs=lambda s: s[:2])
+    refused(r"float8_indices\[2\] is 3, not the index of a param \(3 params\)", float8_indices=[0, 1, 3])
+    refused(r"float8_indices\[2\] is 1 again", float8_indices=[0, 1, 1])
     refused(r"float8_scales\[1\] must have exactly one element", float8_scales=lambda s: [s[0], torch.ones(2), s[2]])
-    refused(r"float8_scales\[0\] must be Double|float8_scales\[0\] must be Float", TypeError,
-            float8_scales=lambda s: [s[0].double()] + s[1:])
+    refused(r"float8_scales\[0\] must be Float", TypeError, float8_scales=lambda s: [s[0].double()] + s[1:])
     shared = torch.ones(1)
     refused(r"float8_scale_invs\[0\] shares memory with float8_scales\[0\]",
             float8_scales=lambda s: [shared] + s[1:], float8_scale_invs=lambda s: [shared] + s[1:])
@@ -190,10 +191,10 @@ def test_what_the_op_refuses_before_writing_anything():
 
 def test_an_optimizer_that_writes_outputs_takes_no_copy():
     p = torch.randn(4, 4, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=r"float8_weights\[0\] is given but the step writes no param"):
+    with pytest.raises(ValueError, match=r"float8_weights are given but the step writes no param"):
         ops.step_("muon_momentum", [p], [torch.randn(4, 4, dtype=torch.bfloat16)], [], [[torch.zeros(4, 4)]], [],
                   outputs=[torch.empty(4, 4, dtype=torch.bfloat16)], float8_weights=[torch.empty(4, 4, dtype=E4M3)],
-                  float8_scales=[torch.ones(1)], hyper=dict(momentum=0.95, nesterov=True), lr=0.0)
+                  float8_scales=[torch.ones(1)], float8_indices=[0], hyper=dict(momentum=0.95, nesterov=True), lr=0.0)
 
 
 def test_copies_in_another_layout_than_their_param_are_written_through_a_staged_copy():
@@ -201,7 +202,7 @@ def test_copies_in_another_layout_than_their_param_are_written_through_a_staged_
     copy = torch.empty(40, 24, dtype=E4M3)  # contiguous: another layout than the param
     ops.step_("sgd", [param], [torch.randn(40, 24).to(torch.bfloat16)], [param.float()], [], [],
               hyper=dict(momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False), lr=0.1,
-              float8_weights=[copy], float8_scales=[torch.tensor([7.0])])
+              float8_weights=[copy], float8_scales=[torch.tensor([7.0])], float8_indices=[0])
     assert_bitwise_equal(bits(copy), bits(torch_cast(param, 7.0)))
 
 

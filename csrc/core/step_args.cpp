@@ -1,6 +1,5 @@
 #include "core/step_args.h"
 
-#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include <string>
@@ -213,45 +212,38 @@ StepTensors validate_step(const char* op, const StepInputs& in, Staging* staging
   return s;
 }
 
-void check_float8_weights(const char* op, const c10::List<std::optional<at::Tensor>>& weights,
-                          const c10::List<std::optional<at::Tensor>>& scales,
-                          const c10::List<std::optional<at::Tensor>>& scale_invs, bool writes_output, StepTensors& s,
+void check_float8_weights(const char* op, const Float8Inputs& in, bool writes_output, StepTensors& s,
                           Staging* staging) {
-  const size_t n = s.params.size();
-  check_length(op, "float8_weights", weights.size(), n, true);
-  check_length(op, "float8_scales", scales.size(), weights.size(), false);
-  check_length(op, "float8_scale_invs", scale_invs.size(), weights.size(), true);
-  auto given = [](const c10::List<std::optional<at::Tensor>>& list, size_t i) {
-    return i < list.size() && list[i].has_value() && list[i]->defined();
-  };
-  std::vector<at::Tensor> written_invs(scale_invs.size(), at::empty({0}));  // (empty ones are not compared)
-  for (size_t i = 0; i < weights.size(); ++i) {
-    const std::string at_i = "[" + std::to_string(i) + "]";
-    const bool copy = given(weights, i);
-    TORCH_CHECK_VALUE(copy == given(scales, i), op, copy ? ": float8_weights" : ": float8_scales", at_i,
-                      " is given but float8_", copy ? "scales" : "weights", at_i,
-                      " is None (each copy is its param times its scale, cast to e4m3)");
-    TORCH_CHECK_VALUE(copy || !given(scale_invs, i), op, ": float8_scale_invs", at_i, " is given but float8_weights",
-                      at_i, " is None (no copy to dequantize)");
-    if (!copy) continue;
-    TORCH_CHECK_VALUE(!writes_output, op, ": float8_weights", at_i, " is given but the step writes no param (its ",
-                      "result goes to outputs)");
-    check_partner(op, "float8_weights", i, *weights[i], s.params[i], at::kFloat8_e4m3fn, true);
-    check_scalar(op, ("float8_scales" + at_i).c_str(), *scales[i], s.params[i].device());
-    s.float8_weights.resize(n);
-    s.float8_scales.resize(n);
-    s.float8_weights[i] = staging ? staging->like(*weights[i], s.params[i], true) : *weights[i];
-    s.float8_scales[i] = *scales[i];
-    if (!given(scale_invs, i)) continue;
-    const at::Tensor inv = *scale_invs[i];
-    check_scalar(op, ("float8_scale_invs" + at_i).c_str(), inv, s.params[i].device());
-    TORCH_CHECK_VALUE(!inv.is_alias_of(s.float8_scales[i]), op, ": float8_scale_invs", at_i,
-                      " shares memory with float8_scales", at_i, ", which the step reads while writing it");
-    s.float8_scale_invs.resize(n);
-    s.float8_scale_invs[i] = inv;
-    written_invs[i] = inv;
+  const size_t n = s.params.size(), m = in.weights.size();
+  TORCH_CHECK_VALUE(in.scales.size() == m && in.indices.size() == m, op, ": float8_weights has ", m,
+                    " tensors; float8_scales (", in.scales.size(), ") and float8_indices (", in.indices.size(),
+                    ") need as many");
+  TORCH_CHECK_VALUE(in.scale_invs.empty() || in.scale_invs.size() == m, op, ": float8_scale_invs has ",
+                    in.scale_invs.size(), " tensors but float8_weights has ", m, " (or pass none)");
+  if (m == 0) return;
+  TORCH_CHECK_VALUE(!writes_output, op, ": float8_weights are given but the step writes no param (its result goes ",
+                    "to outputs)");
+  s.float8_weights.assign(n, at::Tensor());
+  s.float8_scales.assign(n, at::Tensor());
+  if (!in.scale_invs.empty()) s.float8_scale_invs.assign(n, at::Tensor());
+  for (size_t k = 0; k < m; ++k) {
+    const int64_t i = in.indices[k];
+    const std::string at_k = "[" + std::to_string(k) + "]";
+    TORCH_CHECK_VALUE(i >= 0 && i < static_cast<int64_t>(n), op, ": float8_indices", at_k, " is ", i,
+                      ", not the index of a param (", n, " params)");
+    TORCH_CHECK_VALUE(!s.float8_weights[i].defined(), op, ": float8_indices", at_k, " is ", i,
+                      " again: a param has one copy at most");
+    check_partner(op, "float8_weights", k, in.weights[k], s.params[i], at::kFloat8_e4m3fn, true, i);
+    check_scalar(op, ("float8_scales" + at_k).c_str(), in.scales[k], s.params[i].device());
+    s.float8_weights[i] = staging ? staging->like(in.weights[k], s.params[i], true) : in.weights[k];
+    s.float8_scales[i] = in.scales[k];
+    if (in.scale_invs.empty()) continue;
+    check_scalar(op, ("float8_scale_invs" + at_k).c_str(), in.scale_invs[k], s.params[i].device());
+    TORCH_CHECK_VALUE(!in.scale_invs[k].is_alias_of(in.scales[k]), op, ": float8_scale_invs", at_k,
+                      " shares memory with float8_scales", at_k, ", which the step reads while writing it");
+    s.float8_scale_invs[i] = in.scale_invs[k];
   }
-  check_distinct(op, "float8_scale_invs", written_invs);
+  check_distinct(op, "float8_scale_invs", in.scale_invs);
 }
 
 }  // namespace fused_amp::core

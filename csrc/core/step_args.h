@@ -110,14 +110,18 @@ struct StepInputs {
 // checks.
 StepTensors validate_step(const char* op, const StepInputs& in, Staging* staging);
 
-// The fp8 weights of step_ and their scales and scales' inverses (lists of one per param, or
-// empty; None where a param has no copy): each copy float8_e4m3fn and shaped as its param, each
-// scale and inverse one fp32 element on the params' device, given exactly where a copy is (the
-// inverses may be left out); for an optimizer that writes its params (not `writes_output`). Into
-// `s`; copies in another layout than their param are staged as step_'s other tensors are.
-void check_float8_weights(const char* op, const c10::List<std::optional<at::Tensor>>& weights,
-                          const c10::List<std::optional<at::Tensor>>& scales,
-                          const c10::List<std::optional<at::Tensor>>& scale_invs, bool writes_output, StepTensors& s,
+// The fp8 weights of step_: weights[k] is the copy of params[indices[k]] (float8_e4m3fn, shaped
+// as it), scales[k] its scale and scale_invs[k] (or none at all) where its inverse goes (one fp32
+// element each, on the params' device).
+struct Float8Inputs {
+  at::TensorList weights, scales, scale_invs;
+  c10::ArrayRef<int64_t> indices;
+};
+
+// Checks them (one copy per param at most; only for an optimizer that writes its params, not
+// `writes_output`) and puts them into `s` by param; copies in another layout than their param
+// are staged as step_'s other tensors are.
+void check_float8_weights(const char* op, const Float8Inputs& in, bool writes_output, StepTensors& s,
                           Staging* staging);
 
 // The validated arguments of step_, as the devices take them (ops_impl.h): the optimizer's name

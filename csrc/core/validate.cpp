@@ -134,15 +134,16 @@ void check_length(const char* op, const char* name, size_t got, size_t want, boo
 }
 
 void check_partner(const char* op, const char* name, size_t i, const at::Tensor& t,
-                   const at::Tensor& param, at::ScalarType dtype, bool written) {
+                   const at::Tensor& param, at::ScalarType dtype, bool written, std::optional<size_t> param_index) {
+  const size_t j = param_index.value_or(i);
   TORCH_CHECK_VALUE(t.defined(), op, ": ", name, "[", i, "] is undefined");
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", name, "[", i,
                     "] is sparse; sparse gradients are not supported");
   TORCH_CHECK_TYPE(!t.is_complex(), op, ": ", name, "[", i, "] is complex");
   TORCH_CHECK_VALUE(t.device() == param.device(), op, ": ", name, "[", i, "] is on ", t.device(),
-                    " but params[", i, "] is on ", param.device());
+                    " but params[", j, "] is on ", param.device());
   TORCH_CHECK_VALUE(t.sizes() == param.sizes(), op, ": ", name, "[", i, "] has shape ", t.sizes(),
-                    " but params[", i, "] has shape ", param.sizes());
+                    " but params[", j, "] has shape ", param.sizes());
   TORCH_CHECK_TYPE(t.scalar_type() == dtype, op, ": ", name, "[", i, "] has dtype ",
                    t.scalar_type(), ", expected ", dtype);
   if (written) check_no_overlap(op, name, i, t);

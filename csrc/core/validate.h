@@ -32,10 +32,12 @@ void check_per_param(const char* op, const char* name, const at::Tensor& t, at::
 // `list` has as many tensors as the params (or none, when `may_be_empty`).
 void check_length(const char* op, const char* name, size_t got, size_t want, bool may_be_empty);
 
-// `t` (element i of `name`) matches params[i] in device and shape, and has `dtype`; when the op
-// writes it, no two of its elements share memory. Its layout may differ (see Staging).
+// `t` (element i of `name`) matches `param` (params[param_index], or params[i] by default) in
+// device and shape, and has `dtype`; when the op writes it, no two of its elements share memory.
+// Its layout may differ (see Staging).
 void check_partner(const char* op, const char* name, size_t i, const at::Tensor& t,
-                   const at::Tensor& param, at::ScalarType dtype, bool written);
+                   const at::Tensor& param, at::ScalarType dtype, bool written,
+                   std::optional<size_t> param_index = std::nullopt);
 
 // The kernels walk each tensor as one flat run of memory, in the same element order as its
 // param. A tensor that is not dense, or is laid out otherwise than its param (a transposed

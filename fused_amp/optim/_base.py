@@ -187,6 +187,7 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
                   scalar_states=lists_or_empty(lists, scalar_key, scalar_key is not None),
                   weight_amax=lists.get("weight_amax"), float8_weights=lists.get("float8_weights"),
                   float8_scales=lists.get("float8_scales"), float8_scale_invs=lists.get("float8_scale_invs"),
+                  float8_indices=lists.get("float8_indices"),
                   check_only=check_only, **scalars)
 
 

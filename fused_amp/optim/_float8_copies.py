@@ -18,28 +18,27 @@ def plan(optimizer, lists) -> None:
     if optimizer.__dict__.get("_only") is not None:
         raise ValueError("Float8Weights: the optimizer steps in backward (step_in_backward), a bucket at a time; "
                          "the copies' scales are updated once per whole step")
-    owners = [next(((c, c._index[id(p)]) for c in registered if id(p) in c._index), None) for p in lists["params"]]
-    if not any(owners):
+    # (position in the lists, its copies, its column there) of each param that has a copy
+    held = [(position, c, c._index[id(p)]) for position, p in enumerate(lists["params"])
+            for c in registered if id(p) in c._index]
+    if not held:
         return
     if "weight_amax" in lists:
         raise ValueError("Float8Weights: the step's params include torchao float8 weights (FSDP2's fp8 all-gather), "
                          "which take the step's amax for their own scales")
-    lists["float8_weights"] = [c.data[i] if c else None for c, i in _or_none(owners)]
-    lists["float8_scales"] = [c.scale[i:i + 1] if c else None for c, i in _or_none(owners)]
-    lists["float8_scale_invs"] = [c.scale_inv[i:i + 1] if c else None for c, i in _or_none(owners)]
-    device = next(c.scale.device for c, _ in _or_none(owners) if c)
-    lists["weight_amax"] = torch.zeros(len(owners), device=device)  # (zero: a skipped step records none)
+    # (only the params with copies, by index: a list with Nones in it would not trace)
+    lists["float8_indices"] = [position for position, _, _ in held]
+    lists["float8_weights"] = [c.data[i] for _, c, i in held]
+    lists["float8_scales"] = [c.scale[i:i + 1] for _, c, i in held]
+    lists["float8_scale_invs"] = [c.scale_inv[i:i + 1] for _, c, i in held]
+    device = held[0][1].scale.device
+    lists["weight_amax"] = torch.zeros(len(lists["params"]), device=device)  # (zero: a skipped step records none)
     places = defaultdict(lambda: ([], []))  # copies -> (positions in the lists, columns of its history)
-    for position, (c, i) in enumerate(_or_none(owners)):
-        if c:
-            places[c][0].append(position)
-            places[c][1].append(i)
+    for position, c, i in held:
+        places[c][0].append(position)
+        places[c][1].append(i)
     lists["float8_columns"] = [(c, torch.tensor(positions, device=device), torch.tensor(columns, device=device))
                                for c, (positions, columns) in places.items()]
-
-
-def _or_none(owners):
-    return [(None, None) if o is None else o for o in owners]
 
 
 @torch.no_grad()
