@@ -233,14 +233,7 @@ void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, int
   alignas(64) uint32_t random[kStepElements];  // stochastic codes: the random bits of the part's elements
   for (int64_t b = 0; b < r.n; b += kStepElements) {
     const int64_t n = std::min<int64_t>(kStepElements, r.n - b);
-    UpdateRange<T> sub = r;
-    sub.param += b;
-    sub.grad += b;
-    if (sub.master) sub.master = static_cast<char*>(sub.master) + b * master_bytes(sub.master_kind);
-    if (sub.output) sub.output += b;
-    if (sub.float8) sub.float8 += b;
-    sub.n = n;
-    sub.first = r.first + b;
+    UpdateRange<T> sub = part_of(r, b, n);
     sub.may_stream = false;
     for (int k = 0; k < count; ++k) {
       dequantize_blocks(states[k], b, n, buffers[k]);

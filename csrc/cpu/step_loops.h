@@ -82,7 +82,7 @@ FA_VECTOR_HELPER uint32_t max_lane(const U32& v) {
 // Stores the fp32 values (a, b) as the param (and its master or remainder) and maxes into
 // `amax` the magnitudes of what the param is rounded from (a 24-bit master: its rounded value).
 template <typename T>
-FA_VECTOR_HELPER void store_param(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream,
+FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream,
                                   U32& amax) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     if (r.master_kind == MasterKind::Remainder8) {
@@ -107,31 +107,6 @@ FA_VECTOR_HELPER void store_param(const UpdateRange<T>& r, int64_t i, const VecF
     if (stream) return stream_store2(r.param + i, a, b);
   }
   store2(r.param + i, a, b);
-}
-
-// The e4m3 codes of the params at i as written (read back from cache: every master kind rounds
-// them its own way) times the range's float8_scale (ops/float8.h).
-template <typename T>
-FA_VECTOR_HELPER void store_float8(const UpdateRange<T>& r, int64_t i) {
-  VecF x[2];
-  load2(r.param + i, x[0], x[1]);
-  U32 codes[2];
-  for (int h = 0; h < 2; ++h) {
-    const U32 b = bits_of(x[h] * VecF(r.float8_scale));
-    const U32 mag = ops::e4m3_magnitude<U32>(b);
-    codes[h] = ops::e4m3_code<U32>(b, mag, bits_of(float_of(mag) + VecF(ops::kE4m3SubnormalBias)));
-  }
-  store_bytes(r.float8 + i, codes[0], codes[1]);
-}
-
-// Stores the fp32 values (a, b) as the param (and its master or remainder, and its fp8 copy) and
-// maxes into `amax` the magnitudes of what the param is rounded from (a 24-bit master: its
-// rounded value).
-template <typename T>
-FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream,
-                                  U32& amax) {
-  store_param(r, i, a, b, stream, amax);
-  if (r.float8) store_float8(r, i);
 }
 
 // The grad as the GradScaler leaves it after a step: unscaled, in its own dtype.
@@ -327,7 +302,6 @@ void step_range_with(const UpdateRange<T>& r, const C& c) {
           r.output[i] = static_cast<c10::BFloat16>(p);
         } else {
           written = set_value_at(r, i, p);
-          if (r.float8) r.float8[i] = ops::e4m3_of_scaled(static_cast<float>(r.param[i]), r.float8_scale);
         }
         const uint32_t bits = r.stochastic ? ops::rounding_bits(r.round_key, r.first + i) : 0u;
         for (int k = 0; k < K; ++k) {
@@ -340,9 +314,53 @@ void step_range_with(const UpdateRange<T>& r, const C& c) {
   if (r.amax_bits) max_into(r.amax_bits, amax);
 }
 
+// The elements [b, b + n) of r: its pointers advanced, but the states' (the caller's to place).
+template <typename T>
+UpdateRange<T> part_of(const UpdateRange<T>& r, int64_t b, int64_t n) {
+  UpdateRange<T> part = r;
+  part.param += b;
+  part.grad += b;
+  if (part.master) part.master = static_cast<char*>(part.master) + b * master_bytes(part.master_kind);
+  if (part.output) part.output += b;
+  if (part.float8) part.float8 += b;
+  part.n = n;
+  part.first = r.first + b;
+  return part;
+}
+
+// The e4m3 codes (ops/float8.h) of n params as written, times `scale`, to `out`.
+template <typename T>
+void cast_float8(const T* param, uint8_t* out, int64_t n, float scale) {
+  int64_t i = 0;
+  for (; i + kStep<T> <= n; i += kStep<T>) {
+    VecF x[2];
+    load2(param + i, x[0], x[1]);
+    U32 codes[2];
+    for (int h = 0; h < 2; ++h) {
+      const U32 b = bits_of(x[h] * VecF(scale));
+      const U32 mag = ops::e4m3_magnitude<U32>(b);
+      codes[h] = ops::e4m3_code<U32>(b, mag, bits_of(float_of(mag) + VecF(ops::kE4m3SubnormalBias)));
+    }
+    store_bytes(out + i, codes[0], codes[1]);
+  }
+  for (; i < n; ++i) out[i] = ops::e4m3_of_scaled(static_cast<float>(param[i]), scale);
+}
+
+// Params with an fp8 copy step in parts of this many elements, each cast right after it is
+// written, from cache (4-8 KB of params), so that the step loops themselves carry no cast.
+constexpr int64_t kFloat8Part = 2048;
+
 // The loop of the Loops table: `coeffs` points to an Opt::Coeffs.
 template <class Opt, typename T, typename S>
 void step_range(const UpdateRange<T>& r, const void* coeffs) {
-  Opt::with_fixed_options(*static_cast<const typename Opt::Coeffs*>(coeffs),
-                          [&](const auto& c) { step_range_with<Opt, T, S>(r, c); });
+  const auto& coeffs_of = *static_cast<const typename Opt::Coeffs*>(coeffs);
+  if (!r.float8) return Opt::with_fixed_options(coeffs_of, [&](const auto& c) { step_range_with<Opt, T, S>(r, c); });
+  for (int64_t b = 0; b < r.n; b += kFloat8Part) {
+    UpdateRange<T> part = part_of(r, b, std::min(kFloat8Part, r.n - b));
+    for (void*& state : part.state) {
+      if (state) state = static_cast<S*>(state) + b;
+    }
+    Opt::with_fixed_options(coeffs_of, [&](const auto& c) { step_range_with<Opt, T, S>(part, c); });
+    cast_float8(part.param, part.float8, part.n, r.float8_scale);
+  }
 }
