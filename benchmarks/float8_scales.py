@@ -37,6 +37,14 @@ def make(n_params: int, tensors: int = 12, seed: int = 0):
     return params, grads, opt
 
 
+def grads_back(params, grads):
+    """What runs before each timed step: the grads put back (the step may free them)."""
+    def prepare():
+        for p, g in zip(params, grads):
+            p.grad = g
+    return prepare
+
+
 def main(n_params: int = 84_000_000, runs: int = 3):
     torch.manual_seed(0)
     a_params, a_grads, a_opt = make(n_params)
@@ -46,12 +54,6 @@ def main(n_params: int = 84_000_000, runs: int = 3):
     for lists, _ in b_opt._lists_cache[0].by_device.values():  # as fused_amp.optim._float8.plan sets it
         lists["weight_amax"] = amax
     weights = [p.detach() for p in a_params]
-
-    def grads_back(params, grads):
-        def prepare():
-            for p, g in zip(params, grads):
-                p.grad = g
-        return prepare
 
     def step_then_precompute():
         a_opt.step()
@@ -72,16 +74,19 @@ def main(n_params: int = 84_000_000, runs: int = 3):
     # the same scales both ways
     theirs = scales_of(torch.stack(torch._foreach_norm([p.detach() for p in b_params], ord=math.inf)))
     assert torch.equal(scales_of(amax.to(torch.bfloat16)), theirs), "the amax the step wrote is not torch's"
-    print(f"{n_params / 1e6:.0f}M bf16 params, fp32 masters, AdamW; {torch.get_num_threads()} threads; "
-          f"{runs} runs in turns")
+    report(f"{n_params / 1e6:.0f}M bf16 params, fp32 masters, AdamW", runs, times, impls[0].name, impls[1].name)
+
+
+def report(what: str, runs: int, times, separate: str, fused: str) -> None:
+    """Each recipe's median and runs (ms), and the separate recipe's time over the fused one's
+    per run."""
+    print(f"{what}; {torch.get_num_threads()} threads; {runs} runs in turns")
     for name, ts in times.items():
         ms = sorted(t * 1e3 for t in ts)
         print(f"  {name:30s} median {ms[len(ms) // 2]:8.1f} ms   runs {', '.join(f'{m:.1f}' for m in ms)}")
-    a, b = times[impls[0].name], times[impls[1].name]
-    ratios = [x / y for x, y in zip(a, b)]
-    print(f"  step + precompute / step writing the amax, per run: {', '.join(f'{r:.3f}' for r in ratios)}"
+    ratios = [x / y for x, y in zip(times[separate], times[fused])]
+    print(f"  {separate} / {fused}, per run: {', '.join(f'{r:.3f}' for r in ratios)}"
           f" ({'faster in all runs' if min(ratios) > 1 else 'not faster in every run'})")
-
 
 if __name__ == "__main__":
     main(int(float(sys.argv[1]) * 1e6) if len(sys.argv) > 1 else 84_000_000)

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from benchmarks.float8_scales import make
+from benchmarks.float8_scales import grads_back, make, report
 from fused_amp.benchmark.harness import Impl, time_alternating
 from fused_amp.float8 import E4M3_MAX, Float8Weights
 
@@ -31,12 +31,6 @@ def main(n_params: int = 84_000_000, runs: int = 3):
     a_copies = Float8Weights(a_opt, a_params, amax_history_len=16)
     a_opt.__dict__["_float8_copies"] = []  # (kept for its tensors; the step does not write them)
     a_opt._forget_lists()
-
-    def grads_back(params, grads):
-        def prepare():
-            for p, g in zip(params, grads):
-                p.grad = g
-        return prepare
 
     def step_then_cast():
         a_opt.step()
@@ -55,16 +49,8 @@ def main(n_params: int = 84_000_000, runs: int = 3):
     for mine, theirs in zip(copies.data, a_copies.data):
         assert torch.equal(mine.view(torch.uint8), theirs.view(torch.uint8)), "the copies differ"
     assert torch.equal(copies.amax_history, a_copies.amax_history) and torch.equal(copies.scale, a_copies.scale)
-    print(f"{n_params / 1e6:.0f}M bf16 params, fp32 masters, AdamW, delayed scaling; {torch.get_num_threads()} "
-          f"threads; {runs} runs in turns")
-    for name, ts in times.items():
-        ms = sorted(t * 1e3 for t in ts)
-        print(f"  {name:30s} median {ms[len(ms) // 2]:8.1f} ms   runs {', '.join(f'{m:.1f}' for m in ms)}")
-    a, b = times[impls[0].name], times[impls[1].name]
-    ratios = [x / y for x, y in zip(a, b)]
-    print(f"  step then cast / step writing the copies, per run: {', '.join(f'{r:.3f}' for r in ratios)}"
-          f" ({'faster in all runs' if min(ratios) > 1 else 'not faster in every run'})")
-
+    report(f"{n_params / 1e6:.0f}M bf16 params, fp32 masters, AdamW, delayed scaling", runs, times, impls[0].name,
+           impls[1].name)
 
 if __name__ == "__main__":
     main(int(float(sys.argv[1]) * 1e6) if len(sys.argv) > 1 else 84_000_000)
