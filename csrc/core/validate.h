@@ -25,8 +25,8 @@ void check_distinct(const char* op, const char* name, at::TensorList list);
 void check_scalar(const char* op, const char* name, const at::Tensor& t, const at::Device& device,
                   at::ScalarType dtype = at::kFloat);
 
-// A per-param vector of step_ (weight_amax, float8_scales): fp32, one element per param
-// (contiguous), on the params' device.
+// A per-param vector of step_ (weight_amax): fp32, one element per param (contiguous), on the
+// params' device.
 void check_per_param(const char* op, const char* name, const at::Tensor& t, at::TensorList params);
 
 // `list` has as many tensors as the params (or none, when `may_be_empty`).

@@ -1,8 +1,8 @@
 """The step's side of ``fused_amp.float8.Float8Weights``: the lists that make the step write
-the fp8 copies (ops.step_'s ``float8_weights``, ``float8_scales``, ``float8_scale_invs``) and
-their params' amaxes (``weight_amax``), and what follows the step: each amax into its copies'
-amax history, then their delayed scaling update. The copies register themselves on the
-optimizer (``_float8_copies``); nothing here imports them."""
+the fp8 copies (ops.step_'s ``float8_weights``, ``float8_scales``, ``float8_scale_invs``,
+``float8_indices``) and their params' amaxes (``weight_amax``), and what follows the step: each
+amax into its copies' amax history, then their delayed scaling update. The copies register
+themselves on the optimizer (``_float8_copies``); nothing here imports them."""
 from collections import defaultdict
 
 import torch
