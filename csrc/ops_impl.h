@@ -163,9 +163,7 @@ struct Entry {
       a = core::StepArgs{Optimizers::index<Opt>(), core::validate_step(op.c_str(), in, check_only ? nullptr : &staging),
                          hyper.vec()};
       if (weight_amax) {
-        TORCH_CHECK_VALUE(!Opt::kWritesOutput, op, ": weight_amax is for optimizers that write their params; this "
-                          "one writes outputs");
-        core::check_per_param(op.c_str(), "weight_amax", *weight_amax, params);
+        core::check_weight_amax(op.c_str(), *weight_amax, params, Opt::kWritesOutput);
         a->tensors.weight_amax = *weight_amax;
       }
       core::check_float8_weights(op.c_str(), {float8_weights, float8_scales, float8_scale_invs, float8_indices},

@@ -111,7 +111,6 @@ class Float8Weights:
             mine.copy_(saved)
         for key in ("amax_history", "scale", "scale_inv"):
             getattr(self, key).copy_(state[key])
-        torch.reciprocal(self.scale, out=self._next_scale_inv)
 
 
 def _check(optimizer, params, history_len, algo) -> None:

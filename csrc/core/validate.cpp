@@ -117,14 +117,16 @@ void check_scalar(const char* op, const char* name, const at::Tensor& t, const a
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, op, ": ", name, " is sparse");
 }
 
-void check_per_param(const char* op, const char* name, const at::Tensor& t, at::TensorList params) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": ", name, " must be float32, got ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.dim() == 1 && t.numel() == static_cast<int64_t>(params.size()) && t.is_contiguous(), op, ": ",
-                    name, " must be a contiguous 1-D tensor of one element per param (", params.size(),
-                    "), got shape ", t.sizes());
+void check_weight_amax(const char* op, const at::Tensor& amax, at::TensorList params, bool writes_output) {
+  TORCH_CHECK_VALUE(!writes_output, op, ": weight_amax is for optimizers that write their params; this one writes "
+                    "outputs");
+  TORCH_CHECK_TYPE(amax.scalar_type() == at::kFloat, op, ": weight_amax must be float32, got ", amax.scalar_type());
+  TORCH_CHECK_VALUE(amax.dim() == 1 && amax.numel() == static_cast<int64_t>(params.size()) && amax.is_contiguous(),
+                    op, ": weight_amax must be a contiguous 1-D tensor of one element per param (",
+                    params.size(), "), got shape ", amax.sizes());
   if (!params.empty()) {
-    TORCH_CHECK_VALUE(t.device() == params[0].device(), op, ": ", name, " is on ", t.device(), " but must be on ",
-                      params[0].device());
+    TORCH_CHECK_VALUE(amax.device() == params[0].device(), op, ": weight_amax is on ", amax.device(),
+                      " but must be on ", params[0].device());
   }
 }
 

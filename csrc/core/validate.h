@@ -25,9 +25,9 @@ void check_distinct(const char* op, const char* name, at::TensorList list);
 void check_scalar(const char* op, const char* name, const at::Tensor& t, const at::Device& device,
                   at::ScalarType dtype = at::kFloat);
 
-// A per-param vector of step_ (weight_amax): fp32, one element per param (contiguous), on the
-// params' device.
-void check_per_param(const char* op, const char* name, const at::Tensor& t, at::TensorList params);
+// weight_amax of step_: fp32, one element per param (contiguous), on the params' device, and
+// only for an optimizer that writes its params (not `writes_output`).
+void check_weight_amax(const char* op, const at::Tensor& amax, at::TensorList params, bool writes_output);
 
 // `list` has as many tensors as the params (or none, when `may_be_empty`).
 void check_length(const char* op, const char* name, size_t got, size_t want, bool may_be_empty);
