@@ -58,7 +58,7 @@ test: build
 # (ATEN_CPU_CAPABILITY picks torch's and ours alike; each optimizer's plain and stateful option
 # sets, tests/optim_registry.py), then the whole matrix less what make test ran.
 NUMERICS_TESTS := tests/test_unscale.py tests/test_optim.py tests/test_clip.py tests/test_memory_modes.py tests/test_weight_amax.py \
-                  tests/test_delayed_scaling.py tests/test_float8_weights.py \
+                  tests/test_delayed_scaling.py tests/test_float8_weights.py tests/test_mx_weights.py \
                   tests/test_quantized_state.py tests/test_master24.py
 
 test-rest: build
@@ -85,7 +85,8 @@ SANITIZE_TESTS ?= tests/test_unscale.py tests/test_bad_input.py tests/test_prope
                   tests/test_cuda_sim.py tests/test_cuda_emulator.py tests/test_optim.py tests/test_clip.py tests/test_memory_modes.py \
                   tests/test_quantized_state.py tests/test_master24.py tests/test_lion.py \
                   tests/test_checkpoint_fuzz.py tests/test_peer_checks.py tests/test_py_lists.py \
-                  tests/test_weight_amax.py tests/test_delayed_scaling.py tests/test_float8_weights.py
+                  tests/test_weight_amax.py tests/test_delayed_scaling.py tests/test_float8_weights.py \
+                  tests/test_mx_weights.py
 
 sanitize: $(STAMP)
 	PY=$(abspath $(PY)) tools/sanitize.sh $(SANITIZE_TESTS)

@@ -37,6 +37,12 @@ def make(n_params: int, tensors: int = 12, seed: int = 0):
     return params, grads, opt
 
 
+def three(n_params: int):
+    """Three like setups (make), for the recipes timed in turns; the seed set first."""
+    torch.manual_seed(0)
+    return [make(n_params) for _ in range(3)]
+
+
 def grads_back(params, grads):
     """What runs before each timed step: the grads put back (the step may free them)."""
     def prepare():
@@ -46,10 +52,7 @@ def grads_back(params, grads):
 
 
 def main(n_params: int = 84_000_000, runs: int = 3):
-    torch.manual_seed(0)
-    a_params, a_grads, a_opt = make(n_params)
-    b_params, b_grads, b_opt = make(n_params)
-    c_params, c_grads, c_opt = make(n_params)
+    (a_params, a_grads, a_opt), (b_params, b_grads, b_opt), (c_params, c_grads, c_opt) = three(n_params)
     amax = torch.zeros(len(b_params))
     for lists, _ in b_opt._lists_cache[0].by_device.values():  # as fused_amp.optim._float8.plan sets it
         lists["weight_amax"] = amax

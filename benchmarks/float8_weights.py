@@ -15,16 +15,13 @@ import sys
 
 import torch
 
-from benchmarks.float8_scales import grads_back, make, report
+from benchmarks.float8_scales import grads_back, report, three
 from fused_amp.benchmark.harness import Impl, time_alternating
 from fused_amp.float8 import E4M3_MAX, Float8Weights
 
 
 def main(n_params: int = 84_000_000, runs: int = 3):
-    torch.manual_seed(0)
-    a_params, a_grads, a_opt = make(n_params)
-    b_params, b_grads, b_opt = make(n_params)
-    c_params, c_grads, c_opt = make(n_params)
+    (a_params, a_grads, a_opt), (b_params, b_grads, b_opt), (c_params, c_grads, c_opt) = three(n_params)
     weights = [p.detach() for p in a_params]
     copies = Float8Weights(b_opt, b_params, amax_history_len=16)
     # the separate pass's own copies, history and scales, started as Float8Weights starts them

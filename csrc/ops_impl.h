@@ -177,6 +177,9 @@ struct Entry {
     bump_versions(scalar_states);
     bump_versions(float8_weights);
     bump_versions(float8_scale_invs);
+    for (const at::Tensor& t : float8_scales) {  // (a delayed scale is read, MX scales are written)
+      if (core::is_mx_scale(t)) bump_versions(t);
+    }
     if (weight_amax && !weight_amax->is_inference()) weight_amax->unsafeGetTensorImpl()->bump_version();
   }
 };

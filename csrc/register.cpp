@@ -28,7 +28,7 @@ constexpr const char* kSchemas[] = {
     "Tensor(c!)? hysteresis_tracker=None, float? min_scale=None, float? max_scale=None) -> ()",
     "step_(str optimizer, Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
     "Tensor(c!)[] states, Tensor(d!)[] steps, *, Tensor(h!)?[] state_absmaxes, Tensor(e!)[] scalar_states, "
-    "Tensor(u!)[] outputs, Tensor(f!)[] float8_weights, Tensor[] float8_scales, Tensor(s!)[] float8_scale_invs, "
+    "Tensor(u!)[] outputs, Tensor(f!)[] float8_weights, Tensor(x!)[] float8_scales, Tensor(s!)[] float8_scale_invs, "
     "int[] float8_indices, float[] hyper, float lr, "
     "Tensor? lr_tensor=None, Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
     "float? max_grad_norm=None, int? rounding_seed=None, bool stochastic_codes=False, "

@@ -255,8 +255,14 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
     TransformerEngine's cast of the master). The scale must be known before the step: delayed
     scaling's (:func:`delayed_scale_update_`, whose amax history takes this step's
     ``weight_amax``). With ``float8_scale_invs`` (one fp32 element per copy; optional) the step
-    writes ``1 / scale`` there: the copy's dequantization scale as of its cast. A skipped step
-    writes no copy and no inverse.
+    writes ``1 / scale`` there: the copy's dequantization scale as of its cast. A copy whose
+    ``float8_scales[k]`` is ``torch.float8_e8m0fnu`` (or its bytes as ``torch.uint8``, which
+    torch.compile can trace the step writing), shaped like the param with its last dim divided by
+    32 (the param contiguous, its last dim a multiple of 32), is an MX copy (MXFP8) instead: the step writes there the scale of each block of 32 elements along the last dim, a
+    power of two from the block's amax, and casts each block by its own scale, bit for bit
+    torchao's ``to_mx(param, torch.float8_e4m3fn, 32)`` (its default FLOOR mode); its entry of
+    ``float8_scale_invs``, where that list is given, is an empty tensor. A skipped step writes no
+    copy, no scale and no inverse.
     Tensors in other layouts than their param (or not dense) are handled through copies.
 
     Args:

@@ -162,16 +162,19 @@ def test_training_step_with_our_scaler_compiles_and_equals_eager():
 
 
 def test_a_step_writing_fp8_copies_compiles_fullgraph_and_equals_eager():
-    """fused_amp.float8.Float8Weights: the step's copies, the amax into the history and the
-    delayed scaling update trace in the step's graph, with an overflow step among the steps."""
-    from fused_amp.float8 import Float8Weights
+    """fused_amp.float8.Float8Weights and MXWeights: the step's copies (MX: and the block scales it
+    writes), the amax into the history and the delayed scaling update trace in the step's graph,
+    with an overflow step among the steps."""
+    from fused_amp.float8 import Float8Weights, MXWeights
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(0)
-    ours = [torch.nn.Parameter(torch.randn(s, generator=gen).to(torch.bfloat16)) for s in ((40, 3), (7,), (100,))]
+    ours = [torch.nn.Parameter(torch.randn(s, generator=gen).to(torch.bfloat16)) for s in ((40, 3), (7, 64), (100,))]
     twins = [torch.nn.Parameter(p.detach().clone()) for p in ours]
     opt, ref = fused_amp.optim.AdamW(ours, lr=0.1), fused_amp.optim.AdamW(twins, lr=0.1)
     copies, ref_copies = Float8Weights(opt, ours[::2], amax_history_len=3), Float8Weights(ref, twins[::2],
                                                                                         amax_history_len=3)
+    mx, ref_mx = MXWeights(opt, ours[1:2]), MXWeights(ref, twins[1:2])
+    initial = mx.data[0].view(torch.uint8).clone()
     compiled = torch.compile(opt.step, fullgraph=TORCH_VERSION >= (2, 14))
     for i in range(4):
         for p, t in zip(ours, twins):
@@ -185,4 +188,7 @@ def test_a_step_writing_fp8_copies_compiles_fullgraph_and_equals_eager():
             assert_bitwise_equal(mine.view(torch.uint8), theirs.view(torch.uint8))
         for key in ("amax_history", "scale", "scale_inv"):
             assert_bitwise_equal(getattr(copies, key), getattr(ref_copies, key), key)
+        for mine, theirs in zip(mx.data + mx.scales, ref_mx.data + ref_mx.scales):
+            assert_bitwise_equal(mine.view(torch.uint8), theirs.view(torch.uint8), "MX copy")
     assert copies.amax_history[-1].ne(0).all()  # (the steps recorded amaxes)
+    assert not torch.equal(mx.data[0].view(torch.uint8), initial)  # (and wrote the MX copy)

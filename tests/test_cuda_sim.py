@@ -1,14 +1,14 @@
 """The CUDA launcher and kernels, run on the CPU by the emulator of tests/cuda_sim/emulator/ (every
 CUDA thread a fiber: real barriers, real warp exchanges, shared memory per block, with race,
-barrier, warp, init, bounds and alignment checks). Blocks have their real sizes (512 threads);
-the "plan" build cuts small chunks (2100 elements, 2560 for the 8-bit tiles) and launch metadata
-(3 tensors, 5 blocks per launch; 6 and 10 in the "32 KB" variant), so that every boundary of the
-launch plan is reached: flushes when tensors or blocks run out, a tensor continued in the next
-launch, empty tensors, chunk tails, threads that loop over a chunk more than once, aligned and
-unaligned vector paths. Results are compared with torch (unscale) and with the CPU ops
-(optimizers): an element skipped or updated twice shows up at once. Each test runs its threads
-in one of the emulator's schedules; test_every_schedule_gives_the_same_bits runs each kernel in
-all of them. The "real" build runs the kernels at the sizes a GPU does (chunks of 65536, the
+barrier, warp, init, bounds and alignment checks). Blocks have their real sizes (512 threads); the
+"plan" build cuts small chunks (2100 elements, 2080 for the step: whole MX blocks; 2560 for the
+8-bit tiles) and launch metadata (3 tensors, 5 blocks per launch; 6 and 10 in the "32 KB" variant),
+so that every boundary of the launch plan is reached: flushes when tensors or blocks run out, a
+tensor continued in the next launch, empty tensors, chunk tails, threads that loop over a chunk more
+than once, aligned and unaligned vector paths. Results are compared with torch (unscale) and with
+the CPU ops (optimizers): an element skipped or updated twice shows up at once. Each test runs its
+threads in one of the emulator's schedules; test_every_schedule_gives_the_same_bits runs each kernel
+in all of them. The "real" build runs the kernels at the sizes a GPU does (chunks of 65536, the
 launch metadata of the 4 KB and 32 KB argument limits). tests/test_cuda_emulator.py checks the
 emulator itself."""
 import ctypes
@@ -27,6 +27,10 @@ from optim_registry import CASES, IDS
 DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
 CHUNK = 2100  # the plan build's elementwise chunk
 SIZES = [0, 1, 3, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK - 1, 2 * CHUNK, 2 * CHUNK + 1, 0, 5000, 6303, 4, 0, 77]
+STEP_CHUNK = CHUNK // 32 * 32  # the step's: whole MX blocks (cuda/step.cuh's StepShape)
+# (the multiples of 32 get MX copies in test_every_optimizer_matches_the_cpu_op)
+STEP_SIZES = [0, 1, 3, STEP_CHUNK - 1, STEP_CHUNK, STEP_CHUNK + 1, 2 * STEP_CHUNK - 1, 2 * STEP_CHUNK,
+              2 * STEP_CHUNK + 1, 0, 4992, 6303, 4, 0, 96]
 P = ctypes.c_void_p
 
 
@@ -150,11 +154,12 @@ def kind(dtype, master=False, state_dtype=torch.float32, ends=0):
     end each tensor's row: 1, its amax slot; 4, also its fp8 copy, the copy's scale and where the
     scale's inverse goes (launch.h)."""
     return (ctypes.c_int * 4)(DTYPE_CODE[dtype], MASTER_KIND[master], STATE_KIND[state_dtype], ends)
+# (an MX copy's 4: its amax slot, its codes, no scale, and its e8m0 block scales)
 
 
 def optimizer_lists(dtype, master, gen, aligned):
-    params = ([torch.randn(n, generator=gen).to(dtype) for n in SIZES] if aligned
-              else unaligned_views(SIZES, dtype, gen))
+    params = ([torch.randn(n, generator=gen).to(dtype) for n in STEP_SIZES] if aligned
+              else unaligned_views(STEP_SIZES, dtype, gen))
     grads = [torch.randn(p.shape, generator=gen).to(dtype) for p in params]
     if master == "remainder":  # the remainders of masters that are not bf16 values
         masters = [torch.randint(-2**15, 2**15, p.shape, generator=gen, dtype=torch.int16) for p in params]
@@ -518,7 +523,8 @@ def test_every_optimizer_matches_the_cpu_op(sim, cls, torch_cls, kw, storage):
     """The kernel of each optimizer of the table (optimizer_step.cu, generic over its
     descriptor) against the CPU op, bit for bit: params, masters, grads left unscaled, every state
     kept (8-bit: codes and absmax), the weight amax (fp8 scaling) of each step, which is torch's
-    max(abs(param)) of the params written, three steps and an overflow step that writes nothing."""
+    max(abs(param)) of the params written, the fp8 copies (MX where a param is whole blocks of 32,
+    delayed scaling's otherwise), three steps and an overflow step that writes nothing."""
     dtype, master, state_dtype, stochastic = STORAGE[storage]
     opt = cls([torch.nn.Parameter(torch.zeros(1))], **kw)
     group = opt.param_groups[0]
@@ -549,15 +555,18 @@ def test_every_optimizer_matches_the_cpu_op(sim, cls, torch_cls, kw, storage):
     lr = float(group["lr"])
     with_amax = not table["writes_output"]  # (an optimizer that writes outputs writes no weight)
     ref_amax = torch.full((len(params),), -1.0)
-    # fp8 copies (each scale puts its param elsewhere in e4m3's range) and their scales' inverses
+    # fp8 copies: MX for params of whole blocks of 32 (their e8m0 scales written), else each scale
+    # puts its param elsewhere in e4m3's range (and the step writes its inverse)
     copies, ref_copies = ([torch.zeros(p.shape, dtype=torch.float8_e4m3fn) for p in params] for _ in range(2))
+    mx = [p.numel() % 32 == 0 for p in params]
+    mx_scales, ref_mx_scales = ([torch.zeros(p.numel() // 32, dtype=torch.uint8) for p in params] for _ in range(2))
     scales = [torch.tensor([(1.0, 2.0 ** -9, 40.0, 0.37, 1e4)[i % 5]]) for i in range(len(params))]
-    invs, ref_invs = ([torch.zeros(1) for _ in params] for _ in range(2))
+    invs, ref_invs = ([torch.zeros(1) if not m else torch.empty(0) for m in mx] for _ in range(2))
     for found in (0.0, 0.0, 0.0, 1.0):
         found_inf = torch.tensor([found])
         slots = [torch.zeros(1, dtype=torch.int32) for _ in params]  # the kernels' amax slots
-        ends = [[slot, copy, scale, inv] if with_amax else []
-                for slot, copy, scale, inv in zip(slots, copies, scales, invs)]
+        ends = [([slot, copy, None, mx_scale] if m else [slot, copy, scale, inv]) if with_amax else []
+                for slot, copy, scale, inv, m, mx_scale in zip(slots, copies, scales, invs, mx, mx_scales)]
         rows = [list(r) + ([a] if quantized else []) + end
                 for r, a, end in zip(zip(params, grads, masters, *states, steps, *scalars), absmax, ends)]
         sim.step(name, 4 + len(table["states"]) + len(scalars),
@@ -566,8 +575,9 @@ def test_every_optimizer_matches_the_cpu_op(sim, cls, torch_cls, kw, storage):
                  len(params), ptr_array(rows), numel_array(params), [hyper[h] for h in table["hyper"]], [],
                  ctypes.c_double(lr), None, fptr(inv), fptr(found_inf), 1, None, ctypes.c_float(0), stochastic,
                  ctypes.c_int64(seed or 0), 0)
-        float8 = dict(float8_weights=ref_copies, float8_scales=scales, float8_scale_invs=ref_invs,
-                      float8_indices=list(range(len(params)))) if with_amax else {}
+        float8 = dict(float8_weights=ref_copies, float8_indices=list(range(len(params))), float8_scale_invs=ref_invs,
+                      float8_scales=[r.view(torch.float8_e8m0fnu) if m else scale
+                                     for r, m, scale in zip(ref_mx_scales, mx, scales)]) if with_amax else {}
         ops.step_(name, ref[0], ref[1], ref[2] if master else [], ref[3:3 + len(keys)], ref[-1], hyper=hyper, lr=lr,
                   state_absmaxes=ref_absmax if quantized else [], scalar_states=(ref_scalars or [[]])[0],
                   inv_scale=inv, found_inf=found_inf, weight_amax=ref_amax if with_amax else None,
@@ -580,7 +590,9 @@ def test_every_optimizer_matches_the_cpu_op(sim, cls, torch_cls, kw, storage):
         for i, (copy, ref_copy) in enumerate(zip(copies, ref_copies)):
             assert_bitwise_equal(copy.view(torch.uint8), ref_copy.view(torch.uint8), f"fp8 copy {i}")
             assert_bitwise_equal(invs[i], ref_invs[i], f"scale_inv {i}")
-        assert_bitwise_equal(ref_invs[0], torch.ones(1), "scale_inv 0 (1 / 1)")
+            assert_bitwise_equal(mx_scales[i], ref_mx_scales[i], f"MX scales {i}")
+        assert_bitwise_equal(ref_invs[1], torch.tensor([2.0 ** 9]), "scale_inv 1 (1 / 2^-9)")
+        assert any(m and s.numel() and s.unique().numel() > 1 for m, s in zip(mx, ref_mx_scales)), "MX scales"
     for i in range(len(params)):
         assert_bitwise_equal(grads[i], ref[1][i], f"grad {i}")
         assert_bitwise_equal(params[i], ref[0][i], f"param {i}")
@@ -594,6 +606,50 @@ def test_every_optimizer_matches_the_cpu_op(sim, cls, torch_cls, kw, storage):
             assert_bitwise_equal(ts[i], ref_ts[i], f"{table['scalar']} {i}")
             assert ts[i].item() != 0.75  # advanced by the three clean steps
         assert steps[i].item() == ref[-1][i].item() == 3.0
+
+
+@pytest.mark.parametrize("aligned", [True, False])
+@pytest.mark.parametrize("dtype,master", [(torch.float32, False), (torch.bfloat16, True), (torch.float16, True),
+                                          (torch.bfloat16, "remainder")])
+def test_mx_copies_match_the_cpu_op_on_the_vector_and_the_strided_path(sim, dtype, master, aligned):
+    """MX copies (e8m0 scale per block of 32, ops/float8.h): aligned, a block is held by 8
+    neighbouring lanes; one element off, by one element of each lane of a warp. Blocks whose amax
+    spans many powers of two, a zero block, inf and NaN; chunk boundaries inside tensors."""
+    gen = torch.Generator().manual_seed(21)
+    sizes = [32, 96, STEP_CHUNK + 32, 2 * STEP_CHUNK, 0, 4 * STEP_CHUNK + 64]
+    values = torch.randn(sum(sizes), generator=gen).reshape(-1, 32)
+    values *= torch.exp2(torch.randint(-20, 20, (values.shape[0], 1), generator=gen).float())
+    values[1], values[3, 4], values[5, 6], values[7, 8] = 0.0, float("inf"), float("nan"), -float("inf")
+    base = torch.cat([torch.zeros(0 if aligned else 1), values.flatten()]).to(dtype)
+    params = list(base[0 if aligned else 1:].split(sizes))
+    grads = [torch.randn(p.shape, generator=gen).to(dtype) for p in params]
+    grads[1][:32] = 0.0  # (the zero block stays zero)
+    if master == "remainder":  # (remainders of zero: a zero master)
+        masters = [torch.randint(-2**15, 2**15, p.shape, generator=gen, dtype=torch.int16) for p in params]
+        masters[1][:32] = 0
+    else:
+        masters = [p.float() for p in params] if master else [None] * len(params)
+    copies, ref_copies = ([torch.zeros(p.shape, dtype=torch.float8_e4m3fn) for p in params] for _ in range(2))
+    scales, ref_scales = ([torch.zeros(p.numel() // 32, dtype=torch.uint8) for p in params] for _ in range(2))
+    ref = [[t.clone() if t is not None else None for t in ts] for ts in (params, grads, masters)]
+    for found in (0.0, 0.0, 1.0):
+        found_inf = torch.tensor([found])
+        rows = [[p, g, m, None, None, None, c, None, sc]
+                for p, g, m, c, sc in zip(params, grads, masters, copies, scales)]
+        sim.step("sgd", 5, kind(dtype, master, ends=4), len(params), ptr_array(rows), numel_array(params),
+                 (ctypes.c_double * 3)(0.0, 0.0, 1e-2), (ctypes.c_int * 2)(0, 0), ctypes.c_double(0.25), None, None,
+                 fptr(found_inf), 0, None, ctypes.c_float(0), 0, ctypes.c_int64(0), 0)
+        ops.step_("sgd", ref[0], ref[1], ref[2] if master else [], [], [], lr=0.25, found_inf=found_inf,
+                  hyper=dict(momentum=0.0, dampening=0.0, weight_decay=1e-2, nesterov=False, maximize=False),
+                  float8_weights=ref_copies, float8_scales=[t.view(torch.float8_e8m0fnu) for t in ref_scales],
+                  float8_indices=list(range(len(params))))
+    for i in range(len(params)):
+        assert_bitwise_equal(params[i], ref[0][i], f"param {i}")
+        # (copies compared as fp8 values: NaN meets NaN, whose sign inf - inf leaves to the machine)
+        assert_bitwise_equal(copies[i].float(), ref_copies[i].float(), f"MX copy {i}")
+        assert_bitwise_equal(scales[i], ref_scales[i], f"MX scales {i}")
+    assert ref_scales[1][0] == 0 and (ref_scales[2] == 255).any()  # a zero block, a NaN block
+    assert ref_scales[2].unique().numel() > 10  # the blocks' scales differ
 
 
 @pytest.mark.parametrize("large", [0, 1])

@@ -6,6 +6,7 @@ otherwise unchanged; a skipped step writes nothing; bad input is refused before 
 written; and a model trained on the copies with delayed scaling matches the same recipe with
 torch's cast as a pass of its own. (The CUDA kernel's copies, under the emulator:
 test_cuda_sim.py.)"""
+import contextlib
 import math
 import os
 import subprocess
@@ -49,28 +50,52 @@ def bits(t):
     return t.view(torch.uint8)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("storage", list(STORAGE))
-@pytest.mark.parametrize("cls,torch_cls,kw", CASES, ids=IDS)
-def test_the_step_writes_torchs_cast_of_the_params_it_wrote(cls, torch_cls, kw, storage, threads):
-    dtype, options = STORAGE[storage]
+def optimizer_twins(cls, kw, storage, values):
+    """(params, twins, opt, twin): ``values`` as the params of ``cls`` with the storage kind's
+    options, and twins of them stepped without copies."""
     if cls.__name__ == "Muon":
         pytest.skip("Muon writes its 2-D params in a pass of its own (refused: test_what_the_copies_refuse)")
+    options = STORAGE[storage][1]
+    params, twins = ([torch.nn.Parameter(v.clone()) for v in values] for _ in range(2))
+    return params, twins, cls(params, **kw, **options), cls(twins, **kw, **options)
+
+
+def give_grads(optimizers, grads, found):
+    """Copies of ``grads`` to each optimizer's params, and ``found`` as its scaler's found_inf."""
+    for o in optimizers:
+        for p, g in zip(o.param_groups[0]["params"], grads):
+            p.grad = g.clone()
+        o.found_inf, o.grad_scale = torch.tensor(found), torch.tensor(1.0)
+
+
+def every_optimizer_storage_and_thread_count(test):
+    """Parametrized over the registry's optimizers, the storage kinds and 1 and 2 threads."""
+    test = pytest.mark.parametrize("cls,torch_cls,kw", CASES, ids=IDS)(test)
+    test = pytest.mark.parametrize("storage", list(STORAGE))(test)
+    return pytest.mark.parametrize("threads", [1, 2])(test)
+
+
+@contextlib.contextmanager
+def num_threads(n):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@every_optimizer_storage_and_thread_count
+def test_the_step_writes_torchs_cast_of_the_params_it_wrote(cls, torch_cls, kw, storage, threads):
     gen = torch.Generator().manual_seed(3)
+    dtype = STORAGE[storage][0]
     values = [(torch.randn(n, generator=gen) * 3).to(dtype) for n in SIZES]
     grads = [torch.randn(n, generator=gen).to(dtype) for n in SIZES]
-    params = [torch.nn.Parameter(v.clone()) for v in values]
-    twins = [torch.nn.Parameter(v.clone()) for v in values]  # stepped without copies
-    opt, twin = cls(params, **kw, **options), cls(twins, **kw, **options)
+    params, twins, opt, twin = optimizer_twins(cls, kw, storage, values)
     copies = Float8Weights(opt, params, amax_history_len=3)
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with num_threads(threads):
         for step, found in enumerate([0.0, 0.0, 1.0, 0.0]):
-            for o, ps in ((opt, params), (twin, twins)):
-                for p, g in zip(ps, grads):
-                    p.grad = g.clone()
-                o.found_inf, o.grad_scale = torch.tensor(found), torch.tensor(1.0)
+            give_grads((opt, twin), grads, found)
             copies.scale.copy_(torch.tensor(SCALES) * (step + 1))  # as if the update had set them
             before = [bits(d).clone() for d in copies.data] + [copies.amax_history.clone(), copies.scale_inv.clone()]
             opt.step()
@@ -90,8 +115,6 @@ def test_the_step_writes_torchs_cast_of_the_params_it_wrote(cls, torch_cls, kw, 
             # the amax the step recorded is the newest history entry (the update rolled it there)
             amax = torch.stack(torch._foreach_norm([p.detach() for p in params], ord=math.inf)).float()
             assert_bitwise_equal(copies.amax_history[-1], amax, f"step {step}'s amax")
-    finally:
-        torch.set_num_threads(previous)
 
 
 # Values whose cast tests each rounding case: every e4m3 value, the ties between neighbours
@@ -129,21 +152,21 @@ for p, c, s in zip(params, copies, scales):
 """
 
 
-def _isas():
+def on_every_instruction_set(script, dtype):
+    """(instruction set, ours, theirs) of each line `script` prints, run with ATEN_CPU_CAPABILITY
+    set to each instruction set of this CPU in turn."""
     flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    return ["default"] + [isa for isa, flag in (("avx2", " avx2"), ("avx512", " avx512bw")) if flag in flags]
+    for isa in ["default"] + [isa for isa, flag in (("avx2", " avx2"), ("avx512", " avx512bw")) if flag in flags]:
+        out = subprocess.run([sys.executable, "-c", script, dtype], env=dict(os.environ, ATEN_CPU_CAPABILITY=isa),
+                             capture_output=True, text=True, check=True).stdout
+        yield from ((isa, *line.split()) for line in filter(None, out.split("\n")))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_the_cast_rounds_and_saturates_as_torch_on_every_instruction_set(dtype):
     """SGD at lr 0 writes each param as it was: its copy is then the cast of chosen values."""
-    for isa in _isas():
-        env = dict(os.environ, ATEN_CPU_CAPABILITY=isa)
-        out = subprocess.run([sys.executable, "-c", EDGE_SCRIPT, dtype], env=env, capture_output=True, text=True,
-                             check=True).stdout.split("\n")
-        for line in filter(None, out):
-            ours, theirs = line.split()
-            assert ours == theirs, f"{isa}: the step's e4m3 bytes differ from torch's cast"
+    for isa, ours, theirs in on_every_instruction_set(EDGE_SCRIPT, dtype):
+        assert ours == theirs, f"{isa}: the step's e4m3 bytes differ from torch's cast"
 
 
 def sgd_args(n=3, size=40, dtype=torch.bfloat16):
@@ -244,16 +267,22 @@ def scaled_linear(x, w8, w_scale_inv):
                             out_dtype=torch.bfloat16)
 
 
+def mlp(seed, width, hidden, steps):
+    """A two-layer MLP's bf16 weights, (hidden, width) and (width, hidden), AdamW with fp32
+    masters over them, and `steps` batches of 16 (input, target) pairs."""
+    gen = torch.Generator().manual_seed(seed)
+    w1 = torch.nn.Parameter((torch.randn(hidden, width, generator=gen) * 0.3).to(torch.bfloat16))
+    w2 = torch.nn.Parameter((torch.randn(width, hidden, generator=gen) * 0.3).to(torch.bfloat16))
+    data = [(torch.randn(16, width, generator=gen).to(torch.bfloat16), torch.randn(16, width, generator=gen))
+            for _ in range(steps)]
+    return w1, w2, fused_amp.optim.AdamW([w1, w2], lr=3e-2), data
+
+
 def train(use_copies, seed, steps=12):
     """A two-layer MLP whose linears run on fp8 weights, AdamW on bf16 weights with fp32 masters.
     use_copies: the step writes the copies (Float8Weights); else the same recipe with the cast,
     the amax and the update as passes of their own (torch's ops, the reference update)."""
-    gen = torch.Generator().manual_seed(seed)
-    w1 = torch.nn.Parameter((torch.randn(32, 16, generator=gen) * 0.3).to(torch.bfloat16))
-    w2 = torch.nn.Parameter((torch.randn(16, 32, generator=gen) * 0.3).to(torch.bfloat16))
-    opt = fused_amp.optim.AdamW([w1, w2], lr=3e-2)
-    data = [(torch.randn(16, 16, generator=gen).to(torch.bfloat16), torch.randn(16, 16, generator=gen))
-            for _ in range(steps)]
+    w1, w2, opt, data = mlp(seed, 16, 32, steps)
     if use_copies:
         copies = Float8Weights(opt, [w1, w2], amax_history_len=4)
     else:  # the same start: the params' amax, one update, the cast

@@ -8,7 +8,7 @@ The mutants:
   short at its end;
 - each storage kind's rounding flipped (ROUNDINGS): bf16 to nearest with ties away instead of
   to even, the remainder split with ties to even instead of away, 24-bit masters and fp8 copies
-  with ties away, fp8 copies not saturated,
+  with ties away, fp8 copies not saturated, MX scales rounded up or clamped below torchao's,
   stochastic rounding of bf16 state, 24-bit masters and 8-bit codes to nearest, 8-bit codes
   rounded down.
 All of them are compiled into one build (a scratch copy of csrc/ in build-mutants/, each mutant
@@ -41,7 +41,7 @@ OUT = os.path.join(ROOT, "build-mutants")
 TESTS = ["tests/test_unscale.py", "tests/test_optim.py", "tests/test_clip.py", "tests/test_memory_modes.py",
          "tests/test_quantized_state.py", "tests/test_master24.py", "tests/test_lion.py", "tests/test_ademamix.py",
          "tests/test_muon.py", "tests/test_update_scale.py", "tests/test_grad_scaler.py", "tests/test_weight_amax.py",
-         "tests/test_delayed_scaling.py", "tests/test_float8_weights.py"]
+         "tests/test_delayed_scaling.py", "tests/test_float8_weights.py", "tests/test_mx_weights.py"]
 SWAP = {"+": "-", "-": "+", "*": "/", "/": "*", "+=": "-=", "-=": "+=", "*=": "/=", "/=": "*="}
 # functions of the op headers that get no operator mutant, and why
 UNMUTATED = {
@@ -69,6 +69,11 @@ ROUNDINGS = [
     ("ops/float8.h", "(is_nan_bits<W>(mag) || mag <= W{} + kE4m3MaxBits)",
      "(is_nan_bits<W>(mag) || {on} || mag <= W{} + kE4m3MaxBits)",
      "fp8 copies not saturated beyond 448 (torch's casts before 2.12)"),
+    ("ops/float8.h", "(exponent > 8u ? exponent - 8u : 0u)",
+     "({on} ? FA_MUTANT_CEIL_SCALE(exponent, amax) : exponent > 8u ? exponent - 8u : 0u)",
+     "fp8 MX scales of torchao's CEIL mode (the amax's power of two rounded up), not FLOOR"),
+    ("ops/float8.h", "(254u - (e > 1u ? e : 1u))", "(254u - ({on} ? e : e > 1u ? e : 1u))",
+     "fp8 MX blocks of scale code 0 divided by 2^-127, not by torchao's clamp 2^-126"),
     ("cpu/step_loops.h", "  if (r.stochastic) {\n    rounding_bits2", "  if (r.stochastic && !{on}) {\n    rounding_bits2",
      "stochastic rounding of 24-bit masters to nearest instead (vectors)"),
     ("cpu/step_loops.h", "const uint32_t addend = r.stochastic\n", "const uint32_t addend = r.stochastic && !{on}\n",
@@ -129,6 +134,8 @@ SWITCH = """
 extern "C" int fused_amp_mutant;
 #define FA_MUTANT_EVEN_ADDEND(m) (0x7fffu + (((m) >> 16) & 1u))
 #define FA_MUTANT_ROUND_DOWN_IF(on, v) ((on) ? floor_(v) : rint_(v))
+#define FA_MUTANT_CEIL_SCALE(e, amax) \
+  ((e) + (((amax) & 0x7fffffu) != 0u) > 8u ? (e) + (((amax) & 0x7fffffu) != 0u) - 8u : 0u)
 """
 
 

@@ -7,7 +7,9 @@ The mutants, found in csrc/cuda/ by pattern, so that a new barrier or shuffle ge
 - the 8-bit tiles' shared absmax without its tile parity (one buffer for every tile);
 - an off-by-one in a chunk's tail (one element short), in the elementwise launches and in the
   reductions; one thread too many in a level of the reduction tree;
-- the tiles' barrier skipped by the threads whose elements lie past the chunk's end.
+- the tiles' barrier skipped by the threads whose elements lie past the chunk's end;
+- MX copies: a block's shuffle over the whole warp, step chunks that cut blocks, the strided
+  path's scales written to the wrong block.
 Each mutant is a scratch copy of csrc/ built by the tests (FUSED_AMP_EMULATION_CSRC), whose quick
 tier (make test's) runs until the first failure. The table names the test that failed and what caught it: a check of the
 emulator (race, barrier, warp, init, bounds, misaligned) or a value that differs from the CPU ops
@@ -63,6 +65,12 @@ def mutants():
         ("step_states.cuh", "      __syncthreads();\n      if (ix.base >= n) continue;\n",
          "      if (ix.base >= n) continue;\n      __syncthreads();\n",
          "tile barrier skipped by the threads past the chunk's end"),
+        ("step.cuh", "((1u << kBlockLanes) - 1u) << (lane / kBlockLanes * kBlockLanes)", "0xffffffffu",
+         "MX block's shuffle over the whole warp, not the block's lanes"),
+        ("step.cuh", "ElementwiseShape::kChunk / ops::kMxBlock * ops::kMxBlock", "ElementwiseShape::kChunk",
+         "step chunks that cut MX blocks"),
+        ("step.cuh", "if (lane == 0) scales[i / ops::kMxBlock]", "if (lane == 0) scales[ix.base / ops::kMxBlock]",
+         "MX scales of the strided path's later elements written to its first element's block"),
     }
     for name, old, new, what in sorted(fixed):
         assert texts[name].count(old) == 1, f"{name}: the text of mutant '{what}' is not there once"

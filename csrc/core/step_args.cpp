@@ -2,9 +2,11 @@
 
 #include <c10/util/Exception.h>
 
+#include <map>
 #include <string>
 
 #include "core/validate.h"
+#include "ops/float8.h"
 #include "ops/quantize.h"
 
 namespace fused_amp::core {
@@ -108,6 +110,27 @@ void stage_step(const char* op, StepTensors& s, Staging* staging) {
       (*list)[i] = staging->like((*list)[i], param, true);
     }
   }
+}
+
+// The MX block scales of copy k (ops/float8.h): float8_e8m0fnu, one per block of kMxBlock
+// along the last dim of params[i], which must be laid out in the order of its shape (contiguous,
+// or staged so) so that its blocks are runs in memory. The step writes them.
+void check_mx_scales(const char* op, size_t k, const at::Tensor& scales, const at::Tensor& param, int64_t i) {
+  const std::string name = "float8_scales[" + std::to_string(k) + "]";
+  TORCH_CHECK_VALUE(param.dim() > 0 && param.size(-1) % ops::kMxBlock == 0, op, ": ", name,
+                    " are MX block scales (float8_e8m0fnu or uint8) but the last dim of params[", i, "] (shape ",
+                    param.sizes(), ") is not a multiple of ", ops::kMxBlock);
+  // (a param not dense is walked through a contiguous staged copy)
+  TORCH_CHECK_VALUE(param.is_contiguous() || !param.is_non_overlapping_and_dense(), op, ": ", name,
+                    " are MX block scales but params[", i, "] is laid out in another order than its shape's: its ",
+                    "blocks of ", ops::kMxBlock, " run along its last dim");
+  std::vector<int64_t> shape = param.sizes().vec();
+  shape.back() /= ops::kMxBlock;
+  TORCH_CHECK_VALUE(scales.sizes() == at::IntArrayRef(shape) && scales.is_contiguous(), op, ": ", name,
+                    " has shape ", scales.sizes(), ", expected a contiguous ", at::IntArrayRef(shape),
+                    " (one scale per block of ", ops::kMxBlock, " along the last dim of params[", i, "])");
+  TORCH_CHECK_VALUE(scales.device() == param.device(), op, ": ", name, " is on ", scales.device(),
+                    " but params[", i, "] is on ", param.device());
 }
 
 }  // namespace
@@ -226,6 +249,7 @@ void check_float8_weights(const char* op, const Float8Inputs& in, bool writes_ou
   s.float8_weights.assign(n, at::Tensor());
   s.float8_scales.assign(n, at::Tensor());
   if (!in.scale_invs.empty()) s.float8_scale_invs.assign(n, at::Tensor());
+  std::map<const void*, size_t> mx_scales;  // (first element, k): written, so no two may share memory
   for (size_t k = 0; k < m; ++k) {
     const int64_t i = in.indices[k];
     const std::string at_k = "[" + std::to_string(k) + "]";
@@ -234,10 +258,24 @@ void check_float8_weights(const char* op, const Float8Inputs& in, bool writes_ou
     TORCH_CHECK_VALUE(!s.float8_weights[i].defined(), op, ": float8_indices", at_k, " is ", i,
                       " again: a param has one copy at most");
     check_partner(op, "float8_weights", k, in.weights[k], s.params[i], at::kFloat8_e4m3fn, true, i);
-    check_scalar(op, ("float8_scales" + at_k).c_str(), in.scales[k], s.params[i].device());
+    const bool mx = is_mx_scale(in.scales[k]);
+    if (mx) {
+      check_mx_scales(op, k, in.scales[k], s.params[i], i);
+      const void* start = in.scales[k].numel() > 0 && !in.scales[k].is_meta() ? in.scales[k].data_ptr() : nullptr;
+      const auto [at, inserted] = mx_scales.emplace(start, k);
+      TORCH_CHECK_VALUE(!start || inserted, op, ": float8_scales[", at->second, "] and float8_scales", at_k,
+                        " are the same memory; the step writes MX scales, so each tensor may appear once");
+    } else {
+      check_scalar(op, ("float8_scales" + at_k).c_str(), in.scales[k], s.params[i].device());
+    }
     s.float8_weights[i] = staging ? staging->like(in.weights[k], s.params[i], true) : in.weights[k];
     s.float8_scales[i] = in.scales[k];
     if (in.scale_invs.empty()) continue;
+    if (mx) {  // (a list of tensors has no None: an empty tensor stands for none)
+      TORCH_CHECK_VALUE(in.scale_invs[k].numel() == 0, op, ": float8_scale_invs", at_k, " must be empty: ",
+                        "float8_scales", at_k, " are MX block scales, which are their own dequantization scales");
+      continue;
+    }
     check_scalar(op, ("float8_scale_invs" + at_k).c_str(), in.scale_invs[k], s.params[i].device());
     TORCH_CHECK_VALUE(!in.scale_invs[k].is_alias_of(in.scales[k]), op, ": float8_scale_invs", at_k,
                       " shares memory with float8_scales", at_k, ", which the step reads while writing it");

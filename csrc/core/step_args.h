@@ -13,6 +13,12 @@
 
 namespace fused_amp::core {
 
+// MX block scales: e8m0 codes, as float8_e8m0fnu or their bytes as uint8 (torch.compile's
+// inductor cannot functionalize a written float8_e8m0fnu tensor, but takes a uint8 view of one).
+inline bool is_mx_scale(const at::Tensor& t) {
+  return t.defined() && (t.scalar_type() == at::kFloat8_e8m0fnu || t.scalar_type() == at::kByte);
+}
+
 struct StepTensors {
   // masters[i] is undefined where params[i] is updated in place, else a tensor of one of
   // storage_kinds.h's master kinds (its dtype says which).
@@ -49,8 +55,11 @@ struct StepTensors {
   // step writes there the e4m3 cast of the param it wrote times float8_scales[i] (one fp32
   // element, ops/float8.h) and, where float8_scale_invs[i] is defined, 1 / float8_scales[i]
   // there: the copy's dequantization scale as of its cast (delayed scaling moves the scale on
-  // before the copy is next cast). Empty lists where no copy is asked for.
+  // before the copy is next cast). Where float8_scales[i] is float8_e8m0fnu (or its bytes, uint8)
+  // instead, the copy is MX (MXFP8): the step writes there the e8m0 scale of each block of 32
+  // along the last dim and casts the block by it. Empty lists where no copy is asked for.
   std::vector<at::Tensor> float8_weights, float8_scales, float8_scale_invs;
+  bool is_mx(size_t i) const { return !float8_scales.empty() && is_mx_scale(float8_scales[i]); }
 
   // Where param i's fp32 value lives (storage_kinds.h): None where it is updated in place.
   MasterKind master_kind(size_t i) const {
@@ -112,7 +121,8 @@ StepTensors validate_step(const char* op, const StepInputs& in, Staging* staging
 
 // The fp8 weights of step_: weights[k] is the copy of params[indices[k]] (float8_e4m3fn, shaped
 // as it), scales[k] its scale and scale_invs[k] (or none at all) where its inverse goes (one fp32
-// element each, on the params' device).
+// element each, on the params' device); or scales[k] its MX block scales, which the step writes,
+// and scale_invs[k] empty.
 struct Float8Inputs {
   at::TensorList weights, scales, scale_invs;
   c10::ArrayRef<int64_t> indices;

@@ -10,6 +10,7 @@
 #include "core/flat_range.h"
 #include "core/step_args.h"
 #include "cpu/loops.h"
+#include "ops/float8.h"
 #include "ops/grad_norm.h"
 #include "ops/quantize.h"
 #include "ops/rounding.h"
@@ -30,7 +31,7 @@ std::vector<int64_t> numels_of(at::TensorList tensors) {
   return n;
 }
 
-int64_t round_up_to_block(int64_t i) { return ops::quant_blocks(i) * ops::kQuantBlock; }
+int64_t round_up_to(int64_t i, int64_t block) { return (i + block - 1) / block * block; }
 
 template <class F>
 void parallel_over(const std::vector<int64_t>& offsets, F&& f) {
@@ -123,7 +124,11 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
   r.amax_bits = amax_bits;
   if (!s.float8_weights.empty() && s.float8_weights[t].defined()) {
     r.float8 = static_cast<uint8_t*>(s.float8_weights[t].data_ptr()) + b;
-    r.float8_scale = *s.float8_scales[t].data_ptr<float>();
+    if (s.is_mx(t)) {
+      r.mx_scales = static_cast<uint8_t*>(s.float8_scales[t].data_ptr()) + b / ops::kMxBlock;
+    } else {
+      r.float8_scale = *s.float8_scales[t].data_ptr<float>();
+    }
   }
   return r;
 }
@@ -139,10 +144,12 @@ void update_all(const core::StepTensors& s, float grad_mult, const std::vector<C
   const bool w = s.write_grads && grad_mult != 1.f;
   parallel_over(core::flat_offsets(numels_of(s.params)), [&](size_t t, int64_t b, int64_t e) {
     const int st = static_cast<int>(s.state_kind(t));
-    if (s.is_quantized(t)) {  // a quant block belongs to the range that holds its first element
+    // a quant block (of 8-bit state) or MX block belongs to the range that holds its first element
+    const int64_t block = s.is_quantized(t) ? ops::kQuantBlock : s.is_mx(t) ? ops::kMxBlock : 1;
+    if (block > 1) {
       const int64_t n = s.params[t].numel();
-      b = std::min(n, round_up_to_block(b));
-      e = e == n ? n : std::min(n, round_up_to_block(e));
+      b = std::min(n, round_up_to(b, block));
+      e = e == n ? n : std::min(n, round_up_to(e, block));
       if (b == e) return;
     }
     const uint32_t key = round_keys[t];

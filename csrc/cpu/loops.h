@@ -50,9 +50,11 @@ struct UpdateRange {
   // param (a 24-bit master's rounded value); cpu_ops.cpp rounds that to the param's dtype
   uint32_t* amax_bits = nullptr;
   // where an fp8 weight is asked for: its e4m3 codes, the cast of the param written times
-  // float8_scale (ops/float8.h); null otherwise
+  // float8_scale (ops/float8.h), or with mx_scales each block's cast by its e8m0 scale, written
+  // there (one per ops::kMxBlock elements from the range's first); null otherwise
   uint8_t* float8 = nullptr;
   float float8_scale = 0.f;
+  uint8_t* mx_scales = nullptr;
 };
 
 // The master's elements of r from i, as master_kind's type (a remainder's int16 as raw bf16 bits).

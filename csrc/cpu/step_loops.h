@@ -323,32 +323,59 @@ UpdateRange<T> part_of(const UpdateRange<T>& r, int64_t b, int64_t n) {
   if (part.master) part.master = static_cast<char*>(part.master) + b * master_bytes(part.master_kind);
   if (part.output) part.output += b;
   if (part.float8) part.float8 += b;
+  if (part.mx_scales) part.mx_scales += b / ops::kMxBlock;  // (parts start on blocks)
   part.n = n;
   part.first = r.first + b;
   return part;
 }
 
-// The e4m3 codes (ops/float8.h) of n params as written, times `scale`, to `out`.
+// The e4m3 codes (ops/float8.h) of the lanes of x (two vectors) times `scale`, to `out`.
+FA_VECTOR_HELPER void cast_float8_lanes(const VecF (&x)[2], uint8_t* out, float scale) {
+  U32 codes[2];
+  for (int h = 0; h < 2; ++h) {
+    const U32 b = bits_of(x[h] * VecF(scale));
+    const U32 mag = ops::e4m3_magnitude<U32>(b);
+    codes[h] = ops::e4m3_code<U32>(b, mag, bits_of(float_of(mag) + VecF(ops::kE4m3SubnormalBias)));
+  }
+  store_bytes(out, codes[0], codes[1]);
+}
+
+// The same of n params as written.
 template <typename T>
 void cast_float8(const T* param, uint8_t* out, int64_t n, float scale) {
   int64_t i = 0;
   for (; i + kStep<T> <= n; i += kStep<T>) {
     VecF x[2];
     load2(param + i, x[0], x[1]);
-    U32 codes[2];
-    for (int h = 0; h < 2; ++h) {
-      const U32 b = bits_of(x[h] * VecF(scale));
-      const U32 mag = ops::e4m3_magnitude<U32>(b);
-      codes[h] = ops::e4m3_code<U32>(b, mag, bits_of(float_of(mag) + VecF(ops::kE4m3SubnormalBias)));
-    }
-    store_bytes(out + i, codes[0], codes[1]);
+    cast_float8_lanes(x, out + i, scale);
   }
   for (; i < n; ++i) out[i] = ops::e4m3_of_scaled(static_cast<float>(param[i]), scale);
+}
+
+// MX copies: each block of ops::kMxBlock params as written, cast by its e8m0 scale
+// (ops/float8.h), which goes to `scales`; n is whole blocks.
+template <typename T>
+void cast_mx(const T* param, uint8_t* out, uint8_t* scales, int64_t n) {
+  constexpr int kSteps = static_cast<int>(ops::kMxBlock / kStep<T>);  // (loaded once: 1 on AVX-512, 2 on AVX2)
+  static_assert(ops::kMxBlock % kStep<T> == 0, "a block is whole vector steps");
+  for (int64_t b = 0; b < n; b += ops::kMxBlock) {
+    VecF x[kSteps][2];
+    U32 amax{};
+    for (int s = 0; s < kSteps; ++s) {
+      load2(param + b + s * kStep<T>, x[s][0], x[s][1]);
+      max_magnitude(amax, bits_of(x[s][0]));
+      max_magnitude(amax, bits_of(x[s][1]));
+    }
+    const uint32_t code = ops::e8m0_of_amax(max_lane(amax));
+    scales[b / ops::kMxBlock] = static_cast<uint8_t>(code);
+    for (int s = 0; s < kSteps; ++s) cast_float8_lanes(x[s], out + b + s * kStep<T>, ops::mx_cast_factor(code));
+  }
 }
 
 // Params with an fp8 copy step in parts of this many elements, each cast right after it is
 // written, from cache (4-8 KB of params), so that the step loops themselves carry no cast.
 constexpr int64_t kFloat8Part = 2048;
+static_assert(kFloat8Part % ops::kMxBlock == 0, "an MX copy's parts start on its blocks");
 
 // The loop of the Loops table: `coeffs` points to an Opt::Coeffs.
 template <class Opt, typename T, typename S>
@@ -361,6 +388,10 @@ void step_range(const UpdateRange<T>& r, const void* coeffs) {
       if (state) state = static_cast<S*>(state) + b;
     }
     Opt::with_fixed_options(coeffs_of, [&](const auto& c) { step_range_with<Opt, T, S>(part, c); });
-    cast_float8(part.param, part.float8, part.n, r.float8_scale);
+    if (r.mx_scales) {
+      cast_mx(part.param, part.float8, part.mx_scales, part.n);
+    } else {
+      cast_float8(part.param, part.float8, part.n, r.float8_scale);
+    }
   }
 }

@@ -97,8 +97,12 @@ TensorPtrs step_ptrs(const core::StepTensors& st, size_t i, int states, int scal
   if (!st.float8_weights.empty() && st.float8_weights[i].defined()) {
     const int float8 = float8_list(states, scalars, st.is_quantized(i));
     t.p[float8] = st.float8_weights[i].data_ptr();
-    t.p[float8 + 1] = st.float8_scales[i].data_ptr();
-    t.p[float8 + 2] = ptr_or_null(st.float8_scale_invs, i);
+    if (st.is_mx(i)) {
+      t.p[float8 + 2] = st.float8_scales[i].data_ptr();
+    } else {
+      t.p[float8 + 1] = st.float8_scales[i].data_ptr();
+      t.p[float8 + 2] = ptr_or_null(st.float8_scale_invs, i);
+    }
   }
   t.numel = st.params[i].numel();
   return t;

@@ -84,8 +84,9 @@ struct StepKind {
 // kept, in state order. Then (after the absmaxes) the tensor's amax slot, null unless the step's
 // weight amax is asked for (fp8 scaling): a zeroed uint32 into which the kernels max the
 // ops::magnitude_bits of every param element they write. Last the fp8 weight's three lists, null
-// unless one is asked for: its e4m3 codes, which the kernels write (ops/float8.h), its scale (one
-// fp32) and where the kernels write the scale's inverse (or null).
+// unless one is asked for: its e4m3 codes, which the kernels write (ops/float8.h); its scale (one
+// fp32), and where the kernels write the scale's inverse (or null); or, for an MX copy, null and
+// its e8m0 block scales, which the kernels write.
 enum StepList { kParam = 0, kGrad, kMasterList, kFirstState };
 // The step count's list of an optimizer with `states` states (its scalar state's is the next).
 constexpr int step_list(int states) { return kFirstState + states; }

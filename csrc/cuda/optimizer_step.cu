@@ -69,8 +69,8 @@ struct OptimizerLaunch {
     using Functor = StepFunctor<Opt, param_t, kKind, state_t>;
     static_assert(Functor::kFloat8List + 3 <= kMaxLists,
                   "every list of the optimizer (absmaxes, amax, fp8 copy, scale, inverse) fits TensorPtrs");
-    // (the lists through the fp8 copy's scale: its inverse is written by InverseFunctor)
-    apply_step<Functor::kFloat8List + 2, state_t>(tensors, Functor{h, s, spec}, stream);
+    // (every list: a delayed scale's inverse is written by InverseFunctor, an MX copy's scales here)
+    apply_step<Functor::kFloat8List + 3, state_t>(tensors, Functor{h, s, spec}, stream);
   }
 };
 
@@ -90,7 +90,7 @@ struct AdvanceFunctor {
 };
 
 // After a group's update: each fp8 copy's dequantization scale (lists: scale, inverse), 1 / scale,
-// unless found_inf says overflow; once per tensor, empty ones too.
+// unless found_inf says overflow; once per tensor, empty ones too (MX copies have none).
 struct InverseFunctor {
   const float* found_inf;
 
@@ -135,7 +135,7 @@ void step(int optimizer, const StepKind& kind, const std::vector<TensorPtrs>& te
     const int inverse = float8_list(Opt::kStates, kScalars<Opt>, kind.state == StateKind::Codes8) + 2;
     std::vector<TensorPtrs> inverses;
     for (const TensorPtrs& t : tensors) {
-      if (t.p[inverse]) inverses.push_back(TensorPtrs{{t.p[inverse - 1], t.p[inverse]}, 1});
+      if (t.p[inverse - 1] && t.p[inverse]) inverses.push_back(TensorPtrs{{t.p[inverse - 1], t.p[inverse]}, 1});
     }
     if (!inverses.empty()) multi_tensor_apply<2>(inverses, InverseFunctor{s.found_inf}, stream);
   });

@@ -27,6 +27,39 @@ FA_DEVICE void warp_max_into(uint32_t* slot, uint32_t amax) {
   if (threadIdx.x % 32 == 0) atomicMax(slot, amax);
 }
 
+// The cast factors of an MX copy's kILP elements at ix (ops/float8.h), each its block's; the
+// block's e8m0 scale goes to `scales`. Contiguous elements (stride 1): a block is held by
+// kMxBlock / kILP neighbouring lanes; strided by the block size: element j of each lane of a
+// warp. Its lanes reduce the amax with shuffles. Chunks and tiles are whole blocks, so every lane
+// of a block gets here, and no other lane needs to.
+FA_DEVICE void mx_factors(const float (&w)[kILP], const IlpIndex& ix, uint8_t* scales, float (&factor)[kILP]) {
+  constexpr int kBlockLanes = static_cast<int>(ops::kMxBlock / kILP);
+  const int lane = threadIdx.x % 32;
+  const auto reduce = [&](uint32_t amax, int lanes, unsigned group) {
+    for (int d = 1; d < lanes; d <<= 1) {
+      const uint32_t other = __shfl_xor_sync(group, amax, d);
+      amax = other > amax ? other : amax;
+    }
+    return ops::e8m0_of_amax(amax);
+  };
+  if (ix.stride == 1) {
+    const uint32_t code = reduce(max_magnitude(w, ix), kBlockLanes,
+                                 ((1u << kBlockLanes) - 1u) << (lane / kBlockLanes * kBlockLanes));
+    if (ix.base % ops::kMxBlock == 0) scales[ix.base / ops::kMxBlock] = static_cast<uint8_t>(code);
+#pragma unroll
+    for (int j = 0; j < kILP; ++j) factor[j] = ops::mx_cast_factor(code);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < kILP; ++j) {
+    const int64_t i = ix.base + j * ix.stride;
+    if (i >= ix.n) continue;  // (the whole warp's: n is whole blocks)
+    const uint32_t code = reduce(ops::magnitude_bits(w[j]), 32, 0xffffffffu);
+    if (lane == 0) scales[i / ops::kMxBlock] = static_cast<uint8_t>(code);
+    factor[j] = ops::mx_cast_factor(code);
+  }
+}
+
 // Everything the optimizers do around their math: pick the fp32 value of the param, write it
 // back (and say the largest |param| written), leave the grad unscaled.
 template <typename param_t, MasterKind kMasterKind>
@@ -37,6 +70,7 @@ struct ParamAccess {
   bool write_grad;  // leave the grad as the step used it (unscaled, clipped), as torch's recipe does
   uint8_t* float8;  // the fp8 weight's e4m3 codes (ops/float8.h), of the params written times float8_scale
   float float8_scale;
+  uint8_t* mx_scales;  // or, for an MX copy, by each block's e8m0 scale, written here
 
   FA_DEVICE float* master_f() const { return static_cast<float*>(master); }
   FA_DEVICE uint16_t* remainder() const { return static_cast<uint16_t*>(master); }
@@ -128,9 +162,16 @@ struct ParamAccess {
       for (int j = 0; j < kILP; ++j) written[j] = widen(from_float<param_t>(p[j]));
     }
     if (float8) {
+      float factor[kILP];
+      if (mx_scales) {
+        mx_factors(written, ix, mx_scales, factor);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kILP; ++j) factor[j] = float8_scale;
+      }
       uint8_t codes[kILP];
 #pragma unroll
-      for (int j = 0; j < kILP; ++j) codes[j] = ops::e4m3_of_scaled(written[j], float8_scale);
+      for (int j = 0; j < kILP; ++j) codes[j] = ops::e4m3_of_scaled(written[j], factor[j]);
       store_ilp(float8, codes, ix);
     }
     return max_magnitude(written, ix);
@@ -147,8 +188,10 @@ FA_DEVICE ParamAccess<param_t, kMasterKind> param_access(const Meta& meta, int t
   if (kMasterKind == MasterKind::Remainder8) master = list_at<uint8_t>(meta.ptr[kMasterList][t], start);
   if (kMasterKind == MasterKind::Output) master = list_at<__nv_bfloat16>(meta.ptr[kMasterList][t], start);
   const float* const float8_scale = static_cast<const float*>(meta.ptr[float8 + 1][t]);
+  uint8_t* const mx_scales = float8_scale ? nullptr : list_at<uint8_t>(meta.ptr[float8 + 2][t], start / ops::kMxBlock);
   return {list_at<param_t>(meta.ptr[kParam][t], start), list_at<param_t>(meta.ptr[kGrad][t], start),
-          master, write_grad, list_at<uint8_t>(meta.ptr[float8][t], start), float8_scale ? *float8_scale : 0.f};
+          master, write_grad, list_at<uint8_t>(meta.ptr[float8][t], start), float8_scale ? *float8_scale : 0.f,
+          mx_scales};
 }
 
 FA_DEVICE bool skip(const StepScalars& s) { return s.found_inf && *s.found_inf != 0.f; }
@@ -188,6 +231,15 @@ void dispatch_param(Dtype dtype, MasterKind master, const Launch& launch) {
   }
 }
 
+// The elementwise step's chunks: whole MX blocks, whose scale is a reduction within a chunk.
+struct StepShape {
+  static constexpr int64_t kChunk = ElementwiseShape::kChunk / ops::kMxBlock * ops::kMxBlock;
+  static constexpr int kThreads = ElementwiseShape::kThreads;
+};
+static_assert(TileShape::kChunk % ops::kMxBlock == 0 && TileShape::kThreads % 32 == 0 &&
+                  StepShape::kThreads % 32 == 0,
+              "MX blocks lie within a chunk, and whole warps run a chunk");
+
 // Runs f over tensors with kLists pointers each (launch.h's StepList, through the amax slot's) for
 // state_t's storage kind: 8-bit state in tiles of whole quant blocks.
 template <int kLists, typename state_t, class Functor>
@@ -195,7 +247,7 @@ void apply_step(const std::vector<TensorPtrs>& tensors, const Functor& f, cudaSt
   if constexpr (std::is_same_v<state_t, uint8_t>) {
     multi_tensor_apply<kLists, false, TileShape>(tensors, f, stream);
   } else {
-    multi_tensor_apply<kLists>(tensors, f, stream);
+    multi_tensor_apply<kLists, false, StepShape>(tensors, f, stream);
   }
 }
 

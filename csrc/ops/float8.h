@@ -39,4 +39,22 @@ FA_HD uint8_t e4m3_of_scaled(float x, float scale) {
   return static_cast<uint8_t>(e4m3_code(b, mag, bits_of(float_of(mag) + kE4m3SubnormalBias)));
 }
 
+// MX blocks (OCP microscaling's MXFP8, as torchao's to_mx casts a weight in its default FLOOR
+// mode): each run of kMxBlock elements along the last dim shares one e8m0 scale, the power of
+// two 2^(e - 127) stored as its biased exponent e. e is the block's amax's exponent less 8
+// (e4m3's largest power of two), at least 0; 255 (NaN) for a NaN amax. The block is divided by
+// that scale, but by 2^-126 where e is 0 (torchao clamps the scale to fp32's smallest normal),
+// then cast as above.
+constexpr int64_t kMxBlock = 32;
+
+// The e8m0 code of a block whose largest magnitude_bits are `amax` (above inf: a NaN).
+FA_HD uint32_t e8m0_of_amax(uint32_t amax) {
+  const uint32_t exponent = amax >> 23;
+  return amax > 0x7f800000u ? 255u : (exponent > 8u ? exponent - 8u : 0u);
+}
+
+// What a block of e8m0 code `e` is multiplied by before its cast: 1 / max(2^(e - 127), 2^-126), a
+// power of two, so that the product is the quotient to the bit; 0 for NaN (x / inf).
+FA_HD float mx_cast_factor(uint32_t e) { return e == 255u ? 0.f : float_of((254u - (e > 1u ? e : 1u)) << 23); }
+
 }  // namespace fused_amp::ops
