@@ -99,6 +99,43 @@ def test_fsdp2_float8_scales_from_the_step_are_torchaos(options):
             assert torch.equal(a, b)
 
 
+def in_backward_run(rank, world, steps=3):
+    """fp8_run's model stepping in backward, a param at a time (bucket_bytes=0): after each
+    backward the scales handed over, torchao's precompute of the same weights, and how many
+    hand-overs (each one all-reduce) the backward made."""
+    from torchao.float8.fsdp_utils import precompute_float8_dynamic_scale_for_fsdp
+    from fused_amp.optim import _float8
+
+    model = float8_model()
+    opt = fused_amp.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    handle = fused_amp.optim.step_in_backward(opt, bucket_bytes=0)
+    hand_overs, original = [], _float8.hand_over
+    _float8.hand_over = lambda all_lists: (hand_overs.append(len(all_lists)), original(all_lists))
+    try:
+        ours, theirs, counts = [], [], []
+        for step in range(steps):
+            torch.manual_seed(100 + 2 * step + rank)
+            model(torch.randn(16, 32, dtype=torch.bfloat16)).float().pow(2).mean().backward()  # the params step
+            counts.append(list(hand_overs))
+            hand_overs.clear()
+            ours.append(scales(model))
+            precompute_float8_dynamic_scale_for_fsdp(model)
+            theirs.append(scales(model))
+    finally:
+        _float8.hand_over = original
+        handle.remove()
+    return dict(ours=ours, theirs=theirs, counts=counts)
+
+
+def test_fsdp2_float8_scales_from_steps_in_backward_are_torchaos_in_one_hand_over():
+    """step_in_backward steps each weight alone; the scales of all of them are handed over once
+    when backward ends (one all-reduce, as torchao's precompute makes), bitwise torchao's."""
+    for rank, o in enumerate(run_ranks(in_backward_run, 2)):
+        for step, (handed, precomputed, count) in enumerate(zip(o["ours"], o["theirs"], o["counts"])):
+            assert count == [3], f"rank {rank} step {step}: hand-overs of {count} buckets' lists"
+            assert len(handed) == 3 and all(map(torch.equal, handed, precomputed)), f"rank {rank} step {step}"
+
+
 def every_optimizer_run(rank, world):
     """fp8_run of each optimizer of the registry (its plain options), in one launch of the ranks."""
     return {name: fp8_run(rank, world, cls, kw, dict(float8_scales=True), 3, None)

@@ -126,6 +126,15 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
         finally:
             self._only = None
 
+    @torch.no_grad()
+    def _hand_over_after_backward(self) -> None:
+        """When a backward that stepped its params in buckets (step_in_backward) ends: the
+        torchao float8 scales of all the weights it stepped, in one hand-over (one all-reduce),
+        as after a whole step. (Each weight is in one bucket's lists, with the amax its step wrote.)"""
+        stepped = self.__dict__.pop("_float8_stepped", None)
+        if stepped:
+            _float8.hand_over(stepped)
+
     def _fused_step(self) -> None:
         if getattr(self, "found_inf", None) is None and not torch.compiler.is_compiling():
             _scaling.stepped(self)  # without a GradScaler (host bookkeeping, left out when traced)
@@ -159,7 +168,11 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
                     self._update(group, lists, scalars, check_only=True)
             for group, lists, scalars in calls:
                 self._update(group, lists, scalars, check_only=False)
-            _float8.hand_over([lists for _, lists, _ in calls])
+            if self.__dict__.get("_only") is None:
+                _float8.hand_over([lists for _, lists, _ in calls])
+            else:  # a bucket in backward: every weight's scale is handed over when backward ends, at once
+                self.__dict__.setdefault("_float8_stepped", []).extend(
+                    lists for _, lists, _ in calls if "float8_wrappers" in lists)
             _float8_copies.after_step(self, [lists for _, lists, _ in calls])
         finally:
             # the grads are this step's: the cached lists keep them no longer, so that zero_grad()

@@ -51,6 +51,7 @@ class StepInBackward:
     def _end_of_backward(self) -> None:
         self._flush_queued = False
         self._flush()
+        self._optimizer._hand_over_after_backward()
 
     def _flush(self) -> None:
         pending, self._pending, self._pending_bytes = self._pending, [], 0
