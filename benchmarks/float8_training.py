@@ -11,7 +11,8 @@ batches everywhere.
 Each float8 linear casts its weight and input to e4m3 in every forward (torch._scaled_mm runs on
 the CPU). Run: python -m benchmarks.float8_training [steps] [--every-optimizer] (each optimizer
 with torch's counterpart instead) [--without-counterpart] (Lion and AdEMAMix, which torch lacks:
-ours on the float8 model against ours on the same model with bf16 linears)."""
+ours on the float8 model against ours on the same model with bf16 linears) [--muon] (Muon on the
+hidden matrix and AdamW on the rest, torch's pair against ours)."""
 import statistics
 import sys
 
@@ -96,6 +97,36 @@ def without_counterpart():
     return recipes
 
 
+class Pair:
+    """Two optimizers stepped as one: Muon for the hidden matrix, AdamW for the rest."""
+
+    def __init__(self, first, second):
+        self.optimizers = (first, second)
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=set_to_none)
+
+    def step(self):
+        for o in self.optimizers:
+            o.step()
+
+
+def muon():
+    """Muon on the hidden layer's weight (the one hidden matrix: Muon's recipe leaves embeddings
+    and heads to AdamW) and AdamW on the rest: torch's pair on the fp32 model (torchao's recipe)
+    against ours on the bf16 model with fp32 masters, both on the float8 model."""
+    def pair(muon_cls, adamw_cls):
+        def make(params, lr):
+            params = list(params)  # (embed.weight, hidden.weight, hidden.bias, out.weight, out.bias)
+            return Pair(muon_cls([params[1]], lr=2e-2), adamw_cls(params[:1] + params[2:], lr=lr, weight_decay=0.0))
+        return make
+    return {"torchao + torch Muon (lr 2e-2) + AdamW, fp32 weights": (pair(torch.optim.Muon, torch.optim.AdamW),
+                                                                    torch.float32),
+            "torchao + fused_amp Muon + AdamW, bf16 + fp32 masters": (pair(fused_amp.optim.Muon,
+                                                                           fused_amp.optim.AdamW), torch.bfloat16)}
+
+
 def main(steps=300, seeds=(0, 1, 2), recipes=RECIPES):
     data = convergence.corpus()
     print(f"char LM, float8 linears (torchao tensorwise), {steps} steps, seeds {list(seeds)}: held-out loss")
@@ -108,4 +139,5 @@ def main(steps=300, seeds=(0, 1, 2), recipes=RECIPES):
 if __name__ == "__main__":
     main(int(sys.argv[1]) if len(sys.argv) > 1 else 300,
          recipes=(every_optimizer() if "--every-optimizer" in sys.argv
-                  else without_counterpart() if "--without-counterpart" in sys.argv else RECIPES))
+                  else without_counterpart() if "--without-counterpart" in sys.argv
+                  else muon() if "--muon" in sys.argv else RECIPES))
