@@ -55,12 +55,15 @@ def assert_tables_fit(md: str, columns: int = 10):
 
 
 def test_the_model_suite_on_the_users_model_from_their_folder(user_folder):
+    """The budget (exit 3 when over) is 5 minutes, as test_quick_run_end_to_end's: this run's
+    half minute on an idle machine took 61 s in CI beside the other stream, and a test must not
+    time what the benchmark measures."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     where = subprocess.run([sys.executable, "-c", "import fused_amp.benchmark as b; print(b.__file__)"],
                            cwd=user_folder, env=env, capture_output=True, text=True, check=True).stdout
     assert where.startswith(os.path.dirname(fused_amp.__file__))  # the copy this test imports
     proc = subprocess.run([sys.executable, "-m", "fused_amp.benchmark", "--device", "cpu", "--quick",
-                           "--model", "my_model:build", "--out", "out", "--time-budget", "60"],
+                           "--model", "my_model:build", "--out", "out", "--time-budget", "300"],
                           cwd=user_folder, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     model = __import__("my_model").build()
