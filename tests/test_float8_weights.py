@@ -123,52 +123,57 @@ def test_the_step_writes_torchs_cast_of_the_params_it_wrote(cls, torch_cls, kw, 
 EDGE_SCRIPT = r"""
 import sys, torch
 from fused_amp import ops
-dtype = getattr(torch, sys.argv[1])
-codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
-finite = codes[codes == codes]
-ordered = finite.unique()
-ties = (ordered[1:] + ordered[:-1]) / 2
-off = torch.cat([torch.nextafter(ties, ordered[1:]), torch.nextafter(ties, ordered[:-1])])
-special = torch.tensor([448.0, 464.0, 465.0, 1e30, float("inf"), float("nan"), 0.0, 2.0 ** -10, 3 * 2.0 ** -10])
-values = torch.cat([finite, ties, off, special])
-values = torch.cat([values, -values, torch.tensor([1.0])]).to(dtype)
-assert len(values) % 2  # (odd: its repeats put each value at every one of 16 lanes)
-param = values.repeat(17)
-# from offsets 0, 1 and 3: in the scalar head and tail too
-params = [param.clone()[offset:] for offset in (0, 1, 3)]
-copies = [torch.empty(len(param), dtype=torch.float8_e4m3fn)[offset:] for offset in (0, 1, 3)]
-scales = [torch.tensor([s]) for s in (1.0, 0.5, 3.0)]
-ops.step_("sgd", params, [torch.zeros_like(p) for p in params], [], [], [], lr=0.0,
-          hyper=dict(momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False),
-          float8_weights=copies, float8_scales=scales, float8_indices=[0, 1, 2])
-for p, c, s in zip(params, copies, scales):
-    ref = (p.float() * s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
-    ours = c.view(torch.uint8).clone()
-    # a NaN's sign is torch's to lose: its scalar fp16-to-fp32 conversion (a tensor's tail) gives
-    # the positive NaN, its vector one keeps the sign; any NaN code is a NaN
-    nan = (ours & 0x7f == 0x7f) & (ref & 0x7f == 0x7f)
-    ours[nan] = ref[nan]
-    print(ours.numpy().tobytes().hex(), ref.numpy().tobytes().hex())
+for name in sys.argv[1:]:  # one process for every dtype: its imports take most of its time
+    dtype = getattr(torch, name)
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    finite = codes[codes == codes]
+    ordered = finite.unique()
+    ties = (ordered[1:] + ordered[:-1]) / 2
+    off = torch.cat([torch.nextafter(ties, ordered[1:]), torch.nextafter(ties, ordered[:-1])])
+    special = torch.tensor([448.0, 464.0, 465.0, 1e30, float("inf"), float("nan"), 0.0, 2.0 ** -10, 3 * 2.0 ** -10])
+    values = torch.cat([finite, ties, off, special])
+    values = torch.cat([values, -values, torch.tensor([1.0])]).to(dtype)
+    assert len(values) % 2  # (odd: its repeats put each value at every one of 16 lanes)
+    param = values.repeat(17)
+    # from offsets 0, 1 and 3: in the scalar head and tail too
+    params = [param.clone()[offset:] for offset in (0, 1, 3)]
+    copies = [torch.empty(len(param), dtype=torch.float8_e4m3fn)[offset:] for offset in (0, 1, 3)]
+    scales = [torch.tensor([s]) for s in (1.0, 0.5, 3.0)]
+    ops.step_("sgd", params, [torch.zeros_like(p) for p in params], [], [], [], lr=0.0,
+              hyper=dict(momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False),
+              float8_weights=copies, float8_scales=scales, float8_indices=[0, 1, 2])
+    for p, c, s in zip(params, copies, scales):
+        ref = (p.float() * s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+        ours = c.view(torch.uint8).clone()
+        # a NaN's sign is torch's to lose: its scalar fp16-to-fp32 conversion (a tensor's tail) gives
+        # the positive NaN, its vector one keeps the sign; any NaN code is a NaN
+        nan = (ours & 0x7f == 0x7f) & (ref & 0x7f == 0x7f)
+        ours[nan] = ref[nan]
+        print(name, ours.numpy().tobytes().hex(), ref.numpy().tobytes().hex())
 """
 
 
-def on_every_instruction_set(script, dtype):
-    """(instruction set, ours, theirs) of each line `script` prints, run with ATEN_CPU_CAPABILITY
-    set to each instruction set of this CPU in turn (to the one the caller set, where it set one:
-    make test-rest runs the numerics once per instruction set)."""
+DTYPES = ["float32", "bfloat16", "float16"]
+
+
+def on_every_instruction_set(script, dtypes=DTYPES):
+    """(instruction set, dtype, ours, theirs) of each line `script` prints for `dtypes`, run with
+    ATEN_CPU_CAPABILITY set to each instruction set of this CPU in turn (to the one the caller
+    set, where it set one: make test-rest runs the numerics once per instruction set)."""
     flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
     isas = ["default"] + [isa for isa, flag in (("avx2", " avx2"), ("avx512", " avx512bw")) if flag in flags]
     for isa in [os.environ["ATEN_CPU_CAPABILITY"]] if "ATEN_CPU_CAPABILITY" in os.environ else isas:
-        out = subprocess.run([sys.executable, "-c", script, dtype], env=dict(os.environ, ATEN_CPU_CAPABILITY=isa),
+        out = subprocess.run([sys.executable, "-c", script, *dtypes], env=dict(os.environ, ATEN_CPU_CAPABILITY=isa),
                              capture_output=True, text=True, check=True).stdout
         yield from ((isa, *line.split()) for line in filter(None, out.split("\n")))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-def test_the_cast_rounds_and_saturates_as_torch_on_every_instruction_set(dtype):
+def test_the_cast_rounds_and_saturates_as_torch_on_every_instruction_set():
     """SGD at lr 0 writes each param as it was: its copy is then the cast of chosen values."""
-    for isa, ours, theirs in on_every_instruction_set(EDGE_SCRIPT, dtype):
-        assert ours == theirs, f"{isa}: the step's e4m3 bytes differ from torch's cast"
+    lines = list(on_every_instruction_set(EDGE_SCRIPT))
+    assert {dtype for _, dtype, _, _ in lines} == set(DTYPES)
+    for isa, dtype, ours, theirs in lines:
+        assert ours == theirs, f"{isa}, {dtype} params: the step's e4m3 bytes differ from torch's cast"
 
 
 def sgd_args(n=3, size=40, dtype=torch.bfloat16):

@@ -87,50 +87,51 @@ EDGE_SCRIPT = r"""
 import sys, torch
 from fused_amp import ops
 from torchao.prototype.mx_formats.mx_tensor import to_mx
-dtype = getattr(torch, sys.argv[1])
-codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
-ordered = codes[codes == codes].unique()
-values = torch.cat([ordered, (ordered[1:] + ordered[:-1]) / 2])
-values = torch.cat([values, -values])
-values = torch.cat([values, torch.full((-len(values) % 32,), 300.0)]).reshape(-1, 32)
-gen = torch.Generator().manual_seed(0)
-powers = torch.randn(80, 32, generator=gen)
-powers[:, 0] = 1.0
-powers *= torch.exp2(torch.arange(-40, 40).float()).reshape(-1, 1)
-below = torch.randn(80, 32, generator=gen).clamp(-1, 1) * torch.nextafter(torch.exp2(torch.arange(-40, 40).float()),
-                                                                           torch.zeros(1)).reshape(-1, 1)
-special = torch.zeros(6, 32)
-special[0, 3] = float("inf")
-special[1, 5], special[1, 6] = float("nan"), 2.0
-special[2, 7] = torch.finfo(torch.float32).max
-special[3] = torch.randn(32, generator=gen) * 1e-39
-special[4, 9] = -float("inf")
-param = torch.cat([values, powers, below, special]).to(dtype)
-rows = param.shape[0]
-# blocks of 32 after each 32-element head that a misaligned view skips: a vector body and tail
-params = [param.clone(), torch.cat([torch.zeros(32, dtype=dtype), param.flatten()])[32:].reshape(rows, 32)]
-copies = [torch.empty(rows, 32, dtype=torch.float8_e4m3fn) for _ in params]
-scales = [torch.empty(rows, 1, dtype=torch.float8_e8m0fnu) for _ in params]
-ops.step_("sgd", params, [torch.zeros_like(p) for p in params], [], [], [], lr=0.0,
-          hyper=dict(momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False),
-          float8_weights=copies, float8_scales=scales, float8_indices=[0, 1])
-for p, c, s in zip(params, copies, scales):
-    ref_s, ref_c = to_mx(p if dtype != torch.float16 else p.float(), torch.float8_e4m3fn, 32)
-    ours, ref = c.view(torch.uint8).clone(), ref_c.view(torch.uint8).clone()
-    for x in (ours, ref):
-        x[x & 0x7f == 0x7f] = 0x7f  # any NaN code is a NaN
-    print(ours.numpy().tobytes().hex(), ref.numpy().tobytes().hex())
-    print(s.view(torch.uint8).numpy().tobytes().hex(), ref_s.view(torch.uint8).numpy().tobytes().hex())
+for name in sys.argv[1:]:  # one process for every dtype: its imports take most of its time
+    dtype = getattr(torch, name)
+    codes = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    ordered = codes[codes == codes].unique()
+    values = torch.cat([ordered, (ordered[1:] + ordered[:-1]) / 2])
+    values = torch.cat([values, -values])
+    values = torch.cat([values, torch.full((-len(values) % 32,), 300.0)]).reshape(-1, 32)
+    gen = torch.Generator().manual_seed(0)
+    powers = torch.randn(80, 32, generator=gen)
+    powers[:, 0] = 1.0
+    powers *= torch.exp2(torch.arange(-40, 40).float()).reshape(-1, 1)
+    below = torch.randn(80, 32, generator=gen).clamp(-1, 1) * torch.nextafter(torch.exp2(torch.arange(-40, 40).float()),
+                                                                               torch.zeros(1)).reshape(-1, 1)
+    special = torch.zeros(6, 32)
+    special[0, 3] = float("inf")
+    special[1, 5], special[1, 6] = float("nan"), 2.0
+    special[2, 7] = torch.finfo(torch.float32).max
+    special[3] = torch.randn(32, generator=gen) * 1e-39
+    special[4, 9] = -float("inf")
+    param = torch.cat([values, powers, below, special]).to(dtype)
+    rows = param.shape[0]
+    # blocks of 32 after each 32-element head that a misaligned view skips: a vector body and tail
+    params = [param.clone(), torch.cat([torch.zeros(32, dtype=dtype), param.flatten()])[32:].reshape(rows, 32)]
+    copies = [torch.empty(rows, 32, dtype=torch.float8_e4m3fn) for _ in params]
+    scales = [torch.empty(rows, 1, dtype=torch.float8_e8m0fnu) for _ in params]
+    ops.step_("sgd", params, [torch.zeros_like(p) for p in params], [], [], [], lr=0.0,
+              hyper=dict(momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, maximize=False),
+              float8_weights=copies, float8_scales=scales, float8_indices=[0, 1])
+    for p, c, s in zip(params, copies, scales):
+        ref_s, ref_c = to_mx(p if dtype != torch.float16 else p.float(), torch.float8_e4m3fn, 32)
+        ours, ref = c.view(torch.uint8).clone(), ref_c.view(torch.uint8).clone()
+        for x in (ours, ref):
+            x[x & 0x7f == 0x7f] = 0x7f  # any NaN code is a NaN
+        print(name, ours.numpy().tobytes().hex(), ref.numpy().tobytes().hex())
+        print(name, s.view(torch.uint8).numpy().tobytes().hex(), ref_s.view(torch.uint8).numpy().tobytes().hex())
 """
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
-def test_the_mx_cast_scales_rounds_and_saturates_as_torchao_on_every_instruction_set(dtype):
+def test_the_mx_cast_scales_rounds_and_saturates_as_torchao_on_every_instruction_set():
     """SGD at lr 0 writes each param as it was: its copy is then the cast of chosen blocks."""
-    lines = list(on_every_instruction_set(EDGE_SCRIPT, dtype))
-    assert len(lines) % 4 == 0 and lines  # (codes and scales of two params per instruction set)
-    for isa, ours, theirs in lines:
-        assert ours == theirs, f"{isa}: the step's MX bytes differ from torchao's to_mx"
+    lines = list(on_every_instruction_set(EDGE_SCRIPT))
+    # codes and scales of two params, per dtype and instruction set
+    assert len(lines) % 12 == 0 and {dtype for _, dtype, _, _ in lines} == {"float32", "bfloat16", "float16"}
+    for isa, dtype, ours, theirs in lines:
+        assert ours == theirs, f"{isa}, {dtype} params: the step's MX bytes differ from torchao's to_mx"
 
 
 def test_the_initial_copies_are_torchaos_cast():
