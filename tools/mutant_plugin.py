@@ -51,15 +51,17 @@ def _run(session, items, mutant_id, switch):
 
 def _order(items, mutant, killers, seconds):
     """The order to run items in for a mutant: the tests that killed a mutant of its file before,
-    then those whose id names one of its keywords, then the other killers, then the rest; within
-    each, the fastest seen first."""
-    pattern = re.compile("|".join(mutant["keywords"]), re.I)
+    then those whose id names one of its keywords (the first keyword's first), then the other
+    killers, then the rest; within each, the fastest seen first."""
+    patterns = [re.compile(k, re.I) for k in mutant["keywords"]]
     mine = killers.get(mutant["file"], set())
     every = set().union(*killers.values()) if killers else set()
 
     def rank(i_item):
         i, item = i_item
-        group = 0 if item.nodeid in mine else 1 if pattern.search(item.nodeid) else 2 if item.nodeid in every else 3
+        named = next((k for k, p in enumerate(patterns) if p.search(item.nodeid)), None)
+        group = (0, 0) if item.nodeid in mine else (1, named) if named is not None else \
+            (2, 0) if item.nodeid in every else (3, 0)
         return group, seconds.get(item.nodeid, 1e9), i
     return [item for _, item in sorted(enumerate(items), key=rank)]
 

@@ -51,47 +51,63 @@ UNMUTATED = {
     "rounding_bits": "the hash of the random bits (mix32)",
     "master_rounding_key": "the hash of the random bits (mix32)",
 }
-# Rounding flips: (file under csrc/, the text, its mutant with {on} for the switch, what it does).
+# Rounding flips: (file under csrc/, the text, its mutant with {on} for the switch, what it does,
+# the tests aimed at it: texts of their ids, run first). Without those, a flip that one late file's
+# tests kill ran most of the tier first (the MX flips took 6 minutes each).
 # The flipped branch of an op header is a macro (SWITCH below), so that its operators get no
 # operator mutants of their own: those would run only with the flip on.
 ROUNDINGS = [
     ("cpu/vec_bits.h", "((bits + 0x7fffu + ((bits >> 16) & 1u)) | bits_of(x.isnan()))",
      "(({on} ? bits + 0x8000u : bits + 0x7fffu + ((bits >> 16) & 1u)) | bits_of(x.isnan()))",
-     "bf16 params and state to nearest with ties away from zero, not to even (vectors)"),
+     "bf16 params and state to nearest with ties away from zero, not to even (vectors)",
+     ["bf16_value", "bf16"]),
     ("ops/rounding.h", "round_bits_to_bf16<W>(m, W{} + 0x8000u)",
      "round_bits_to_bf16<W>(m, {on} ? FA_MUTANT_EVEN_ADDEND(m) : W{} + 0x8000u)",
-     "the remainder split with ties to even, not away from zero (scalars and vectors)"),
+     "the remainder split with ties to even, not away from zero (scalars and vectors)",
+     ["ties_away", "remainder"]),
     ("ops/rounding.h", "return 0x7fu + ((b >> 8) & 1u);", "return {on} ? W{} | 0x80u : 0x7fu + ((b >> 8) & 1u);",
-     "24-bit masters to nearest with ties away from zero, not to even (scalars and vectors)"),
+     "24-bit masters to nearest with ties away from zero, not to even (scalars and vectors)",
+     ["nearest_24_bit", "master24"]),
     ("ops/float8.h", "(mag + 0x7ffffu + ((mag >> 20) & 1u) - (120u << 23))",
      "(mag + ({on} ? W{} | 0x80000u : 0x7ffffu + ((mag >> 20) & 1u)) - (120u << 23))",
-     "fp8 copies to nearest with ties away from zero, not to even (scalars and vectors)"),
+     "fp8 copies to nearest with ties away from zero, not to even (scalars and vectors)",
+     ["writes_torchs_cast", "float8"]),
     ("ops/float8.h", "(is_nan_bits<W>(mag) || mag <= W{} + kE4m3MaxBits)",
      "(is_nan_bits<W>(mag) || {on} || mag <= W{} + kE4m3MaxBits)",
-     "fp8 copies not saturated beyond 448 (torch's casts before 2.12)"),
+     "fp8 copies not saturated beyond 448 (torch's casts before 2.12)",
+     ["writes_torchs_cast", "float8"]),
     ("ops/float8.h", "(exponent > 8u ? exponent - 8u : 0u)",
      "({on} ? FA_MUTANT_CEIL_SCALE(exponent, amax) : exponent > 8u ? exponent - 8u : 0u)",
-     "fp8 MX scales of torchao's CEIL mode (the amax's power of two rounded up), not FLOOR"),
+     "fp8 MX scales of torchao's CEIL mode (the amax's power of two rounded up), not FLOOR",
+     ["mx_cast_of", "mx"]),
     ("ops/float8.h", "(254u - (e > 1u ? e : 1u))", "(254u - ({on} ? e : e > 1u ? e : 1u))",
-     "fp8 MX blocks of scale code 0 divided by 2^-127, not by torchao's clamp 2^-126"),
+     "fp8 MX blocks of scale code 0 divided by 2^-127, not by torchao's clamp 2^-126",
+     ["mx_cast_scales", "mx"]),
     ("cpu/step_loops.h", "  if (r.stochastic) {\n    rounding_bits2", "  if (r.stochastic && !{on}) {\n    rounding_bits2",
-     "stochastic rounding of 24-bit masters to nearest instead (vectors)"),
+     "stochastic rounding of 24-bit masters to nearest instead (vectors)",
+     ["stochastic", "master24"]),
     ("cpu/step_loops.h", "const uint32_t addend = r.stochastic\n", "const uint32_t addend = r.stochastic && !{on}\n",
-     "stochastic rounding of 24-bit masters to nearest instead"),
+     "stochastic rounding of 24-bit masters to nearest instead",
+     ["stochastic", "master24"]),
     ("cpu/step_loops.h", "if (random) return store_exact_bf16", "if (random && !{on}) return store_exact_bf16",
-     "stochastic rounding of bf16 state to nearest instead (vectors)"),
+     "stochastic rounding of bf16 state to nearest instead (vectors)",
+     ["stochastic", "bf16"]),
     ("cpu/step_loops.h", "if (stochastic) v = ops::stochastic_round_bf16", "if (stochastic && !{on}) v = ops::stochastic_round_bf16",
-     "stochastic rounding of bf16 state to nearest instead"),
+     "stochastic rounding of bf16 state to nearest instead",
+     ["stochastic", "bf16"]),
     ("cpu/quantized_state.h", "      const auto r = code_random<",
      "      if ({on}) return kSigned ? ops::quantize_signed(v, inv) : ops::quantize_unsigned(v, inv); "
      "const auto r = code_random<",
-     "stochastic rounding of 8-bit codes to nearest instead"),
+     "stochastic rounding of 8-bit codes to nearest instead",
+     ["stochastic", "8bit", "quant"]),
     ("ops/quantize.h", "return copysign_(rint_(sqrt_(unit) * T(kSignedLevels)), x);",
      "return copysign_(FA_MUTANT_ROUND_DOWN_IF({on}, sqrt_(unit) * T(kSignedLevels)), x);",
-     "signed 8-bit codes rounded down, not to nearest"),
+     "signed 8-bit codes rounded down, not to nearest",
+     ["8bit", "quant"]),
     ("ops/quantize.h", "return code_max_(rint_(sqrt_(unit) * T(kUnsignedLevels)), positive_(x));",
      "return code_max_(FA_MUTANT_ROUND_DOWN_IF({on}, sqrt_(unit) * T(kUnsignedLevels)), positive_(x));",
-     "unsigned 8-bit codes rounded down, not to nearest"),
+     "unsigned 8-bit codes rounded down, not to nearest",
+     ["8bit", "quant"]),
 ]
 # Mutants no test can kill, by (file, a text of their line, a text of their name): why. They are
 # listed, not run.
@@ -123,10 +139,11 @@ def listed(file, source, what):
 
 # the tests run first for a mutant of a file: those whose id has one of these
 KEYWORDS = {"unscale.h": ["unscale", "non_finite"], "grad_norm.h": ["clip", "norm"],
-            "update_scale.h": ["update_scale", "scaler"], "quantize.h": ["uint8", "quant", "8bit"],
-            "rounding.h": ["remainder", "stochastic", "bf16", "master24"], "lerp.h": ["adam", "nadam", "radam"],
-            "common.h": ["adam"], "vec_bits.h": ["bf16", "remainder", "master24"],
-            "quantized_state.h": ["uint8", "quant"], "unscale_loops.h": ["unscale", "clip", "norm"]}
+            "update_scale.h": ["update_scale", "scaler", "delayed"], "float8.h": ["float8", "mx"],
+            "quantize.h": ["uint8", "quant", "8bit"], "rounding.h": ["remainder", "stochastic", "bf16", "master24"],
+            "lerp.h": ["adam", "nadam", "radam"], "common.h": ["adam"], "vec_bits.h": ["bf16", "remainder", "master24"],
+            "quantized_state.h": ["uint8", "quant"], "step_loops.h": ["cast_of_the_params_it_wrote", "amax_is_found"],
+            "unscale_loops.h": ["unscale", "clip", "norm"]}
 
 
 SWITCH = """
@@ -156,9 +173,9 @@ class Mutants:
         self.list, self.texts, self.unparsed, self.other_isa = [], {}, [], 0
         self.isa = isa
 
-    def add(self, file, line, what):
+    def add(self, file, line, what, keywords=None):
         stem = os.path.basename(file)
-        keywords = KEYWORDS.get(stem, [re.sub(r"\.h$", "", stem).replace("_", "")])
+        keywords = keywords or KEYWORDS.get(stem, [re.sub(r"\.h$", "", stem).replace("_", "")])
         source = _source_lines(file)[line - 1].strip()
         self.list.append({"id": len(self.list), "name": f"{what} ({file}:{line})", "file": file,
                           "keywords": keywords, "listed": listed(file, source, what)})
@@ -351,10 +368,10 @@ def generate(isa, only=""):
              for d in ("ops", "cpu") for name in sorted(os.listdir(os.path.join(csrc, d))) if name.endswith(".h")}
     # the rounding flips first, on the sources as they are (a name stands for each switch until
     # the operators and loops are done)
-    for file, old, new, what in ROUNDINGS:
+    for file, old, new, what, keywords in ROUNDINGS:
         text = texts[file]
         assert text.count(old) == 1, f"{file}: the text of rounding mutant '{what}' is not there once"
-        mutant = mutants.add(file, text[:text.index(old)].count("\n") + 1, what)
+        mutant = mutants.add(file, text[:text.index(old)].count("\n") + 1, what, keywords)
         texts[file] = text.replace(old, new.replace("{on}", f"FA_MUTANT_{mutant}"))
     for path, text in texts.items():
         mutate = mutate_operators if path.startswith("ops/") else mutate_loops
