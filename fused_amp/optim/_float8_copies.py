@@ -30,7 +30,6 @@ def plan(optimizer, lists) -> None:
         list(column) for column in zip(*(c._step_tensors(i) for _, c, i in held)))
     delayed = [(position, c, i) for position, c, i in held if _is_delayed(c)]
     if not delayed:
-        lists["float8_scale_invs"] = []
         return
     if "weight_amax" in lists:
         raise ValueError("Float8Weights: the step's params include torchao float8 weights (FSDP2's fp8 all-gather), "
