@@ -49,15 +49,17 @@ build: $(BUILT)
 # pytest's workers (pytest-xdist): one per core, each running one OpenMP thread (two teams of
 # two threads on two cores wait on each other's barriers). TEST_JOBS=1: one pytest process.
 TEST_JOBS ?= $(shell nproc)
-PYTEST = $(if $(filter 1,$(TEST_JOBS)),$(PY) -m pytest -q,OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal)
+# PYTEST_ARGS: more pytest options (CI: --durations=20, the slowest tests of each run)
+PYTEST = $(if $(filter 1,$(TEST_JOBS)),$(PY) -m pytest -q,OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal) $(PYTEST_ARGS)
 
 test: build
 	FUSED_AMP_TEST_TIER=quick $(PYTEST) tests
 
-# The CPU kernels exist once per instruction set; the numerics tests run on each of them below
-# this CPU's own (ATEN_CPU_CAPABILITY picks torch's and ours alike; each optimizer's plain and
-# stateful option sets, tests/optim_registry.py), then the whole matrix less what make test ran,
-# on this CPU's own (an AVX2-only CPU's avx2 run would repeat a part of it).
+# The CPU kernels exist once per instruction set; the numerics tests' quick tier runs on each of
+# them below this CPU's own (ATEN_CPU_CAPABILITY picks torch's and ours alike; each optimizer's
+# plain and stateful option sets, tests/optim_registry.py; the CPU mutants show the quick tier
+# as strong a net as the whole matrix), then the whole matrix less what make test ran, on this
+# CPU's own (an AVX2-only CPU's avx2 run would repeat a part of it).
 NUMERICS_TESTS := tests/test_unscale.py tests/test_optim.py tests/test_clip.py tests/test_memory_modes.py tests/test_weight_amax.py \
                   tests/test_delayed_scaling.py tests/test_float8_weights.py tests/test_mx_weights.py \
                   tests/test_quantized_state.py tests/test_master24.py
@@ -66,7 +68,7 @@ test-rest: build
 	native=$$($(PY) -c "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"); \
 	for isa in default avx2; do \
 		if [ $$isa = $$native ]; then echo "numerics on $$isa: this CPU's own, which the quick and rest tiers run"; continue; fi; \
-		ATEN_CPU_CAPABILITY=$$isa FUSED_AMP_TEST_OPTION_SETS=2 $(PYTEST) $(NUMERICS_TESTS) || exit 1; \
+		ATEN_CPU_CAPABILITY=$$isa FUSED_AMP_TEST_TIER=quick FUSED_AMP_TEST_OPTION_SETS=2 $(PYTEST) $(NUMERICS_TESTS) || exit 1; \
 	done
 	FUSED_AMP_TEST_TIER=rest $(PYTEST) tests
 
@@ -93,7 +95,7 @@ SANITIZE_TESTS ?= tests/test_unscale.py tests/test_bad_input.py tests/test_prope
                   tests/test_mx_weights.py
 
 sanitize: $(STAMP)
-	PY=$(abspath $(PY)) tools/sanitize.sh $(SANITIZE_TESTS)
+	PY=$(abspath $(PY)) tools/sanitize.sh $(SANITIZE_TESTS) $(PYTEST_ARGS)
 
 # No venv: the GPU machine's own interpreter and torch; results in $$FUSED_AMP_GPU_OUT.
 gpu-check:
