@@ -1,6 +1,6 @@
 """Build fused_amp._C: CPU kernels always, CUDA kernels when torch and a toolkit allow.
 
-Environment variables read here (all documented in README.md):
+Environment variables read here (all documented in docs/install.md, which README links):
   FUSED_AMP_CUDA        unset: CUDA when possible; 0: CPU only; 1: CUDA or fail.
   TORCH_CUDA_ARCH_LIST  CUDA architectures (default: those of the GPUs torch sees; with none,
                         the oldest of 8.0;8.6;8.9;9.0;10.0 that nvcc builds, +PTX for the rest;
@@ -9,6 +9,10 @@ Environment variables read here (all documented in README.md):
   MAX_JOBS              parallel compile jobs (read by torch's ninja builder).
   FUSED_AMP_SANITIZE    1: compile the CPU kernels with AddressSanitizer and
                         UndefinedBehaviorSanitizer (make sanitize; not for use otherwise).
+  FUSED_AMP_CPU_KERNELS unset: the CPU kernels for AVX2 and AVX-512 beside the portable ones;
+                        a comma list of avx2, avx512 (or none): only those, the CPUs of the
+                        others running the portable ones; native: this CPU's (make sanitize,
+                        the CPU mutants, the sdist check).
 """
 import glob
 import os
@@ -79,6 +83,10 @@ sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/core/*.cpp") + glob.g
 # GPU) then compute the same IEEE operations, and where an element falls changes no bit.
 cxx_flags = ["-O3", "-fopenmp", "-ffp-contract=off", f'-DFUSED_AMP_TORCH_VERSION="{torch.__version__}"']
 link_flags = ["-fopenmp"]
+kernels = os.environ.get("FUSED_AMP_CPU_KERNELS", "avx2,avx512").split(",")
+if kernels == ["native"]:  # the instruction set torch picks here
+    kernels = [torch.backends.cpu.get_cpu_capability().lower()]
+cxx_flags += [f"-DFUSED_AMP_NO_{isa.upper()}_KERNELS" for isa in ("avx2", "avx512") if isa not in kernels]
 if os.environ.get("FUSED_AMP_SANITIZE") == "1":  # any finding aborts the process
     cxx_flags = [f for f in cxx_flags if f != "-O3"] + ["-O1", "-g", "-fno-omit-frame-pointer"] + SANITIZERS
     link_flags += SANITIZERS

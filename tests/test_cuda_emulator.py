@@ -18,8 +18,8 @@ BLOCK = 512
 
 
 @pytest.fixture(scope="module")
-def emu(tmp_path_factory):
-    return build_emulation(tmp_path_factory.mktemp("emulation"), "checks")
+def emu():
+    return build_emulation("checks")
 
 
 @pytest.fixture(params=list(SCHEDULES))

@@ -35,8 +35,8 @@ P = ctypes.c_void_p
 
 
 @pytest.fixture(scope="module")
-def emulation(tmp_path_factory):
-    return build_emulation(tmp_path_factory.mktemp("emulation"), "plan")
+def emulation():
+    return build_emulation("plan")
 
 
 @pytest.fixture
@@ -847,8 +847,8 @@ def test_every_schedule_gives_the_same_bits(emulation, kernel):
 # ---- the sizes a GPU runs -------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def real(tmp_path_factory):
-    return build_emulation(tmp_path_factory.mktemp("emulation"), "real")
+def real():
+    return build_emulation("real")
 
 
 REAL_CHUNK = 65536

@@ -12,9 +12,10 @@ The mutants:
   stochastic rounding of bf16 state, 24-bit masters and 8-bit codes to nearest, 8-bit codes
   rounded down.
 All of them are compiled into one build (a scratch copy of csrc/ in build-mutants/, each mutant
-behind `fused_amp_mutant == id`, CPU kernels only), and tools/mutant_plugin.py runs the tests in
-one pytest process, each mutant until its first failure. Code another instruction set's kernels
-alone compile (`#if defined(CPU_CAPABILITY_AVX2)` on an AVX-512 machine) gets no mutant here.
+behind `fused_amp_mutant == id`; CPU kernels only, the portable ones and this CPU's), and
+tools/mutant_plugin.py runs the tests in one pytest process, each mutant until its first failure.
+Code another instruction set's kernels alone compile (`#if defined(CPU_CAPABILITY_AVX2)` on an
+AVX-512 machine) gets no mutant here.
 
     .venv/bin/python tools/mutate_cpu_code.py [--tier quick|full] [--only TEXT] [--then-full]
 
@@ -411,7 +412,9 @@ def build(texts, python):
     shutil.rmtree(os.path.join(lib, "fused_amp"), ignore_errors=True)
     shutil.copytree(os.path.join(ROOT, "fused_amp"), os.path.join(lib, "fused_amp"),
                     ignore=shutil.ignore_patterns("_C*.so", "__pycache__"))
-    env = dict(os.environ, FUSED_AMP_CUDA="0", MAX_JOBS=os.environ.get("MAX_JOBS", str(os.cpu_count())))
+    # CPU kernels only, and of those the portable ones and this CPU's own (the mutants' isa)
+    env = dict(os.environ, FUSED_AMP_CUDA="0", FUSED_AMP_CPU_KERNELS="native",
+               MAX_JOBS=os.environ.get("MAX_JOBS", str(os.cpu_count())))
     t0 = time.time()
     with open(os.path.join(OUT, "build.log"), "w") as log:
         done = subprocess.run([python, "setup.py", "build_ext", "--build-lib", lib, "--build-temp",

@@ -10,10 +10,13 @@ The mutants, found in csrc/cuda/ by pattern, so that a new barrier or shuffle ge
 - the tiles' barrier skipped by the threads whose elements lie past the chunk's end;
 - MX copies: a block's shuffle over the whole warp, step chunks that cut blocks, the strided
   path's scales written to the wrong block.
-Each mutant is a scratch copy of csrc/ built by the tests (FUSED_AMP_EMULATION_CSRC), whose quick
-tier (make test's) runs until the first failure. The table names the test that failed and what caught it: a check of the
-emulator (race, barrier, warp, init, bounds, misaligned) or a value that differs from the CPU ops
-or torch. Exit status 1 when a mutant survives.
+All of them are compiled into one scratch copy of csrc/ (each behind `FA_MUTANT(id)`, switched on
+by FUSED_AMP_MUTANT=id), which the tests build once (FUSED_AMP_EMULATION_CSRC); a mutant of a
+constant, which no runtime switch can change, gets a copy of its own. The quick tier of the tests
+(make test's) runs for each mutant until the first failure; then the tests that failed run with
+every switch off, and must pass: each failure was its mutant's. The table names the test that failed and what caught
+it: a check of the emulator (race, barrier, warp, init, bounds, misaligned) or a value that
+differs from the CPU ops or torch. Exit status 1 when a mutant survives.
 
     .venv/bin/python tools/mutate_device_code.py [--jobs 2] [--only SUBSTRING]
 """
@@ -29,6 +32,39 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA = os.path.join(ROOT, "csrc", "cuda")
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from cuda_sim.build import compile_libraries, library_folder  # noqa: E402
+
+# Mutants at fixed places: (file, its text with the mutated part written {original|mutant}, what
+# it does). A part that is a statement (ends with ";", or is empty) is switched by an if, any
+# other by a conditional expression.
+FIXED = [
+    ("step_states.cuh", "parity ^= {1|0}", "8-bit tiles' absmax without its tile parity"),
+    ("multi_tensor_apply.cuh", "return f.partial(meta, t, start, left < kChunkSize ? {left|left - 1} : kChunkSize);",
+     "reduction's chunk tail one short"),
+    ("multi_tensor_apply.cuh", "f(meta, t, start, left < Shape::kChunk ? {left|left - 1} : Shape::kChunk);",
+     "elementwise chunk tail one short"),
+    ("multi_tensor_apply.cuh", "if ({threadIdx.x < s|threadIdx.x <= s}) v[threadIdx.x]",
+     "reduction tree with one thread too many per level"),
+    # (the threads past the end leave before the barrier, the others wait there)
+    ("step_states.cuh", "      {|if (ix.base >= n) continue;}__syncthreads();\n      if (ix.base >= n) continue;\n",
+     "tile barrier skipped by the threads past the chunk's end"),
+    ("step.cuh", "{((1u << kBlockLanes) - 1u) << (lane / kBlockLanes * kBlockLanes)|0xffffffffu}",
+     "MX block's shuffle over the whole warp, not the block's lanes"),
+    ("step.cuh", "if (lane == 0) scales[{i|ix.base} / ops::kMxBlock]",
+     "MX scales of the strided path's later elements written to its first element's block"),
+]
+# Mutants of constants (constexpr): each gets a copy of csrc/ of its own.
+CONSTANT = [
+    ("step.cuh", "kChunk = {ElementwiseShape::kChunk / ops::kMxBlock * ops::kMxBlock|ElementwiseShape::kChunk}",
+     "step chunks that cut MX blocks"),
+]
+SWITCH = """// the mutant that is on (FUSED_AMP_MUTANT; -1: none): tools/mutate_device_code.py
+#pragma once
+#include <cstdlib>
+inline const int fa_device_mutant = std::getenv("FUSED_AMP_MUTANT") ? std::atoi(std::getenv("FUSED_AMP_MUTANT")) : -1;
+#define FA_MUTANT(id) (::fa_device_mutant == (id))
+"""
 
 
 def sources():
@@ -42,60 +78,80 @@ def line_of(text, pos):
     return text.count("\n", 0, pos) + 1
 
 
+def fixed_site(text, file, spec, what):
+    """(start, end, original, mutant) of a FIXED or CONSTANT spec in text."""
+    m = re.fullmatch(r"(.*)\{(.*?)\|(.*?)\}(.*)", spec, re.S)
+    before, old, new, after = m.groups()
+    assert text.count(before + old + after) == 1, f"{file}: the text of mutant '{what}' is not there once"
+    start = text.index(before + old + after) + len(before)
+    return start, start + len(old), old, new
+
+
 def mutants():
-    """(name, file, mutated text) for every mutant."""
-    texts = dict(sources())
-    for name, text in texts.items():
+    """(name, file, start, end, original, mutant, constant) of every mutant, by file and place."""
+    found = []
+    for name, text in sources():
         for m in re.finditer(r"__syncthreads\(\);", text):
-            yield (f"barrier removed ({name}:{line_of(text, m.start())})", name,
-                   text[:m.start()] + ";" + text[m.end():])
+            found.append(("barrier removed", name, m.start(), m.end(), m.group(0), "", False))
         for m in re.finditer(r"__shfl(?:_\w+)?_sync\(([^,]+),\s*([^,]+),[^)]*\)", text):
-            yield (f"shuffle returns the lane's own value ({name}:{line_of(text, m.start())})", name,
-                   text[:m.start()] + m.group(2) + text[m.end():])
-    fixed = {  # (file, exact text, replacement, name)
-        ("step_states.cuh", "parity ^= 1", "parity ^= 0", "8-bit tiles' absmax without its tile parity"),
-        ("multi_tensor_apply.cuh", "return f.partial(meta, t, start, left < kChunkSize ? left : kChunkSize);",
-         "return f.partial(meta, t, start, left < kChunkSize ? left - 1 : kChunkSize);",
-         "reduction's chunk tail one short"),
-        ("multi_tensor_apply.cuh", "f(meta, t, start, left < Shape::kChunk ? left : Shape::kChunk);",
-         "f(meta, t, start, left < Shape::kChunk ? left - 1 : Shape::kChunk);",
-         "elementwise chunk tail one short"),
-        ("multi_tensor_apply.cuh", "if (threadIdx.x < s) v[threadIdx.x]", "if (threadIdx.x <= s) v[threadIdx.x]",
-         "reduction tree with one thread too many per level"),
-        ("step_states.cuh", "      __syncthreads();\n      if (ix.base >= n) continue;\n",
-         "      if (ix.base >= n) continue;\n      __syncthreads();\n",
-         "tile barrier skipped by the threads past the chunk's end"),
-        ("step.cuh", "((1u << kBlockLanes) - 1u) << (lane / kBlockLanes * kBlockLanes)", "0xffffffffu",
-         "MX block's shuffle over the whole warp, not the block's lanes"),
-        ("step.cuh", "ElementwiseShape::kChunk / ops::kMxBlock * ops::kMxBlock", "ElementwiseShape::kChunk",
-         "step chunks that cut MX blocks"),
-        ("step.cuh", "if (lane == 0) scales[i / ops::kMxBlock]", "if (lane == 0) scales[ix.base / ops::kMxBlock]",
-         "MX scales of the strided path's later elements written to its first element's block"),
-    }
-    for name, old, new, what in sorted(fixed):
-        assert texts[name].count(old) == 1, f"{name}: the text of mutant '{what}' is not there once"
-        yield f"{what} ({name}:{line_of(texts[name], texts[name].index(old))})", name, texts[name].replace(old, new)
+            found.append(("shuffle returns the lane's own value", name, m.start(), m.end(), m.group(0), m.group(2),
+                          False))
+        for specs, constant in ((FIXED, False), (CONSTANT, True)):
+            for file, spec, what in specs:
+                if file == name:
+                    found.append((what, name, *fixed_site(text, name, spec, what), constant))
+    texts = dict(sources())
+    return [(f"{what} ({file}:{line_of(texts[file], start)})", file, start, end, old, new, constant)
+            for what, file, start, end, old, new, constant in sorted(found, key=lambda m: (m[1], m[2]))]
+
+
+def switched(mutant_id, old, new):
+    """The text that is `new` while mutant_id is on and `old` otherwise."""
+    if old.endswith(";") or new.endswith(";") or not old or not new:
+        return f"if (FA_MUTANT({mutant_id})) {{ {new} }} else {{ {old} }}"
+    return f"(FA_MUTANT({mutant_id}) ? ({new}) : ({old}))"
+
+
+def scratch_copy(folder, edits):
+    """csrc/ copied under folder, with edits {file: [(start, end, text)]} made; its path."""
+    csrc = os.path.join(folder, "csrc")
+    shutil.copytree(os.path.join(ROOT, "csrc"), csrc)
+    for file, spans in edits.items():
+        text = open(os.path.join(CUDA, file)).read()
+        for start, end, new in sorted(spans, reverse=True):
+            assert all(end <= s or e <= start for s, e, _ in spans if (s, e) != (start, end)), \
+                f"{file}: two mutants overlap"
+            text = text[:start] + new + text[end:]
+        with open(os.path.join(csrc, "cuda", file), "w") as f:
+            f.write(('#include "mutant_switch.h"\n' if "FA_MUTANT(" in text else "") + text)
+    with open(os.path.join(csrc, "mutant_switch.h"), "w") as f:
+        f.write(SWITCH)
+    return csrc
 
 
 CHECKS = ("race", "barrier", "warp", "init", "bounds", "misaligned")
 
 
-def run(mutant, python):
-    name, file, text = mutant
-    with tempfile.TemporaryDirectory(prefix="fused_amp_mutant_") as tmp:
-        csrc = os.path.join(tmp, "csrc")
-        shutil.copytree(os.path.join(ROOT, "csrc"), csrc)
-        with open(os.path.join(csrc, "cuda", file), "w") as f:
-            f.write(text)
-        # the quick tier (make test) must kill each one
-        env = dict(os.environ, FUSED_AMP_EMULATION_CSRC=csrc, FUSED_AMP_TEST_TIER="quick")
-        t0 = time.time()
-        out = subprocess.run([python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-rf",
-                              "tests/test_cuda_sim.py", "--basetemp", os.path.join(tmp, "pytest")],
-                             cwd=ROOT, env=env, capture_output=True, text=True).stdout
-    failed = re.search(r"^FAILED (\S+)", out, re.M)
+TESTS = "tests/test_cuda_sim.py"
+
+
+def pytest(csrc, mutant_id, python, tmp, args):
+    """The output of pytest with args on the emulation of csrc, mutant_id on (-1: none)."""
+    env = dict(os.environ, FUSED_AMP_EMULATION_CSRC=csrc, FUSED_AMP_TEST_TIER="quick",
+               FUSED_AMP_MUTANT=str(mutant_id))
+    with tempfile.TemporaryDirectory(prefix="pytest_", dir=tmp) as basetemp:
+        return subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", "--basetemp", basetemp,
+                               *args], cwd=ROOT, env=env, capture_output=True, text=True).stdout
+
+
+def run(csrc, mutant_id, python, tmp):
+    """(the first failed test or None, what caught it, seconds) of the quick tier (make test's)
+    of TESTS on the emulation of csrc with mutant_id on, to its first failure."""
+    t0 = time.time()
+    out = pytest(csrc, mutant_id, python, tmp, ["-x", TESTS])
+    failed = re.search(r"^FAILED \S+?::(.+?)(?: - |$)", out, re.M)
     if not failed:
-        return name, None, "SURVIVED", time.time() - t0
+        return None, "SURVIVED", time.time() - t0
     error = re.search(r"^E\s+(.*)$", out, re.M)
     first = error.group(1) if error else ""
     found = re.search(r"EmulatorError: (\w+)", first)
@@ -105,7 +161,7 @@ def run(mutant, python):
         caught = "build failed"  # not a proof: the mutant must compile
     else:
         caught = "value"
-    return name, failed.group(1).split("::", 1)[1], caught, time.time() - t0
+    return failed.group(1), caught, time.time() - t0
 
 
 def main():
@@ -116,13 +172,39 @@ def main():
     args = parser.parse_args()
     chosen = [m for m in mutants() if args.only in m[0]]
     print(f"{len(chosen)} mutants of csrc/cuda, tests/test_cuda_sim.py on the emulator, {args.jobs} at a time\n")
-    print("| mutant | failed test | caught by | s |\n|---|---|---|---|", flush=True)
-    survived = 0
-    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        for name, test, caught, seconds in pool.map(lambda m: run(m, args.python), chosen):
-            print(f"| {name} | {test or '-'} | {caught} | {seconds:.0f} |", flush=True)
-            survived += caught in ("SURVIVED", "build failed")
-    print(f"\n{len(chosen) - survived} of {len(chosen)} mutants caught")
+    with tempfile.TemporaryDirectory(prefix="fused_amp_mutants_") as tmp:
+        # one copy with every switch, one per constant's mutant: (mutant id, copy) of each mutant
+        edits, where = {}, []
+        for i, (name, file, start, end, old, new, constant) in enumerate(chosen):
+            if constant:
+                where.append((-1, scratch_copy(os.path.join(tmp, f"constant{i}"), {file: [(start, end, new)]})))
+            else:
+                edits.setdefault(file, []).append((start, end, switched(i, old, new)))
+                where.append((i, None))
+        switches = scratch_copy(os.path.join(tmp, "switches"), edits)
+        where = [(i, copy or switches) for i, copy in where]
+        # the plan builds at once (their tests come first; the real sizes' build, if a run needs it)
+        t0 = time.time()
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(lambda csrc: compile_libraries(["plan"], csrc, library_folder(csrc)),
+                          sorted({csrc for _, csrc in where})))
+        print(f"{len({csrc for _, csrc in where})} builds of the emulation: {time.time() - t0:.0f} s\n")
+        print("| mutant | failed test | caught by | s |\n|---|---|---|---|", flush=True)
+        survived, failed = 0, set()
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            for (name, *_), (i, csrc), (test, caught, seconds) in zip(
+                    chosen, where, pool.map(lambda w: run(w[1], w[0], args.python, tmp), where)):
+                print(f"| {name} | {test or '-'} | {caught} | {seconds:.0f} |", flush=True)
+                survived += caught in ("SURVIVED", "build failed")
+                if test and csrc == switches:
+                    failed.add(test)
+        print(f"\n{len(chosen) - survived} of {len(chosen)} mutants caught")
+        # with every switch off, the tests that failed pass: each failure was its mutant's
+        out = pytest(switches, -1, args.python, tmp, [f"{TESTS}::{t}" for t in sorted(failed)]) if failed else ""
+        if failed and not re.search(rf"^{len(failed)} passed", out, re.M):
+            print(out[-3000:] + "\nwith every switch off, the tests above do not all pass: the failures prove nothing")
+            return 1
+        print(f"with every switch off, the {len(failed)} tests that failed pass")
     return 1 if survived else 0
 
 

@@ -16,7 +16,8 @@ mkdir -p "$OUT"
 rm -rf "$OUT/fused_amp"
 cp -r fused_amp "$OUT/fused_amp"
 rm -f "$OUT"/fused_amp/_C*.so
-FUSED_AMP_SANITIZE=1 FUSED_AMP_CUDA=0 MAX_JOBS=${MAX_JOBS:-$(nproc)} \
+# the CPU kernels of this CPU's instruction set beside the portable ones: the tests run those
+FUSED_AMP_SANITIZE=1 FUSED_AMP_CUDA=0 FUSED_AMP_CPU_KERNELS=native MAX_JOBS=${MAX_JOBS:-$(nproc)} \
     "$PY" setup.py build_ext --build-lib "$OUT" --build-temp "$OUT/tmp" > "$OUT/build.log" 2>&1 \
     || { grep -E -A5 "error" "$OUT/build.log" | tail -40; echo "sanitizer build failed: see $OUT/build.log"; exit 1; }
 CXX=${CXX:-g++}

@@ -2,7 +2,7 @@
 // The pragma, not a -mavx2 flag, scopes the instruction set to this file: setup.py compiles
 // every source with the same flags. The pragma changes code generation but not the predefined
 // macros, which at::vec and sleef test, so they are set here by hand.
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(FUSED_AMP_NO_AVX2_KERNELS)
 #pragma GCC target("avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt")
 #define __AVX__ 1
 #define __AVX2__ 1

@@ -1,6 +1,6 @@
 // The AVX-512 build of the CPU loops, used only when the processor has AVX-512 F/BW/VL/DQ
 // (cpu/dispatch.cpp). See loops_avx2.cpp for why a pragma sets the instruction set.
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(FUSED_AMP_NO_AVX512_KERNELS)
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt")
 #define __AVX__ 1
 #define __AVX2__ 1

@@ -5,7 +5,8 @@ Configurations:
 - "real": the sizes a GPU runs (chunks of 65536, the 4 KB and 32 KB argument limits);
 - "checks": emulator_checks.cpp, the small kernels of the emulator's own tests.
 Under `make sanitize` (FUSED_AMP_SANITIZE=1) the build has AddressSanitizer and UBSan too.
-FUSED_AMP_EMULATION_CSRC builds another copy of csrc/ (tools/mutate_device_code.py's mutants);
+FUSED_AMP_EMULATION_CSRC builds another copy of csrc/ (tools/mutate_device_code.py's mutants),
+kept beside it;
 FUSED_AMP_EMULATION_COVERAGE=DIR builds into DIR with gcov's instrumentation, and the runs
 leave their line counts there (tools/emulation_coverage.py).
 """
@@ -71,7 +72,9 @@ _built = {}
 def _command(config, csrc, out):
     """The compiler's command line of `config`'s library at `out`."""
     cxx = shutil.which("g++") or shutil.which("c++")
-    flags = ["-O1", "-g"]  # -g: the race reports name source lines (addr2line)
+    # -g1: the line tables, by which the race reports name source lines (addr2line); the whole
+    # debug information (-g) made the build a third slower
+    flags = ["-O1", "-g1"]
     if os.environ.get("FUSED_AMP_SANITIZE") == "1":  # as setup.py builds the extension for make sanitize
         flags += ["-fsanitize=address,undefined,float-cast-overflow", "-fno-sanitize-recover=all"]
     if os.environ.get("FUSED_AMP_EMULATION_COVERAGE"):
@@ -85,7 +88,7 @@ def _command(config, csrc, out):
 def _kept_dir():
     """build/emulation/<key>: the libraries of this checkout's sources, kept between test runs
     (the key hashes csrc/, tests/cuda_sim/, the compiler and the flags), so that a second run
-    builds nothing. A mutant's or coverage build is not kept."""
+    builds nothing."""
     digest = hashlib.sha256(" ".join(_command("plan", "csrc", "out")).encode())
     for top in (os.path.join(ROOT, "csrc"), os.path.join(ROOT, "tests", "cuda_sim")):
         for folder, dirs, files in sorted(os.walk(top)):
@@ -97,33 +100,55 @@ def _kept_dir():
     return os.path.join(ROOT, "build", "emulation", digest.hexdigest()[:16])
 
 
-def build_emulation(tmp_dir, config):
-    """The library of `config`, built once per checkout (or per test session for a mutant's or a
-    coverage build). Every config not built yet is compiled at once, in parallel: the tests
-    need them all, and two cores build two in the time of one."""
+def library_folder(other_csrc):
+    """Where the libraries of another copy of csrc/ are kept: beside it (the mutants' runs of
+    tools/mutate_device_code.py share one build)."""
+    return os.path.join(os.path.dirname(os.path.abspath(other_csrc)), "emulation")
+
+
+def compile_libraries(configs, csrc, folder, rebuild=False):
+    """{config: library} of `configs` built from `csrc` in `folder`: those not there yet (or all,
+    with rebuild) compiled at once, in parallel (two cores build two in the time of one). One
+    builder at a time per library (make test's pytest workers share the kept ones); a kept
+    library is built under a temporary name first: a run stopped mid-build keeps no half one
+    (a rebuilt one under its own, from which gcov names its data files)."""
+    os.makedirs(folder, exist_ok=True)
+    out = {c: os.path.join(folder, f"libfused_amp_emulation_{c}.so") for c in configs}
+    # not the compiler under make sanitize's preloaded ASan runtime: that doubles its time
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    locks = [open(out[c] + ".lock", "w") for c in sorted(configs)]
+    try:
+        for lock in locks:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        suffix = "" if rebuild else ".tmp"
+        jobs = [(c, subprocess.Popen(_command(c, csrc, out[c] + suffix), env=env))
+                for c in configs if rebuild or not os.path.exists(out[c])]
+        for c, job in jobs:
+            if job.wait():
+                raise subprocess.CalledProcessError(job.returncode, job.args)
+            os.replace(out[c] + suffix, out[c])
+    finally:
+        for lock in locks:
+            lock.close()
+    return out
+
+
+def build_emulation(config):
+    """The library of `config`, built once per checkout, or per copy of csrc/ named by
+    FUSED_AMP_EMULATION_CSRC, or per test session for a coverage build (its line counts start
+    from nothing). The checkout's configs not built yet are all compiled at once: the tests need
+    them all."""
     if config in _built:
         return _built[config]
     if not os.path.exists(os.path.join(CUDA_HOME, "include", "cuda_fp16.h")):
         pytest.skip(f"no CUDA headers under {CUDA_HOME} (set CUDA_HOME)")
     other_csrc = os.environ.get("FUSED_AMP_EMULATION_CSRC")
     coverage = os.environ.get("FUSED_AMP_EMULATION_COVERAGE")
-    folder = coverage or (str(tmp_dir) if other_csrc else _kept_dir())
-    os.makedirs(folder, exist_ok=True)
-    out = {c: os.path.join(folder, f"libfused_amp_emulation_{c}.so") for c in CONFIGS}
-    # not the compiler under make sanitize's preloaded ASan runtime: that doubles its time
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    # one builder at a time per folder (make test's pytest workers share the kept one); a kept
-    # library is built under a temporary name first: a run stopped mid-build keeps no half one
-    with open(os.path.join(folder, ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        wanted = [config] if other_csrc or coverage else [c for c in CONFIGS if not os.path.exists(out[c])]
-        suffix = "" if other_csrc or coverage else ".tmp"
-        jobs = [(c, subprocess.Popen(_command(c, other_csrc or os.path.join(ROOT, "csrc"), out[c] + suffix),
-                                     env=env))
-                for c in wanted]
-        for c, job in jobs:
-            if job.wait():
-                raise subprocess.CalledProcessError(job.returncode, job.args)
-            os.replace(out[c] + suffix, out[c])
+    if coverage:
+        out = compile_libraries([config], os.path.join(ROOT, "csrc"), coverage, rebuild=True)
+    elif other_csrc:
+        out = compile_libraries([config], other_csrc, library_folder(other_csrc))
+    else:
+        out = compile_libraries(list(CONFIGS), os.path.join(ROOT, "csrc"), _kept_dir())
     _built[config] = Emulation(ctypes.CDLL(out[config]))
     return _built[config]
