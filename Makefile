@@ -1,7 +1,8 @@
 # make test  : set everything up in .venv, build the extension, run the quick tier of the tests
 #              (every test function, a parametrized one on a sample in which each value of each
 #              parameter appears: tests/conftest.py, docs/development.md)
-# make test-full : make test, then the rest of the whole matrix (make test-rest; CI runs both)
+# make test-full : make test, then the rest of the whole matrix (make test-rest; CI runs both),
+#                  then the soaks (make test-soak)
 # make bench : set everything up in .venv, build the extension, run the benchmark suite
 # make docs  : set everything up in .venv, build the extension and the documentation (HTML in
 #              docs/_build/html; Sphinx, warnings as errors)
@@ -17,7 +18,7 @@ STAMP := $(VENV)/.fused_amp-deps
 
 GPU_PYTHON ?= python3
 
-.PHONY: test test-rest test-full bench build deps clean gpu-check sanitize docs
+.PHONY: test test-rest test-soak test-full bench build deps clean gpu-check sanitize docs
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -72,7 +73,11 @@ test-rest: build
 	done
 	FUSED_AMP_TEST_TIER=rest $(PYTEST) tests
 
-test-full: test test-rest
+# the soaks and the benchmark harnesses' runs of minutes (tests marked soak; not in CI)
+test-soak: build
+	FUSED_AMP_TEST_TIER=soak $(PYTEST) tests
+
+test-full: test test-rest test-soak
 
 # the outside references of the memory suite's convergence runs are optional
 bench: build

@@ -4,11 +4,11 @@ from collections import defaultdict
 import pytest
 import torch
 
-# make test runs the quick tier; make test-full runs it, then the rest (docs/development.md);
-# a plain pytest the whole matrix
+# make test runs the quick tier; make test-rest the rest of the matrix, make test-soak the soaks;
+# make test-full all three, as a plain pytest does (docs/development.md)
 TIER = os.environ.get("FUSED_AMP_TEST_TIER", "full")
-if TIER not in ("quick", "rest", "full"):
-    raise ValueError(f"FUSED_AMP_TEST_TIER must be quick, rest or full, got {TIER!r}")
+if TIER not in ("quick", "rest", "soak", "full"):
+    raise ValueError(f"FUSED_AMP_TEST_TIER must be quick, rest, soak or full, got {TIER!r}")
 
 
 def _cuda_usable():
@@ -41,18 +41,19 @@ def each_value_once(items):
 
 
 def _tier(config, items, tier):
-    """quick: every test function runs; a parametrized one on ``each_value_once`` of its items;
-    tests marked ``full`` (soaks and benchmark-harness runs of a minute or so) run in the full
-    tier only. rest: the items quick leaves out."""
+    """quick: every test function runs; a parametrized one on ``each_value_once`` of its items.
+    rest: the items quick leaves out. soak: the tests marked ``soak`` (soaks and benchmark
+    harnesses' runs of minutes), which neither of the others runs."""
+    soak = {id(item) for item in items if "soak" in item.keywords}
     by_function = defaultdict(list)
     for item in items:
-        if hasattr(item, "callspec"):
+        if hasattr(item, "callspec") and id(item) not in soak:
             by_function[(item.path, item.originalname)].append(item)
     keep = {id(item) for group in by_function.values() for item in each_value_once(group)}
-    quick = [(not hasattr(item, "callspec") or id(item) in keep) and "full" not in item.keywords
-             for item in items]
-    config.hook.pytest_deselected(items=[item for item, q in zip(items, quick) if q != (tier == "quick")])
-    items[:] = [item for item, q in zip(items, quick) if q == (tier == "quick")]
+    tier_of = {id(item): "soak" if id(item) in soak else
+               "quick" if not hasattr(item, "callspec") or id(item) in keep else "rest" for item in items}
+    config.hook.pytest_deselected(items=[item for item in items if tier_of[id(item)] != tier])
+    items[:] = [item for item in items if tier_of[id(item)] == tier]
 
 
 def pytest_collection_modifyitems(config, items):

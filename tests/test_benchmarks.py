@@ -211,7 +211,7 @@ def test_user_summary_first_and_predicted_for_the_users_size():
     assert "predicted for 10M params" in lines[7] and "fused_amp 21.0 ms, holds 0.15 GiB" in lines[7]
 
 
-@pytest.mark.full  # a minute of benchmark runs on 2 ranks: the full tier only (docs/development.md)
+@pytest.mark.soak  # minutes of benchmark runs on 2 ranks: the soak tier (docs/development.md)
 def test_distributed_suite_reports_time_per_rank_and_bytes_held(tmp_path):
     out = tmp_path / "bench"
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), "--device", "cpu",
@@ -262,7 +262,7 @@ def test_the_host_time_note_gives_medians_and_ranges_over_every_run():
     assert "Muon's gaps less the exchange -1.0 (-1.0..-1.0) wall" in note
 
 
-@pytest.mark.full  # half a minute of a study tool's runs: the full tier only (docs/development.md)
+@pytest.mark.soak  # minutes of a study tool's runs: the soak tier (docs/development.md)
 def test_fsdp_host_breakdown_splits_each_adamw_row_over_the_parts_of_its_step():
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "fsdp_host_breakdown.py"), "1"],
                           capture_output=True, text=True, timeout=600)

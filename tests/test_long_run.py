@@ -30,7 +30,7 @@ def growth_kib(samples):
     return max(s["rss_kib"] for s in samples[WARM_UP:]) - samples[WARM_UP - 1]["rss_kib"]
 
 
-@pytest.mark.full  # a soak of 10,000 steps: the full tier only (docs/development.md)
+@pytest.mark.soak  # a soak of 10,000 steps: the soak tier (docs/development.md)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
 def test_resident_memory_stays_flat_over_10000_steps():
     runs = {mode: start("--mode", mode) for mode in ("fp32-masters", "24-bit-masters+8-bit-state")}
