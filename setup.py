@@ -88,6 +88,9 @@ link_flags = ["-fopenmp"]
 kernels = os.environ.get("FUSED_AMP_CPU_KERNELS", "avx2,avx512").split(",")
 if kernels == ["native"]:  # the instruction set torch picks here
     kernels = [torch.backends.cpu.get_cpu_capability().lower()]
+if set(kernels) - {"avx2", "avx512", "none", "default"}:
+    raise RuntimeError(f"FUSED_AMP_CPU_KERNELS must be a comma list of avx2 and avx512, or none, or native; "
+                       f"got {kernels}")
 cxx_flags += [f"-DFUSED_AMP_NO_{isa.upper()}_KERNELS" for isa in ("avx2", "avx512") if isa not in kernels]
 if os.environ.get("FUSED_AMP_SANITIZE") == "1":  # any finding aborts the process
     # (-g1: the line tables, by which the reports name source lines)

@@ -14,9 +14,10 @@ All of them are compiled into one scratch copy of csrc/ (each behind `FA_MUTANT(
 by FUSED_AMP_MUTANT=id), which the tests build once (FUSED_AMP_EMULATION_CSRC); a mutant of a
 constant, which no runtime switch can change, gets a copy of its own. The quick tier of the tests
 (make test's) runs for each mutant until the first failure; then the tests that failed run with
-every switch off, and must pass: each failure was its mutant's. The table names the test that failed and what caught
-it: a check of the emulator (race, barrier, warp, init, bounds, misaligned) or a value that
-differs from the CPU ops or torch. Exit status 1 when a mutant survives.
+every switch off, and must pass: each failure was its mutant's. The table names the test that
+failed and what caught it: a check of the emulator (race, barrier, warp, init, bounds,
+misaligned) or a value that differs from the CPU ops or torch. Exit status 1 when a mutant
+survives.
 
     .venv/bin/python tools/mutate_device_code.py [--jobs 2] [--only SUBSTRING]
 """
@@ -89,8 +90,8 @@ def fixed_site(text, file, spec, what):
 
 def mutants():
     """(name, file, start, end, original, mutant, constant) of every mutant, by file and place."""
-    found = []
-    for name, text in sources():
+    found, texts = [], dict(sources())
+    for name, text in texts.items():
         for m in re.finditer(r"__syncthreads\(\);", text):
             found.append(("barrier removed", name, m.start(), m.end(), m.group(0), "", False))
         for m in re.finditer(r"__shfl(?:_\w+)?_sync\(([^,]+),\s*([^,]+),[^)]*\)", text):
@@ -100,7 +101,6 @@ def mutants():
             for file, spec, what in specs:
                 if file == name:
                     found.append((what, name, *fixed_site(text, name, spec, what), constant))
-    texts = dict(sources())
     return [(f"{what} ({file}:{line_of(texts[file], start)})", file, start, end, old, new, constant)
             for what, file, start, end, old, new, constant in sorted(found, key=lambda m: (m[1], m[2]))]
 
@@ -204,7 +204,7 @@ def main():
         if failed and not re.search(rf"^{len(failed)} passed", out, re.M):
             print(out[-3000:] + "\nwith every switch off, the tests above do not all pass: the failures prove nothing")
             return 1
-        print(f"with every switch off, the {len(failed)} tests that failed pass")
+        print(f"with every switch off, the tests that failed pass ({len(failed)} of them)")
     return 1 if survived else 0
 
 
