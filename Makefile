@@ -33,8 +33,8 @@ deps: $(STAMP)
 BUILT := $(VENV)/.fused_amp-built
 BUILD_ENV := $(VENV)/.fused_amp-build-env
 BUILD_INPUTS := $(shell find csrc -type f) setup.py pyproject.toml
-BUILD_VARS := FUSED_AMP_CUDA=$(FUSED_AMP_CUDA) FUSED_AMP_CPU_KERNELS=$(FUSED_AMP_CPU_KERNELS) TORCH_CUDA_ARCH_LIST=$(TORCH_CUDA_ARCH_LIST) \
-              CUDA_HOME=$(CUDA_HOME) CUDA_PATH=$(CUDA_PATH)
+BUILD_VARS := FUSED_AMP_CUDA=$(FUSED_AMP_CUDA) FUSED_AMP_CPU_KERNELS=$(FUSED_AMP_CPU_KERNELS) \
+              TORCH_CUDA_ARCH_LIST=$(TORCH_CUDA_ARCH_LIST) CUDA_HOME=$(CUDA_HOME) CUDA_PATH=$(CUDA_PATH)
 # (rewritten only when the variables differ from the last run's, so that its time says when)
 $(shell mkdir -p $(VENV); echo '$(BUILD_VARS)' | cmp -s - $(BUILD_ENV) || echo '$(BUILD_VARS)' > $(BUILD_ENV))
 

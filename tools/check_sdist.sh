@@ -23,7 +23,8 @@ done
 # CPU-only, and of the CPU kernels the portable ones and this CPU's: make build has compiled the
 # same CUDA sources and the other instruction set's kernels (the listing above says they are all
 # there), and this build on CI's two cores took 15 minutes with them
-FUSED_AMP_CUDA=0 FUSED_AMP_CPU_KERNELS=native MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PY" -m pip wheel --no-build-isolation --no-deps -w "$WORK/wheel" "$SDIST" \
+FUSED_AMP_CUDA=0 FUSED_AMP_CPU_KERNELS=native MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
+  "$PY" -m pip wheel --no-build-isolation --no-deps -w "$WORK/wheel" "$SDIST" \
   > "$WORK/wheel.log" 2>&1 || { grep -E -A5 "error|Error" "$WORK/wheel.log" | tail -60; exit 1; }
 WHEEL="$(ls "$WORK"/wheel/fused_amp-*.whl)"
 echo "wheel built from the sdist: $(basename "$WHEEL")"
@@ -41,5 +42,5 @@ import fused_amp, sys
 assert fused_amp.__file__.startswith('$WORK/venv'), fused_amp.__file__
 print('installed from the wheel:', fused_amp.__file__, fused_amp.build_info())"
 # the quick tier: the installed copy works; the whole matrix ran against the build already
-FUSED_AMP_TEST_TIER=quick "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider "$OLDPWD/tests/test_unscale.py" "$OLDPWD/tests/test_clip.py" \
-  "$OLDPWD/tests/test_benchmark_cli.py"
+FUSED_AMP_TEST_TIER=quick "$WORK/venv/bin/python" -m pytest -q -p no:cacheprovider \
+  "$OLDPWD/tests/test_unscale.py" "$OLDPWD/tests/test_clip.py" "$OLDPWD/tests/test_benchmark_cli.py"
