@@ -100,10 +100,7 @@ if os.environ.get("FUSED_AMP_SANITIZE") == "1":  # any finding aborts the proces
 if with_cuda:
     archs = os.environ.get("TORCH_CUDA_ARCH_LIST") or _default_archs(torch, cuda_home)
     os.environ["TORCH_CUDA_ARCH_LIST"] = archs
-    # the step's kernels first: ninja starts its jobs in the order of the sources, and nvcc takes
-    # longer over them (5-6 minutes) than the compiler over all the others together
-    cuda_sources = sorted(glob.glob("csrc/cuda/*.cpp") + glob.glob("csrc/cuda/*.cu"))
-    sources = sorted(cuda_sources, key=lambda s: not s.endswith("optimizer_step.cu")) + sources
+    sources += sorted(glob.glob("csrc/cuda/*.cpp") + glob.glob("csrc/cuda/*.cu"))
     cxx_flags += ["-DFUSED_AMP_WITH_CUDA", f'-DFUSED_AMP_CUDA_ARCHS="{archs}"']
     ext = CUDAExtension(
         "fused_amp._C", sources, include_dirs=[os.path.abspath("csrc")],
