@@ -12,7 +12,7 @@ leave their line counts there (tools/emulation_coverage.py).
 
 Run as a script (`python3 tests/cuda_sim/build.py`, any Python 3, no venv), it builds the
 checkout's libraries for the environment it is given (FUSED_AMP_SANITIZE) into the folder the
-tests look in, one at a time: .ci/run does so on the core that its set-up leaves idle.
+tests look in, one at a time: .ci/run does so while pip installs the venv.
 """
 import ctypes
 import fcntl
@@ -24,6 +24,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CUDA_HOME = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+NO_CUDA_HEADERS = None if os.path.exists(os.path.join(CUDA_HOME, "include", "cuda_fp16.h")) else (
+    f"no CUDA headers under {CUDA_HOME} (set CUDA_HOME)")
 CONFIGS = {  # the source and its defines
     "plan": ("harness.cpp", ["-DFUSED_AMP_SIM_CHUNK_SIZE=2100", "-DFUSED_AMP_SIM_TILE_CHUNK=2560",
                              "-DFUSED_AMP_SIM_MAX_BLOCKS=5", "-DFUSED_AMP_SIM_MAX_TENSORS=3"]),
@@ -145,9 +147,9 @@ def build_emulation(config):
     them all."""
     if config in _built:
         return _built[config]
-    if not os.path.exists(os.path.join(CUDA_HOME, "include", "cuda_fp16.h")):
+    if NO_CUDA_HEADERS:
         import pytest  # (not at the top: the script below runs without it)
-        pytest.skip(f"no CUDA headers under {CUDA_HOME} (set CUDA_HOME)")
+        pytest.skip(NO_CUDA_HEADERS)
     other_csrc = os.environ.get("FUSED_AMP_EMULATION_CSRC")
     coverage = os.environ.get("FUSED_AMP_EMULATION_COVERAGE")
     if coverage:
@@ -161,7 +163,7 @@ def build_emulation(config):
 
 
 if __name__ == "__main__":
-    if not os.path.exists(os.path.join(CUDA_HOME, "include", "cuda_fp16.h")):
-        sys.exit(f"no CUDA headers under {CUDA_HOME} (set CUDA_HOME)")
+    if NO_CUDA_HEADERS:
+        sys.exit(NO_CUDA_HEADERS)
     for name in CONFIGS:  # one at a time: one core's work
         print(compile_libraries([name], os.path.join(ROOT, "csrc"), _kept_dir())[name], flush=True)
