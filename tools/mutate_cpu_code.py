@@ -17,7 +17,12 @@ tools/mutant_plugin.py runs the tests in one pytest process, each mutant until i
 Code another instruction set's kernels alone compile (`#if defined(CPU_CAPABILITY_AVX2)` on an
 AVX-512 machine) gets no mutant here.
 
-    .venv/bin/python tools/mutate_cpu_code.py [--tier quick|full] [--only TEXT] [--then-full]
+    .venv/bin/python tools/mutate_cpu_code.py [--tier quick|full] [--only TEXT] [--then-full] [--record]
+
+With FUSED_AMP_CI_SELECT=changed (CI, make ci-local) it runs the mutants tools/ci_select.py
+picks: those of the changed files and of files that include a changed header, those whose
+recorded killing test changed, and a third of the rest by the submission counter. --record
+writes each mutant's killing test to .ci/mutant-killers.txt (a run of every mutant).
 
 --then-full runs the mutants the quick tier leaves alive against the whole matrix, to tell
 whether the quick tier is the weaker net. Exit status 1 when a mutant survives.
@@ -31,8 +36,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ci_select  # noqa: E402
 import cpp_expr  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -111,11 +118,14 @@ ROUNDINGS = [
      ["8bit", "quant"]),
 ]
 # Mutants no test can kill, by (file, a text of their line, a text of their name): why. They are
-# listed, not run.
+# listed, not run. A key may name, fourth, the instruction sets where alone it is equivalent.
 EQUIVALENT = {
     ("ops/unscale.h", "nonfinite = nonfinite + nonfinite_probe(x);", "+ to -"):
         "the accumulator of x * 0 is NaN once an x is inf or NaN, added or subtracted alike, and "
         "+-0 otherwise; only whether it is NaN is read",
+    ("ops/float8.h", "const W subnormal = subnormal_sum - kE4m3SubnormalBiasBits;", "- to +", ("AVX512", "DEFAULT")):
+        "the bias's low byte is 0, so the sum and the difference share the low byte, the code the "
+        "byte stores keep here (AVX2's saturating pack tells them apart)",
 }
 
 
@@ -129,11 +139,11 @@ NOT_YET_KILLED = {
 }
 
 
-def listed(file, source, what):
+def listed(file, source, what, isa):
     """Why a mutant is not run: its line in EQUIVALENT or NOT_YET_KILLED, else None."""
     for table, label in ((EQUIVALENT, "equivalent: "), (NOT_YET_KILLED, "")):
-        for (f, text, name), why in table.items():
-            if f == file and text in source and name in what:
+        for (f, text, name, *isas), why in table.items():
+            if f == file and text in source and name in what and (not isas or isa in isas[0]):
                 return label + why
     return None
 
@@ -178,8 +188,10 @@ class Mutants:
         stem = os.path.basename(file)
         keywords = keywords or KEYWORDS.get(stem, [re.sub(r"\.h$", "", stem).replace("_", "")])
         source = _source_lines(file)[line - 1].strip()
+        # key: what stays while the lines around it move (CI's rotation and killer record)
         self.list.append({"id": len(self.list), "name": f"{what} ({file}:{line})", "file": file,
-                          "keywords": keywords, "listed": listed(file, source, what)})
+                          "key": f"{file}|{what}|{source}", "keywords": keywords,
+                          "listed": listed(file, source, what, self.isa)})
         return len(self.list) - 1
 
 
@@ -480,6 +492,7 @@ def main():
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a mutant may run without a result")
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--record", action="store_true", help="record each mutant's killer (.ci/mutant-killers.txt)")
     args = parser.parse_args()
     isa = subprocess.run([args.python, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
                          capture_output=True, text=True, check=True).stdout.strip()
@@ -491,22 +504,33 @@ def main():
     if args.list:
         print("\n".join(m["name"] for m in mutants.list))
         return 0
+    selection = ci_select.MutantSelection(ci_select.killers_recorded("cpu"))
+    why = {m["id"]: selection.why(m["file"], m["key"]) for m in mutants.list}
+    chosen = [m for m in mutants.list if not m["listed"] and why[m["id"]]]
+    if args.record and len(chosen) + sum(bool(m["listed"]) for m in mutants.list) < len(mutants.list):
+        raise SystemExit("--record needs every mutant: run it without FUSED_AMP_CI_SELECT=changed or --only")
+    if not chosen:
+        print(f"CPU mutants: {len(mutants.list)}, 0 ran, 0 killed (none chosen: no build)")
+        return 0
     os.makedirs(OUT, exist_ok=True)
     print(f"build with every mutant: {build(mutants.texts, args.python):.0f} s", flush=True)
     t0 = time.time()
-    results = run([m for m in mutants.list if not m["listed"]], args.tier, args.python, args.timeout)
+    results = run(chosen, args.tier, args.python, args.timeout) if chosen else {}
     print(f"{args.tier} tier of {' '.join(os.path.basename(t) for t in TESTS)}: {time.time() - t0:.0f} s\n")
-    print("| mutant | failed test | s |\n|---|---|---|")
+    print("| mutant | why it ran | failed test | s |\n|---|---|---|---|")
     for m in mutants.list:
         if m["listed"]:
-            print(f"| {m['name']} | {m['listed']} | |")
-            continue
-        killer, seconds = results[m["id"]]
-        print(f"| {m['name']} | {(killer or 'SURVIVED').split('::', 1)[-1]} | {seconds:.1f} |")
-    survivors = [m for m in mutants.list if not m["listed"] and results[m["id"]][0] is None]
+            print(f"| {m['name']} | listed | {m['listed']} | |")
+        elif m["id"] in results:
+            killer, seconds = results[m["id"]]
+            print(f"| {m['name']} | {why[m['id']]} | {(killer or 'SURVIVED').split('::', 1)[-1]} | {seconds:.1f} |")
+    survivors = [m for m in chosen if results[m["id"]][0] is None]
     n_listed = sum(bool(m["listed"]) for m in mutants.list)
-    print(f"\n{len(mutants.list) - n_listed - len(survivors)} of {len(mutants.list) - n_listed} mutants "
-          f"killed by the {args.tier} tier ({n_listed} more listed as equivalent or not yet killed, not run)")
+    print(f"\nCPU mutants: {len(mutants.list)}, {n_listed} listed as equivalent or not yet killed, "
+          f"{len(chosen)} ran ({', '.join(f'{n} {w}' for w, n in Counter(why[m['id']] for m in chosen).most_common())}), "
+          f"{len(chosen) - len(survivors)} killed by the {args.tier} tier")
+    if args.record:
+        ci_select.record_killers("cpu", {m["key"]: results[m["id"]][0] for m in chosen})
     if survivors and args.then_full and args.tier == "quick":
         full = run(survivors, "full", args.python, args.timeout)
         for m in survivors:

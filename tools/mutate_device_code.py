@@ -19,7 +19,11 @@ failed and what caught it: a check of the emulator (race, barrier, warp, init, b
 misaligned) or a value that differs from the CPU ops or torch. Exit status 1 when a mutant
 survives.
 
-    .venv/bin/python tools/mutate_device_code.py [--jobs 2] [--only SUBSTRING]
+    .venv/bin/python tools/mutate_device_code.py [--jobs 2] [--only SUBSTRING] [--record]
+
+With FUSED_AMP_CI_SELECT=changed (CI, make ci-local) it runs the mutants tools/ci_select.py
+picks (changed files, files including a changed header, changed killers, a third of the rest);
+--record writes each mutant's killing test to .ci/mutant-killers.txt.
 """
 import argparse
 import concurrent.futures
@@ -30,10 +34,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA = os.path.join(ROOT, "csrc", "cuda")
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ci_select  # noqa: E402
 from cuda_sim.build import compile_libraries, library_folder  # noqa: E402
 
 # Mutants at fixed places: (file, its text with the mutated part written {original|mutant}, what
@@ -86,6 +93,13 @@ def fixed_site(text, file, spec, what):
     assert text.count(before + old + after) == 1, f"{file}: the text of mutant '{what}' is not there once"
     start = text.index(before + old + after) + len(before)
     return start, start + len(old), old, new
+
+
+def key(name, file, start, texts):
+    """What names a mutant while the lines around it move (CI's rotation and killer record)."""
+    text = texts[file]
+    line = text[text.rfind("\n", 0, start) + 1:text.find("\n", start)].strip()
+    return f"cuda/{file}|{name.rsplit(' (', 1)[0]}|{line}"
 
 
 def mutants():
@@ -169,9 +183,19 @@ def main():
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--only", default="", help="run the mutants whose name has this text")
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--record", action="store_true", help="record each mutant's killer (.ci/mutant-killers.txt)")
     args = parser.parse_args()
-    chosen = [m for m in mutants() if args.only in m[0]]
+    every, texts = mutants(), dict(sources())
+    keys = {m[0]: key(m[0], m[1], m[2], texts) for m in every}
+    selection = ci_select.MutantSelection(ci_select.killers_recorded("device"))
+    why = {m[0]: selection.why("cuda/" + m[1], keys[m[0]]) for m in every}
+    chosen = [m for m in every if args.only in m[0] and why[m[0]]]
+    if args.record and len(chosen) < len(every):
+        raise SystemExit("--record needs every mutant: run it without FUSED_AMP_CI_SELECT=changed or --only")
     print(f"{len(chosen)} mutants of csrc/cuda, tests/test_cuda_sim.py on the emulator, {args.jobs} at a time\n")
+    if not chosen:
+        print(f"device mutants: {len(every)}, 0 ran, 0 killed")
+        return 0
     with tempfile.TemporaryDirectory(prefix="fused_amp_mutants_") as tmp:
         # one copy with every switch, one per constant's mutant: (mutant id, copy) of each mutant
         edits, where = {}, []
@@ -189,22 +213,27 @@ def main():
             list(pool.map(lambda csrc: compile_libraries(["plan"], csrc, library_folder(csrc)),
                           sorted({csrc for _, csrc in where})))
         print(f"{len({csrc for _, csrc in where})} builds of the emulation: {time.time() - t0:.0f} s\n")
-        print("| mutant | failed test | caught by | s |\n|---|---|---|---|", flush=True)
-        survived, failed = 0, set()
+        print("| mutant | why it ran | failed test | caught by | s |\n|---|---|---|---|---|", flush=True)
+        survived, failed, killers = 0, set(), {}
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
             for (name, *_), (i, csrc), (test, caught, seconds) in zip(
                     chosen, where, pool.map(lambda w: run(w[1], w[0], args.python, tmp), where)):
-                print(f"| {name} | {test or '-'} | {caught} | {seconds:.0f} |", flush=True)
+                print(f"| {name} | {why[name]} | {test or '-'} | {caught} | {seconds:.0f} |", flush=True)
                 survived += caught in ("SURVIVED", "build failed")
+                killers[keys[name]] = f"{TESTS}::{test}" if test else None
                 if test and csrc == switches:
                     failed.add(test)
-        print(f"\n{len(chosen) - survived} of {len(chosen)} mutants caught")
+        print(f"\ndevice mutants: {len(every)}, {len(chosen)} ran "
+              f"({', '.join(f'{n} {w}' for w, n in Counter(why[m[0]] for m in chosen).most_common())}), "
+              f"{len(chosen) - survived} killed")
         # with every switch off, the tests that failed pass: each failure was its mutant's
         out = pytest(switches, -1, args.python, tmp, [f"{TESTS}::{t}" for t in sorted(failed)]) if failed else ""
         if failed and not re.search(rf"^{len(failed)} passed", out, re.M):
             print(out[-3000:] + "\nwith every switch off, the tests above do not all pass: the failures prove nothing")
             return 1
         print(f"with every switch off, the tests that failed pass ({len(failed)} of them)")
+    if args.record:
+        ci_select.record_killers("device", killers)
     return 1 if survived else 0
 
 

@@ -12,6 +12,18 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 OUT=$ROOT/build-sanitize
+args=() tests=()
+for a in "$@"; do [[ $a == -* ]] && args+=("$a") || { args+=("$ROOT/$a"); tests+=("$a"); }; done
+# FUSED_AMP_CI_SELECT=changed (CI): the changed files' tests whole, and a third of the others by
+# the submission counter; =local (make ci-local): the changed files' tests alone
+# (tools/ci_select.py; tests/conftest.py's FUSED_AMP_TEST_SHARE and FUSED_AMP_TEST_WHOLE).
+if [[ ${FUSED_AMP_CI_SELECT:-} == changed || ${FUSED_AMP_CI_SELECT:-} == local ]]; then
+  eval "export $(python3 "$ROOT/tools/ci_select.py" sanitize-share "${tests[@]}")"
+  echo "sanitizers: whole: ${FUSED_AMP_TEST_WHOLE:-none}; of the others, share $FUSED_AMP_TEST_SHARE"
+  if [[ -z $FUSED_AMP_TEST_WHOLE && $FUSED_AMP_TEST_SHARE == 3/3 ]]; then
+    echo "sanitizers: no test of the changed files to run"; exit 0
+  fi
+fi
 mkdir -p "$OUT"
 rm -rf "$OUT/fused_amp"
 cp -r fused_amp "$OUT/fused_amp"
@@ -35,10 +47,9 @@ export FUSED_AMP_TEST_TIER=${FUSED_AMP_TEST_TIER:-quick}
 export FUSED_AMP_TEST_OPTION_SETS=${FUSED_AMP_TEST_OPTION_SETS:-2}
 cd "$OUT"  # so that `import fused_amp` finds the sanitizer build first
 "$PY" -c "import fused_amp, sys; print('sanitizer build:', fused_amp.__file__); sys.exit(0 if '$OUT' in fused_amp.__file__ else 1)"
-args=()
-for a in "$@"; do [[ $a == -* ]] && args+=("$a") || args+=("$ROOT/$a"); done
 status=0
 "$PY" -m pytest -q -p no:cacheprovider --rootdir "$ROOT" "${args[@]}" || status=$?
+[[ $status == 5 && -n ${FUSED_AMP_TEST_SHARE:-} ]] && { echo "sanitizers: no test in this share"; status=0; }
 # The CUDA emulator switches fibers with swapcontext, announcing each switch to ASan
 # (__sanitizer_start/finish_switch_fiber, tests/cuda_sim/emulator/fiber.h); ASan still warns once that
 # it "doesn't fully support makecontext/swapcontext". That warning alone is no finding.
