@@ -1,8 +1,13 @@
 # make test  : set everything up in .venv, build the extension, run the quick tier of the tests
 #              (every test function, a parametrized one on a sample in which each value of each
 #              parameter appears: tests/conftest.py, docs/development.md)
-# make test-full : make test, then the rest of the whole matrix (make test-rest; CI runs both),
-#                  then the soaks (make test-soak)
+# make test-pairs : the pairs tier (make test grown until every pair of values of any two
+#                   parameters of a test runs together), and the numerics tests' quick tier on
+#                   the other instruction sets; CI runs make test, then this
+# make test-exhaustive : the whole cross product, the soaks, and the numerics' whole matrix on the
+#                        other instruction sets (not in CI)
+# make ci-local : a contributor's check of a change before submitting it, in about 10 minutes:
+#                 the quick tier, the changed files' mutants and sanitizer tests (tools/ci_local.sh)
 # make bench : set everything up in .venv, build the extension, run the benchmark suite
 # make docs  : set everything up in .venv, build the extension and the documentation (HTML in
 #              docs/_build/html; Sphinx, warnings as errors)
@@ -18,7 +23,7 @@ STAMP := $(VENV)/.fused_amp-deps
 
 GPU_PYTHON ?= python3
 
-.PHONY: test test-rest test-soak test-full bench build deps clean gpu-check sanitize docs
+.PHONY: test test-pairs test-exhaustive bench build deps clean gpu-check sanitize docs ci-local ci-mark
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -56,28 +61,30 @@ PYTEST = $(if $(filter 1,$(TEST_JOBS)),$(PY) -m pytest -q,OMP_NUM_THREADS=1 $(PY
 test: build
 	FUSED_AMP_TEST_TIER=quick $(PYTEST) tests
 
-# The CPU kernels exist once per instruction set; the numerics tests' quick tier runs on each of
-# them below this CPU's own (ATEN_CPU_CAPABILITY picks torch's and ours alike; each optimizer's
-# plain and stateful option sets, tests/optim_registry.py; the CPU mutants show the quick tier
-# as strong a net as the whole matrix), then the whole matrix less what make test ran, on this
-# CPU's own (an AVX2-only CPU's avx2 run would repeat a part of it).
-NUMERICS_TESTS := tests/test_unscale.py tests/test_optim.py tests/test_clip.py tests/test_memory_modes.py tests/test_weight_amax.py \
-                  tests/test_delayed_scaling.py tests/test_float8_weights.py tests/test_mx_weights.py \
-                  tests/test_quantized_state.py tests/test_master24.py
-
-test-rest: build
+# The CPU kernels exist once per instruction set (ATEN_CPU_CAPABILITY picks torch's and ours
+# alike). The instruction set is a dimension of the matrix too: the numerics tests run on each
+# one below this CPU's own, on a tier (quick: each value of every other dimension appears with
+# it, so every pair with the instruction set does). This CPU's own runs in the tiers themselves.
+NUMERICS_TESTS := tests/test_unscale.py tests/test_optim.py tests/test_clip.py tests/test_memory_modes.py \
+                  tests/test_weight_amax.py tests/test_delayed_scaling.py tests/test_float8_weights.py \
+                  tests/test_mx_weights.py tests/test_quantized_state.py tests/test_master24.py
+define other_isas
 	native=$$($(PY) -c "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"); \
 	for isa in default avx2; do \
-		if [ $$isa = $$native ]; then echo "numerics on $$isa: this CPU's own, which the quick and rest tiers run"; continue; fi; \
-		ATEN_CPU_CAPABILITY=$$isa FUSED_AMP_TEST_TIER=quick FUSED_AMP_TEST_OPTION_SETS=2 $(PYTEST) $(NUMERICS_TESTS) || exit 1; \
+		if [ $$isa = $$native ]; then echo "numerics on $$isa: this CPU's own, which the tiers run"; continue; fi; \
+		ATEN_CPU_CAPABILITY=$$isa FUSED_AMP_TEST_TIER=$(1) $(PYTEST) $(NUMERICS_TESTS) || exit 1; \
 	done
+endef
+
+test-pairs: build
+	FUSED_AMP_TEST_TIER=pairs $(PYTEST) tests
+	$(call other_isas,quick)
+
+test-exhaustive: test
+	FUSED_AMP_TEST_TIER=pairs $(PYTEST) tests
 	FUSED_AMP_TEST_TIER=rest $(PYTEST) tests
-
-# the soaks and the benchmark harnesses' runs of minutes (tests marked soak; not in CI)
-test-soak: build
 	FUSED_AMP_TEST_TIER=soak $(PYTEST) tests
-
-test-full: test test-rest test-soak
+	$(call other_isas,full)
 
 # the outside references of the memory suite's convergence runs are optional
 bench: build
@@ -101,6 +108,13 @@ SANITIZE_TESTS ?= tests/test_unscale.py tests/test_bad_input.py tests/test_prope
 
 sanitize: $(STAMP)
 	PY=$(abspath $(PY)) tools/sanitize.sh $(SANITIZE_TESTS) $(PYTEST_ARGS)
+
+# before submitting: the marker (once per submission), then the local check of CI (tools/ci_local.sh)
+ci-mark:
+	python3 tools/ci_select.py mark $(COMMIT)
+
+ci-local:
+	tools/ci_local.sh
 
 # No venv: the GPU machine's own interpreter and torch; results in $$FUSED_AMP_GPU_OUT.
 gpu-check:
