@@ -12,6 +12,8 @@ The marker .ci/submission holds two lines, which the submitter updates once per 
     python3 tools/ci_select.py mark [COMMIT]  # write it (COMMIT: default, the checkout's start)
     python3 tools/ci_select.py changed        # the files changed since last_ci_passed
     python3 tools/ci_select.py sanitize-share TEST...  # what the sanitizers run of those tests
+    python3 tools/ci_select.py due NAME PATH...  # exit 0: a check of PATHs runs (one changed, or
+                                                 # NAME's turn in the rotation)
 
 The nets run everything unless FUSED_AMP_CI_SELECT says: changed (CI: the changed files' share
 and the rotation's third) or local (make ci-local: the changed files' share alone).
@@ -232,6 +234,13 @@ def main(argv):
               + ("" if args else " (this checkout's start; if the last stop did not land, "
                                  "name the last landed commit: make ci-mark COMMIT=...)"))
         return 0
+    if what == "due":
+        name, paths = args[0], tuple(args[1:])
+        hit = sorted(f for f in changed() if f.startswith(paths))
+        turn = rotating() and in_rotation(name, marker()["counter"])
+        why = "all" if everything() else f"changed: {' '.join(hit[:5])}" if hit else "rotation" if turn else None
+        print(f"{name}: {'runs (' + why + ')' if why else 'not due: none of its files changed, not its turn'}")
+        return 0 if why else 1
     if what == "changed":
         print("\n".join(sorted(changed())))
         return 0
