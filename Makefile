@@ -2,8 +2,8 @@
 #              (every test function, a parametrized one on a sample in which each value of each
 #              parameter appears: tests/conftest.py, docs/development.md)
 # make test-pairs : the pairs tier (make test grown until every pair of values of any two
-#                   parameters of a test runs together), and the numerics tests' quick tier on
-#                   the other instruction sets; CI runs make test, then this
+#                   parameters of a test runs together); CI runs make test, then this
+# make test-isas : the numerics tests' quick tier on the other instruction sets (CI runs it)
 # make test-exhaustive : the whole cross product, the soaks, and the numerics' whole matrix on the
 #                        other instruction sets (not in CI)
 # make ci-local : a contributor's check of a change before submitting it, in about 10 minutes:
@@ -23,7 +23,7 @@ STAMP := $(VENV)/.fused_amp-deps
 
 GPU_PYTHON ?= python3
 
-.PHONY: test test-pairs test-exhaustive bench build deps clean gpu-check sanitize docs ci-local ci-mark
+.PHONY: test test-pairs test-isas test-exhaustive bench build deps clean gpu-check sanitize docs ci-local ci-mark
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,8 @@ endef
 
 test-pairs: build
 	FUSED_AMP_TEST_TIER=pairs $(PYTEST) tests
+
+test-isas: build
 	$(call other_isas,quick)
 
 test-exhaustive: test

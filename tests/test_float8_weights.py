@@ -159,7 +159,7 @@ DTYPES = ["float32", "bfloat16", "float16"]
 def on_every_instruction_set(script, dtypes=DTYPES):
     """(instruction set, dtype, ours, theirs) of each line `script` prints for `dtypes`, run with
     ATEN_CPU_CAPABILITY set to each instruction set of this CPU in turn (to the one the caller
-    set, where it set one: make test-pairs runs the numerics once per instruction set)."""
+    set, where it set one: make test-isas runs the numerics once per instruction set)."""
     flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
     isas = ["default"] + [isa for isa, flag in (("avx2", " avx2"), ("avx512", " avx512bw")) if flag in flags]
     for isa in [os.environ["ATEN_CPU_CAPABILITY"]] if "ATEN_CPU_CAPABILITY" in os.environ else isas:

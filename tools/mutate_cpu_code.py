@@ -18,6 +18,7 @@ Code another instruction set's kernels alone compile (`#if defined(CPU_CAPABILIT
 AVX-512 machine) gets no mutant here.
 
     .venv/bin/python tools/mutate_cpu_code.py [--tier quick|full] [--only TEXT] [--then-full] [--record]
+                                              [--build-only]
 
 With FUSED_AMP_CI_SELECT=changed (CI, make ci-local) it runs the mutants tools/ci_select.py
 picks: those of the changed files and of files that include a changed header, those whose
@@ -493,6 +494,7 @@ def main():
     parser.add_argument("--timeout", type=float, default=600, help="seconds a mutant may run without a result")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--record", action="store_true", help="record each mutant's killer (.ci/mutant-killers.txt)")
+    parser.add_argument("--build-only", action="store_true", help="the build alone (.ci/run's set-up)")
     args = parser.parse_args()
     isa = subprocess.run([args.python, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
                          capture_output=True, text=True, check=True).stdout.strip()
@@ -509,11 +511,13 @@ def main():
     chosen = [m for m in mutants.list if not m["listed"] and why[m["id"]]]
     if args.record and len(chosen) + sum(bool(m["listed"]) for m in mutants.list) < len(mutants.list):
         raise SystemExit("--record needs every mutant: run it without FUSED_AMP_CI_SELECT=changed or --only")
-    if not chosen:
+    if not chosen and not args.build_only:
         print(f"CPU mutants: {len(mutants.list)}, 0 ran, 0 killed (none chosen: no build)")
         return 0
     os.makedirs(OUT, exist_ok=True)
     print(f"build with every mutant: {build(mutants.texts, args.python):.0f} s", flush=True)
+    if args.build_only:
+        return 0
     t0 = time.time()
     results = run(chosen, args.tier, args.python, args.timeout) if chosen else {}
     print(f"{args.tier} tier of {' '.join(os.path.basename(t) for t in TESTS)}: {time.time() - t0:.0f} s\n")

@@ -7,17 +7,22 @@
 # The interpreter and torch are not built with ASan: the ASan runtime is preloaded so that it
 # comes first, and leak detection is off (the interpreter keeps its objects to the end, which
 # LeakSanitizer would report as leaks of ours). Every other finding aborts the test process.
+#
+# tools/sanitize.sh --build-only: the builds alone (the extension, and the emulation's libraries
+# under the sanitizers): .ci/run starts them while make build leaves a core idle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
 OUT=$ROOT/build-sanitize
+BUILD_ONLY=false
+[[ ${1:-} == --build-only ]] && { BUILD_ONLY=true; shift; }
 args=() tests=()
 for a in "$@"; do [[ $a == -* ]] && args+=("$a") || { args+=("$ROOT/$a"); tests+=("$a"); }; done
 # FUSED_AMP_CI_SELECT=changed (CI): the changed files' tests whole, and a third of the others by
 # the submission counter; =local (make ci-local): the changed files' tests alone
 # (tools/ci_select.py; tests/conftest.py's FUSED_AMP_TEST_SHARE and FUSED_AMP_TEST_WHOLE).
-if [[ ${FUSED_AMP_CI_SELECT:-} == changed || ${FUSED_AMP_CI_SELECT:-} == local ]]; then
+if ! $BUILD_ONLY && [[ ${FUSED_AMP_CI_SELECT:-} == changed || ${FUSED_AMP_CI_SELECT:-} == local ]]; then
   eval "export $(python3 "$ROOT/tools/ci_select.py" sanitize-share "${tests[@]}")"
   echo "sanitizers: whole: ${FUSED_AMP_TEST_WHOLE:-none}; of the others, share $FUSED_AMP_TEST_SHARE"
   if [[ -z $FUSED_AMP_TEST_WHOLE && $FUSED_AMP_TEST_SHARE == 3/3 ]]; then
@@ -32,6 +37,10 @@ rm -f "$OUT"/fused_amp/_C*.so
 FUSED_AMP_SANITIZE=1 FUSED_AMP_CUDA=0 FUSED_AMP_CPU_KERNELS=native MAX_JOBS=${MAX_JOBS:-$(nproc)} \
     "$PY" setup.py build_ext --build-lib "$OUT" --build-temp "$OUT/tmp" > "$OUT/build.log" 2>&1 \
     || { grep -E -A5 "error" "$OUT/build.log" | tail -40; echo "sanitizer build failed: see $OUT/build.log"; exit 1; }
+if $BUILD_ONLY; then
+  FUSED_AMP_SANITIZE=1 python3 tests/cuda_sim/build.py
+  exit 0
+fi
 CXX=${CXX:-g++}
 # reports go to files (pytest's capture of stderr dies with an aborted process)
 rm -f "$OUT"/report.*
