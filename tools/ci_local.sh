@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # make ci-local: what CI checks that a change can break, before submitting it, in about 10
 # minutes on 2 cores (docs/development.md, "CI's budget"): the submission marker, the quick tier
-# (make test, one core) and, on the other core, the mutants of the changed files (CPU and
-# device) and the sanitizers over the changed files' tests (FUSED_AMP_CI_SELECT=local: without
-# CI's rotation, which covers the rest in any 3 consecutive CI runs). Each part's log goes to
-# ci-local-*.log; the table at the end says what passed and how long each took.
+# (make test, a worker per core) and beside it, at a lower priority, the mutants of the changed
+# files (CPU and device) and the sanitizers over the changed files' tests
+# (FUSED_AMP_CI_SELECT=local: without CI's rotation, which covers the rest in any 3 consecutive
+# CI runs). Each part's log goes to ci-local-*.log; the table at the end says what passed and
+# how long each took.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 tools/ci_select.py check --local || exit 1
 make build || exit 1
-export FUSED_AMP_CI_SELECT=local OMP_NUM_THREADS=1 TEST_JOBS=1
+export FUSED_AMP_CI_SELECT=local
 RESULTS=$(mktemp)
 part() {  # name, command...: runs the command into ci-local-<name>.log and records the outcome
   local name=$1 t0=$SECONDS status=0
@@ -21,9 +22,10 @@ part() {  # name, command...: runs the command into ci-local-<name>.log and reco
 T0=$SECONDS
 part tests make test &
 {
-  part cpu-mutants .venv/bin/python tools/mutate_cpu_code.py
-  part device-mutants .venv/bin/python tools/mutate_device_code.py --jobs 1
-  part sanitize make sanitize
+  export OMP_NUM_THREADS=1
+  part cpu-mutants nice -n 10 .venv/bin/python tools/mutate_cpu_code.py
+  part device-mutants nice -n 10 .venv/bin/python tools/mutate_device_code.py --jobs 1
+  part sanitize nice -n 10 make sanitize
 } &
 wait
 echo "| part (its log: ci-local-PART.log) | s | result |"
