@@ -95,6 +95,7 @@ def mark(commit=None):
     """Writes the marker for a submission after commit (default: the checkout's start)."""
     commit = git("rev-parse", commit or checkout_start()).strip()
     counter = marker_at(commit)["counter"] + 1
+    os.makedirs(os.path.join(ROOT, os.path.dirname(MARKER)), exist_ok=True)
     with open(os.path.join(ROOT, MARKER), "w") as f:
         f.write("# the last commit CI passed on, and this submission's number: tools/ci_select.py,\n"
                 "# docs/development.md (CI's budget); `make ci-mark` once per submission\n"
