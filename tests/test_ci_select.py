@@ -94,3 +94,20 @@ def test_a_stale_marker_is_refused_and_mark_makes_it_current(repo):
     (repo / ".ci/submission").write_text(f"last_ci_passed = {landed}\ncounter = 5\n")
     assert "counter is 5, 2 for a submission" in ci_select.problem()
 
+
+
+def test_a_check_is_due_when_its_files_change_or_a_file_is_added_under_its_paths(repo, monkeypatch, capsys):
+    ci_select.mark(git(repo, "rev-parse", "HEAD"))
+    monkeypatch.setattr(ci_select, "in_rotation", lambda key, counter: False)
+    due = ["due", "sdist", "setup.py", "--new-under", "csrc/"]
+    assert ci_select.main(due) == 1  # nothing changed, not its turn
+    commit(repo, "csrc/cpu/other.h", "// edited\n")
+    assert ci_select.main(due) == 1  # an edit under csrc/ is not a new file
+    (repo / "csrc/cpu/new.h").write_text("// new\n")
+    assert ci_select.main(due) == 0 and "csrc/cpu/new.h" in capsys.readouterr().out
+    (repo / "csrc/cpu/new.h").unlink()
+    git(repo, "rm", "-q", "csrc/cpu/other.h")
+    assert ci_select.main(due) == 0  # a removed file too
+    git(repo, "reset", "-q", "--hard")
+    (repo / "setup.py").write_text("# changed\n")
+    assert ci_select.main(due) == 0

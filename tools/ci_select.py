@@ -12,8 +12,9 @@ The marker .ci/submission holds two lines, which the submitter updates once per 
     python3 tools/ci_select.py mark [COMMIT]  # write it (COMMIT: default, the checkout's start)
     python3 tools/ci_select.py changed        # the files changed since last_ci_passed
     python3 tools/ci_select.py sanitize-share TEST...  # what the sanitizers run of those tests
-    python3 tools/ci_select.py due NAME PATH...  # exit 0: a check of PATHs runs (one changed, or
-                                                 # NAME's turn in the rotation)
+    python3 tools/ci_select.py due NAME PATH... [--new-under PATH...]
+        # exit 0: a check of PATHs runs (one changed, a file added, removed or renamed under a
+        # --new-under PATH, or NAME's turn in the rotation)
 
 The nets run everything unless FUSED_AMP_CI_SELECT says: changed (CI: the changed files' share
 and the rotation's third) or local (make ci-local: the changed files' share alone).
@@ -115,6 +116,15 @@ def changed():
     """The files changed since last_ci_passed: committed, staged, unstaged and untracked."""
     base = marker()["last_ci_passed"] or "HEAD"
     files = set(git("diff", "--name-only", base).split())
+    files |= set(git("ls-files", "--others", "--exclude-standard").split())
+    return files
+
+
+def added_or_removed():
+    """The files added, removed or renamed since last_ci_passed (both names of a rename), and the
+    untracked ones."""
+    base = marker()["last_ci_passed"] or "HEAD"
+    files = set(git("diff", "--name-only", "--diff-filter=ADR", "--no-renames", base).split())
     files |= set(git("ls-files", "--others", "--exclude-standard").split())
     return files
 
@@ -236,8 +246,11 @@ def main(argv):
                                  "name the last landed commit: make ci-mark COMMIT=...)"))
         return 0
     if what == "due":
-        name, paths = args[0], tuple(args[1:])
-        hit = sorted(f for f in changed() if f.startswith(paths))
+        name, paths = args[0], args[1:]
+        paths, new_under = (paths[:paths.index("--new-under")], paths[paths.index("--new-under") + 1:]) \
+            if "--new-under" in paths else (paths, [])
+        hit = sorted(f for f in changed() if f.startswith(tuple(paths)))
+        hit += sorted(f for f in added_or_removed() if new_under and f.startswith(tuple(new_under)))
         turn = rotating() and in_rotation(name, marker()["counter"])
         why = "all" if everything() else f"changed: {' '.join(hit[:5])}" if hit else "rotation" if turn else None
         print(f"{name}: {'runs (' + why + ')' if why else 'not due: none of its files changed, not its turn'}")
