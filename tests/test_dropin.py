@@ -5,6 +5,7 @@ import copy
 import gc
 import inspect
 import pickle
+import re
 import weakref
 from collections import defaultdict
 
@@ -15,7 +16,9 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 import fused_amp
 from fused_amp import ops
 from fused_amp.optim import Adam, AdamW, _grad_norm, _group_lists
+from fused_amp.optim._base import MasterWeightOptimizer
 from fused_amp.optim._grad_norm import local_grads
+from fused_amp.optim._options import FUSED_AMP_OPTIONS
 from helpers import adam_step_, assert_bitwise_equal, assert_our_keywords, sgd_step_
 from optim_registry import OPTIMIZERS, PARAM_DTYPES, PLAIN, PLAIN_IDS, STATEFUL, STATEFUL_IDS, torch_impls
 
@@ -427,6 +430,26 @@ def test_float64_params_refused_in_the_constructor(cls, torch_cls, kw):
 def test_signature_is_torchs_plus_our_keywords(entry):
     assert_our_keywords(inspect.signature(entry.ours.__init__).parameters,
                         inspect.signature(entry.theirs.__init__).parameters)
+
+
+def our_optimizer_classes():
+    return [getattr(fused_amp.optim, name) for name in fused_amp.optim.__all__
+            if isinstance(getattr(fused_amp.optim, name), type)
+            and issubclass(getattr(fused_amp.optim, name), MasterWeightOptimizer)]
+
+
+@pytest.mark.parametrize("cls", our_optimizer_classes(), ids=lambda c: c.__name__)
+def test_the_docstring_documents_each_of_our_keywords_once_with_the_optimizers_states(cls):
+    """fused_amp's options are documented once (fused_amp/optim/_options.py) and put into every
+    class's Args, naming the states that the step op's table says this optimizer keeps."""
+    doc = cls.__doc__
+    assert "{fused_amp_options}" not in doc
+    args = doc[doc.index("    Args:"):]
+    for option in FUSED_AMP_OPTIONS:
+        assert len(re.findall(rf"^        {option} \(", args, re.M)) == 1, (cls.__name__, option)
+    for key, _, _ in fused_amp.ops.optimizers()[cls._kernel]["states"]:
+        assert f"``{key}``" in args[args.index("state_dtype ("):], (cls.__name__, key)
+    assert max(len(line) for line in args.splitlines()) <= 100
 
 
 def test_a_users_subclass_keeps_its_own_signature():

@@ -1,7 +1,11 @@
 """What each optimizer class declares (its torch checks, its hyperparameters for the step op)
 and what the step op's C++ table says of it (its states, its scalar state): read, not restated."""
+import re
+
 from fused_amp import ops
-from fused_amp.optim._options import takes_our_options, with_our_options
+from fused_amp.optim._options import options_doc, takes_our_options, with_our_options
+
+_OPTIONS_PLACEHOLDER = re.compile(r"^( *)\{fused_amp_options\}$", re.M)
 
 
 class Declared:
@@ -24,6 +28,14 @@ class Declared:
         entry = ops.optimizers().get(cls._kernel)
         if entry is not None:
             cls._scalar_state = (entry["scalar"], entry["scalar_initial"]) if entry["scalar"] else None
+        if entry is not None and cls.__doc__:  # fused_amp's options, documented once (_options)
+            states = [(key, signed) for key, _, signed in entry["states"]]
+            cls.__doc__ = _OPTIONS_PLACEHOLDER.sub(
+                lambda m: options_doc(states, cls._running_sums, cls._option_notes, len(m.group(1))), cls.__doc__)
+
+    # what the docs of fused_amp's options (_options.options_doc) add for this optimizer: option
+    # -> a sentence
+    _option_notes: dict = {}
 
     # whether its state is a running sum, which rounds stochastically by default when stored in
     # bf16 or 8 bits (rounded to nearest, increments below half a step would be lost)

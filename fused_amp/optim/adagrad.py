@@ -35,12 +35,7 @@ class Adagrad(MasterWeightOptimizer):
         foreach, fused: accepted with torch's checks; the step is always one fused pass.
         maximize (bool): maximize the objective instead of minimizing (default: False).
         differentiable (bool): must be False: the fused step runs outside autograd.
-        float8_scales: as for :class:`fused_amp.optim.Adam`.
-        master_weights, state_dtype, rounding_seed, min_8bit_size: as for
-            :class:`fused_amp.optim.Adam` (8-bit: the unsigned map).
-        stochastic_rounding (bool, optional): as for :class:`fused_amp.optim.Adam`, except that
-            the default (None) rounds the sum stochastically in bf16 and 8 bits (see above).
-        unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
+        {fused_amp_options}
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-2, lr_decay: float = 0,

@@ -41,50 +41,7 @@ class Adam(MasterWeightOptimizer):
         maximize (bool): maximize the objective instead of minimizing (default: False).
         differentiable (bool): must be False: the fused step runs outside autograd.
         decoupled_weight_decay (bool): AdamW's decoupled weight decay (default: False).
-        master_weights (bool or str): keep fp32 masters for fp16/bf16 params (default: True,
-            also ``"fp32"``). ``"remainder"`` (bf16 params only) keeps the same master exactly
-            in 2 bytes per param instead of 4: the param is its high half (rounded to nearest,
-            ties away from zero, where True rounds ties to even) and an int16 remainder its low
-            half. ``"remainder8"`` (bf16 params only) keeps a 24-bit master (sign, exponent and
-            15 mantissa bits: an fp32 value with its low 8 bits zero) in 1 byte per param
-            (``state["master_remainder8"]``, the master's bits 8-15; the param is its high half,
-            as with ``"remainder"``); each step's fp32 result is rounded to 24 bits as
-            ``stochastic_rounding`` says. With False, half params are updated in place (fp32
-            math, rounded each step).
-        state_dtype (torch.dtype): dtype of ``exp_avg``, ``exp_avg_sq`` and ``max_exp_avg_sq``:
-            torch.float32 (default), torch.bfloat16 (math in fp32, stored rounded) or
-            torch.uint8: 8-bit codes in blocks of 256 elements with one fp32 absmax per block
-            (``state["state_absmax"]``), :math:`m = a\,\mathrm{sign}(c)(c/127)^2`,
-            :math:`v = a\,(c/255)^2`, rounded to the nearest code after each step (or
-            stochastically, as ``stochastic_rounding`` says).
-        min_8bit_size (int): with ``state_dtype=torch.uint8``, params with fewer elements keep
-            fp32 state (default: 4096).
-        stochastic_rounding (bool, optional): round what is stored in fewer than 32 bits (bf16
-            state, 8-bit codes, 24-bit masters) stochastically (True) or to nearest (False).
-            Default None: stochastically for 24-bit masters (to nearest, updates below half
-            their ulp, 2^-16 at 1.0, are lost), to nearest for bf16 state and 8-bit codes. A
-            code rounds up with the probability that makes its value unbiased (between codes
-            c and c + 1, :math:`(t - c^2)/(2c + 1)` where :math:`t = 127^2\,|m|/a` or
-            :math:`255^2\,v/a`); loading a checkpoint quantizes to nearest. The random bits depend on
-            ``rounding_seed``, the step and the element's index only, so runs repeat exactly
-            and a CUDA graph replays the same.
-        rounding_seed (int, optional): seed of the stochastic rounding (default: drawn from
-            ``torch.initial_seed()``, which ``torch.manual_seed`` sets).
-        unscale_grads (bool): after a step that a GradScaler scaled, leave ``p.grad`` unscaled,
-            as torch's optimizers do (default: True). False skips that write (2 bytes per param
-            for half grads), leaving the grads scaled: for loops that zero them anyway.
-        max_grad_norm (float, optional): clip the gradients at every step to this total norm
-            (of all params' unscaled grads, as ``torch.nn.utils.clip_grad_norm_``), inside the
-            fused step (default: None: no clipping). See :meth:`clip_grad_norm_` for clipping
-            chosen per step.
-        grad_norm_type (float): the norm of ``max_grad_norm``: 2.0 (default), 1.0 or inf.
-        float8_scales (bool, optional): hand the fp8 scales of torchao's float8 weights under
-            FSDP2's fp8 all-gather over from the step: each weight's amax is formed in the pass
-            that writes it, and its ``_precomputed_scale`` set as
-            ``torchao.float8.precompute_float8_dynamic_scale_for_fsdp`` sets it (bitwise, one
-            all-reduce), so that call and its read of every weight are not needed. Default None:
-            where such weights are found; True: also, and refuse a model without them; False: never.
-            See the fp8 training page.
+        {fused_amp_options}
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3,
@@ -157,9 +114,7 @@ class AdamW(Adam):
         foreach, fused, capturable: accepted with torch's checks; the step is always one fused
             pass that runs on the device.
         differentiable (bool): must be False: the fused step runs outside autograd.
-        master_weights, unscale_grads, max_grad_norm, grad_norm_type: as for :class:`Adam`.
-        state_dtype, stochastic_rounding, rounding_seed, min_8bit_size, float8_scales: as for
-            :class:`Adam`.
+        {fused_amp_options}
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3,

@@ -38,9 +38,7 @@ class AdEMAMix(MasterWeightOptimizer):
         weight_decay (float): decoupled weight decay (default: 1e-2).
         maximize (bool): maximize the objective instead of minimizing (default: False).
         foreach, fused, capturable, differentiable: accepted as by :class:`fused_amp.optim.Adam`.
-        master_weights, state_dtype, stochastic_rounding, rounding_seed, min_8bit_size, float8_scales: as for
-            :class:`fused_amp.optim.Adam` (8-bit: ``m1`` and ``m2`` signed, ``nu`` unsigned).
-        unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
+        {fused_amp_options}
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3,

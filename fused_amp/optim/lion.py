@@ -31,10 +31,7 @@ class Lion(MasterWeightOptimizer):
         weight_decay (float): decoupled weight decay (default: 0).
         maximize (bool): maximize the objective instead of minimizing (default: False).
         foreach, fused, capturable, differentiable: accepted as by :class:`fused_amp.optim.Adam`.
-        master_weights, state_dtype, stochastic_rounding, rounding_seed, min_8bit_size, float8_scales: as for
-            :class:`fused_amp.optim.Adam` (``state_dtype`` applies to ``exp_avg``; 8-bit: the
-            signed map).
-        unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
+        {fused_amp_options}
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-4,

@@ -73,18 +73,7 @@ class Muon(MasterWeightOptimizer):
         ns_steps (int): Newton-Schulz iterations, fewer than 100 (default: 5).
         adjust_lr_fn (str, optional): "original" (the default, None), "match_rms_adamw" or
             "spectral_unclamped", as torch's.
-        master_weights: as for :class:`fused_amp.optim.Adam` (True, False, "remainder",
-            "remainder8").
-        state_dtype, min_8bit_size: the momentum buffer's dtype: torch.float32 (default),
-            torch.bfloat16 (rounded to nearest even) or torch.uint8 (8-bit codes, the signed map;
-            CPU params of at least ``min_8bit_size`` elements), as for
-            :class:`fused_amp.optim.Adam`.
-        stochastic_rounding, rounding_seed: the rounding of 24-bit masters
-            (``master_weights="remainder8"``), as for :class:`fused_amp.optim.Adam`; the momentum
-            (bf16 or 8-bit) rounds to nearest.
-        float8_scales: as for :class:`fused_amp.optim.Adam` (the pass that applies the update
-            forms the amaxes).
-        unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
+        {fused_amp_options}
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3, weight_decay: float = 0.1,
@@ -123,6 +112,10 @@ class Muon(MasterWeightOptimizer):
 
     # the state is its momentum pass's (the update pass is SGD's, which keeps none)
     _kernel = "muon_momentum"
+    _option_notes = {
+        "stochastic_rounding": "Muon's momentum (bf16 or 8-bit) always rounds to nearest: this "
+                               "rounds 24-bit masters (``master_weights=\"remainder8\"``) only.",
+        "float8_scales": "The pass that applies the update forms the amaxes."}
 
     def _hyper(self, group):
         return dict(momentum=group["momentum"], nesterov=group["nesterov"])

@@ -35,9 +35,7 @@ class RAdam(MasterWeightOptimizer):
         foreach, capturable: accepted; the step is always one fused pass that runs on the device.
         maximize (bool): maximize the objective instead of minimizing (default: False).
         differentiable (bool): must be False: the fused step runs outside autograd.
-        master_weights, state_dtype, stochastic_rounding, rounding_seed, min_8bit_size, float8_scales: as for
-            :class:`fused_amp.optim.Adam`.
-        unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
+        {fused_amp_options}
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3,

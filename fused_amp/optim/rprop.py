@@ -33,10 +33,7 @@ class Rprop(MasterWeightOptimizer):
         capturable, foreach: accepted; the step is always one fused pass that runs on the device.
         maximize (bool): maximize the objective instead of minimizing (default: False).
         differentiable (bool): must be False: the fused step runs outside autograd.
-        float8_scales: as for :class:`fused_amp.optim.Adam`.
-        master_weights, state_dtype, stochastic_rounding, rounding_seed, min_8bit_size: as for
-            :class:`fused_amp.optim.Adam` (8-bit: ``prev`` signed, ``step_size`` unsigned).
-        unscale_grads, max_grad_norm, grad_norm_type: as for :class:`fused_amp.optim.Adam`.
+        {fused_amp_options}
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-2, etas: Tuple[float, float] = (0.5, 1.2),

@@ -32,20 +32,7 @@ class SGD(MasterWeightOptimizer):
         maximize (bool): maximize the objective instead of minimizing (default: False).
         foreach, fused: accepted with torch's checks; the step is always one fused pass.
         differentiable (bool): must be False: the fused step runs outside autograd.
-        float8_scales: as for :class:`fused_amp.optim.Adam`.
-        master_weights (bool or str): keep fp32 masters for fp16/bf16 params (default: True);
-            ``"remainder"`` keeps them as bf16 param + int16 remainder, ``"remainder8"`` as 24-bit
-            masters (bf16 param + one byte; see :class:`fused_amp.optim.Adam`).
-        state_dtype, stochastic_rounding, rounding_seed, min_8bit_size: the momentum buffer's
-            dtype and rounding, as for :class:`fused_amp.optim.Adam`'s ``exp_avg`` (8-bit: the
-            signed map).
-        unscale_grads (bool): leave ``p.grad`` unscaled after a GradScaler step, as torch does
-            (default: True); see :class:`fused_amp.optim.Adam`.
-        max_grad_norm (float, optional): clip the gradients at every step to this total norm
-            (of all params' unscaled grads, as ``torch.nn.utils.clip_grad_norm_``), inside the
-            fused step (default: None: no clipping). See :meth:`clip_grad_norm_` for clipping
-            chosen per step.
-        grad_norm_type (float): the norm of ``max_grad_norm``: 2.0 (default), 1.0 or inf.
+        {fused_amp_options}
     """
 
     def __init__(self, params, lr: Union[float, torch.Tensor] = 1e-3, momentum: float = 0,
