@@ -45,18 +45,11 @@ inline void bump_versions(const at::Tensor& t) {
 inline void bump_versions(at::TensorList tensors) {
   for (const at::Tensor& t : tensors) bump_versions(t);
 }
-inline void bump_versions(const c10::List<std::optional<at::Tensor>>& tensors) {
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const std::optional<at::Tensor> t = tensors[i];
-    if (t) bump_versions(*t);
-  }
-}
 // What every optimizer step writes: params (or outputs), masters, state, step counts, absmaxes;
 // the grads when it leaves them unscaled.
 inline void bump_step_versions(const core::StepTensors& s, at::TensorList params, at::TensorList grads,
-                               const c10::List<std::optional<at::Tensor>>& masters, at::TensorList states,
-                               const c10::List<std::optional<at::Tensor>>& absmaxes, at::TensorList steps,
-                               at::TensorList outputs) {
+                               at::TensorList masters, at::TensorList states, at::TensorList absmaxes,
+                               at::TensorList steps, at::TensorList outputs) {
   bump_versions(outputs.empty() ? params : outputs);
   if (s.write_grads) bump_versions(grads);
   bump_versions(masters);
@@ -132,55 +125,70 @@ struct Entry {
   }
 
   // One step of the optimizer named `optimizer` (optimizers.h): its states one list after
-  // another, its hyperparameters in its descriptor's order (ops/optimizer.h).
+  // another; `hyper` its hyperparameters in its descriptor's order (ops/optimizer.h), then lr and
+  // max_grad_norm; the other parts as register.cpp's schema says.
   static void step_(c10::string_view optimizer, at::TensorList params, at::TensorList grads,
-                    const c10::List<std::optional<at::Tensor>>& master_params, at::TensorList states,
-                    at::TensorList steps, const c10::List<std::optional<at::Tensor>>& state_absmaxes,
-                    at::TensorList scalar_states, at::TensorList outputs,
-                    at::TensorList float8_weights, at::TensorList float8_scales, at::TensorList float8_scale_invs,
-                    c10::ArrayRef<int64_t> float8_indices, c10::ArrayRef<double> hyper, double lr,
-                    const std::optional<at::Tensor>& lr_tensor,
-                    const std::optional<at::Tensor>& inv_scale, const std::optional<at::Tensor>& found_inf,
-                    const std::optional<at::Tensor>& grad_norm, std::optional<double> max_grad_norm,
-                    std::optional<int64_t> rounding_seed, bool stochastic_codes, bool unscale_grads,
-                    const std::optional<at::Tensor>& weight_amax, bool check_only) {
+                    at::TensorList master_params, at::TensorList states, at::TensorList steps,
+                    at::TensorList state_absmaxes, at::TensorList scalar_states, at::TensorList outputs,
+                    at::TensorList epilogues, c10::ArrayRef<int64_t> epilogue_layout, c10::ArrayRef<double> hyper,
+                    const c10::List<std::optional<at::Tensor>>& scalars, c10::ArrayRef<int64_t> rounding,
+                    bool unscale_grads) {
     BelowAutograd below;
     core::Staging staging;
+    core::Staging* stage = Device::kRunsKernels ? &staging : nullptr;  // (the check op stages nothing)
     const std::string name(optimizer);
     const std::string op = "step_(" + name + ")";
+    const core::StepScalars scalar = core::step_scalars(op.c_str(), scalars, rounding);
+    const core::Epilogues epilogue = core::epilogues_of(op.c_str(), epilogues, epilogue_layout);
     std::optional<core::StepArgs> a;
     const bool known = Optimizers::find(name.c_str(), [&]<class Opt>() {
       std::vector<std::string> names;
       for (const auto& field : Opt::kHyperFields) names.push_back(field.name);
+      names.insert(names.end(), {"lr", "max_grad_norm"});
       TORCH_CHECK_VALUE(hyper.size() == names.size(), op, ": hyper has ", hyper.size(), " values, expected ",
                         names.size(), " (", c10::Join(", ", names), ")");
       const typename Opt::Hyper h = ops::hyper_of<Opt>(hyper.data());
-      const core::StepInputs in{params, grads, master_params,
-                                {states, Opt::kStateInfo, Opt::kStates, Opt::state_mask(h)},
-                                state_absmaxes, steps, Opt::steps_required(h), scalar_states, Opt::kScalarKey,
-                                outputs, Opt::kWritesOutput, lr, lr_tensor, inv_scale, found_inf, grad_norm,
-                                max_grad_norm, rounding_seed, stochastic_codes, unscale_grads};
-      a = core::StepArgs{Optimizers::index<Opt>(), core::validate_step(op.c_str(), in, check_only ? nullptr : &staging),
-                         hyper.vec()};
-      if (weight_amax) {
-        core::check_weight_amax(op.c_str(), *weight_amax, params, Opt::kWritesOutput);
-        a->tensors.weight_amax = *weight_amax;
+      const size_t own = hyper.size() - 2;
+      const core::StepInputs in{.params = params,
+                                .grads = grads,
+                                .master_params = master_params,
+                                .states = {states, Opt::kStateInfo, Opt::kStates, Opt::state_mask(h)},
+                                .state_absmaxes = state_absmaxes,
+                                .steps = steps,
+                                .steps_required = Opt::steps_required(h),
+                                .scalars = scalar_states,
+                                .scalar_key = Opt::kScalarKey,
+                                .outputs = outputs,
+                                .writes_output = Opt::kWritesOutput,
+                                .lr = hyper[own],
+                                .lr_tensor = scalar.lr_tensor,
+                                .inv_scale = scalar.inv_scale,
+                                .found_inf = scalar.found_inf,
+                                .grad_norm = scalar.grad_norm,
+                                .max_grad_norm = hyper[own + 1],
+                                .rounding_seed = scalar.rounding_seed,
+                                .stochastic_codes = scalar.stochastic_codes,
+                                .unscale_grads = unscale_grads};
+      a = core::StepArgs{Optimizers::index<Opt>(), core::validate_step(op.c_str(), in, stage),
+                         std::vector<double>(hyper.begin(), hyper.begin() + own)};
+      if (epilogue.weight_amax) {
+        core::check_weight_amax(op.c_str(), *epilogue.weight_amax, params, Opt::kWritesOutput);
+        a->tensors.weight_amax = *epilogue.weight_amax;
       }
-      core::check_float8_weights(op.c_str(), {float8_weights, float8_scales, float8_scale_invs, float8_indices},
-                                 Opt::kWritesOutput, a->tensors, check_only ? nullptr : &staging);
+      core::check_float8_weights(op.c_str(), epilogue.float8, Opt::kWritesOutput, a->tensors, stage);
     });
     TORCH_CHECK_VALUE(known, "step_: unknown optimizer '", name, "'; known: ", optimizer_names());
-    if (check_only || params.empty()) return;
+    if (!Device::kRunsKernels || params.empty()) return;
     Device::step(*a);
     staging.copy_back();
     bump_step_versions(a->tensors, params, grads, master_params, states, state_absmaxes, steps, outputs);
     bump_versions(scalar_states);
-    bump_versions(float8_weights);
-    bump_versions(float8_scale_invs);
-    for (const at::Tensor& t : float8_scales) {  // (a delayed scale is read, MX scales are written)
+    bump_versions(epilogue.float8.weights);
+    bump_versions(epilogue.float8.scale_invs);
+    for (const at::Tensor& t : epilogue.float8.scales) {  // (a delayed scale is read, MX scales are written)
       if (core::is_mx_scale(t)) bump_versions(t);
     }
-    if (weight_amax && !weight_amax->is_inference()) weight_amax->unsafeGetTensorImpl()->bump_version();
+    if (epilogue.weight_amax) bump_versions(*epilogue.weight_amax);
   }
 };
 
@@ -207,6 +215,7 @@ void register_entries(torch::Library& m) {
 
 namespace cpu {
 struct Device {
+  static constexpr bool kRunsKernels = true;
   FUSED_AMP_DEVICE_OPS()
 };
 }  // namespace cpu
@@ -215,12 +224,14 @@ struct Device {
 // tensors (fused_amp/_fake.py): the same validation as the real devices, and no work.
 namespace meta {
 struct Device {
+  static constexpr bool kRunsKernels = false;
   FUSED_AMP_DEVICE_OPS({})
 };
 }  // namespace meta
 
 namespace cuda {
 struct Device {
+  static constexpr bool kRunsKernels = true;
   FUSED_AMP_DEVICE_OPS()
 };
 }  // namespace cuda

@@ -1,6 +1,7 @@
 #pragma once
 // The optimizers of the step op: each one's descriptor (ops/optimizer.h) in one list. Adding an
 // optimizer is its header and one name here; everything that runs a step is generic over this.
+#include <cstddef>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -20,8 +21,44 @@
 
 namespace fused_amp {
 
+namespace detail {
+// The number of members of an aggregate H: the most initializers H{...} takes (C++17, as nvcc
+// and the emulator compile it).
+struct AnyMember {
+  template <class T>
+  constexpr operator T() const { return T{}; }
+};
+template <class H, class Seq, class = void>
+struct TakesInitializers : std::false_type {};
+template <class H, size_t... I>
+struct TakesInitializers<H, std::index_sequence<I...>, std::void_t<decltype(H{(void(I), AnyMember{})...})>>
+    : std::true_type {};
+template <class H, size_t N = 0>
+constexpr size_t member_count() {
+  if constexpr (TakesInitializers<H, std::make_index_sequence<N + 1>>::value) return member_count<H, N + 1>();
+  else return N;
+}
+}  // namespace detail
+
+// Whether kHyperFields names every member of Hyper once: a member it misses would stay 0 in every
+// step (ops::hyper_of), so OptimizerList refuses to compile that.
+template <class Opt>
+constexpr bool hyper_fields_complete() {
+  using H = typename Opt::Hyper;
+  using ops::HyperField, ops::kHyperCount;
+  for (int a = 0; a < kHyperCount<Opt>; ++a) {
+    for (int b = a + 1; b < kHyperCount<Opt>; ++b) {
+      const HyperField<H>&fa = Opt::kHyperFields[a], &fb = Opt::kHyperFields[b];
+      if ((fa.real && fa.real == fb.real) || (fa.flag && fa.flag == fb.flag)) return false;
+    }
+  }
+  return static_cast<size_t>(kHyperCount<Opt>) == detail::member_count<H>();
+}
+
 template <class... Opts>
 struct OptimizerList {
+  static_assert((hyper_fields_complete<Opts>() && ...),
+                "an optimizer's kHyperFields must name each member of its Hyper once (ops/optimizer.h)");
   static constexpr int size = sizeof...(Opts);
   // Calls f.template operator()<Opt>() for the optimizer named `name`; false when none is.
   template <class F>

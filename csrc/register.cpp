@@ -26,13 +26,15 @@ constexpr const char* kSchemas[] = {
     "update_scale_(Tensor(a!) scale, Tensor(b!) growth_tracker, Tensor found_inf, "
     "float growth_factor, float backoff_factor, int growth_interval, *, int hysteresis=1, "
     "Tensor(c!)? hysteresis_tracker=None, float? min_scale=None, float? max_scale=None) -> ()",
-    "step_(str optimizer, Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)?[] master_params, "
-    "Tensor(c!)[] states, Tensor(d!)[] steps, *, Tensor(h!)?[] state_absmaxes, Tensor(e!)[] scalar_states, "
-    "Tensor(u!)[] outputs, Tensor(f!)[] float8_weights, Tensor(x!)[] float8_scales, Tensor(s!)[] float8_scale_invs, "
-    "int[] float8_indices, float[] hyper, float lr, "
-    "Tensor? lr_tensor=None, Tensor? inv_scale=None, Tensor? found_inf=None, Tensor? grad_norm=None, "
-    "float? max_grad_norm=None, int? rounding_seed=None, bool stochastic_codes=False, "
-    "bool unscale_grads=True, Tensor(w!)? weight_amax=None, bool check_only=False) -> ()",
+    // step_'s parts, one role per list (ops_impl.h): `epilogues` holds what the step writes besides
+    // the params, laid out as `epilogue_layout` says; `hyper` the optimizer's hyperparameters,
+    // then lr and max_grad_norm; `scalars` the read-only scalar tensors (lr_tensor, inv_scale,
+    // found_inf, grad_norm); `rounding` the stochastic rounding's seed and whether 8-bit codes
+    // take it. No written list holds a None: an empty tensor stands for none.
+    "step_(str optimizer, Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] master_params, "
+    "Tensor(c!)[] states, Tensor(d!)[] steps, *, Tensor(h!)[] state_absmaxes, Tensor(e!)[] scalar_states, "
+    "Tensor(u!)[] outputs, Tensor(f!)[] epilogues, int[] epilogue_layout, float[] hyper, Tensor?[] scalars, "
+    "int[] rounding, bool unscale_grads=True) -> ()",
     "delayed_scale_update_(Tensor(a!)[] amax_histories, Tensor(b!)[] scales, Tensor(c!)[] scale_invs, *, "
     "float fp8_max, float margin=0.0, str amax_compute_algo=\"max\", Tensor? amax_reduction_buffer=None) -> ()"};
 

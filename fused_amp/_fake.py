@@ -2,7 +2,7 @@
 
 The ops mutate their arguments and return nothing, so a fake kernel has no shapes to compute;
 it raises what the real kernels raise. Devices first, since fake tensors keep theirs: tensors
-on more than one device are refused, keyword tensors (``inv_scale``, ``found_inf``,
+on more than one device are refused, the scalar tensors (``inv_scale``, ``found_inf``,
 ``lr_tensor``) included, and only ``lr_tensor`` may sit on the CPU, as the real kernels allow.
 Then the C++ validation itself (lengths, shapes, dtypes, overlaps, scalars, options) runs on
 meta tensors of the same shapes, strides and dtypes, through ``torch.ops.fused_amp_check``:
@@ -12,6 +12,8 @@ import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 _MAY_BE_ON_CPU = ("lr_tensor",)
+# the entries of a list argument that has one role per entry: step_'s scalars (csrc/register.cpp)
+_ENTRY_NAMES = {"scalars": ("lr_tensor", "inv_scale", "found_inf", "grad_norm")}
 
 
 def _named_tensors(arg_names, args, kwargs):
@@ -19,7 +21,10 @@ def _named_tensors(arg_names, args, kwargs):
         items = list(enumerate(a)) if isinstance(a, (list, tuple)) else [(None, a)]
         for i, t in items:
             if isinstance(t, torch.Tensor):
-                yield (name if i is None else f"{name}[{i}]"), name, t
+                if name in _ENTRY_NAMES:
+                    yield _ENTRY_NAMES[name][i], _ENTRY_NAMES[name][i], t
+                else:
+                    yield (name if i is None else f"{name}[{i}]"), name, t
 
 
 def check_one_device(op, arg_names, args, kwargs):

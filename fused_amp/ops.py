@@ -1,4 +1,5 @@
 """Functional API over ``torch.ops.fused_amp``; registers fake kernels for ``torch.compile``."""
+import warnings
 from typing import Dict, List, Mapping, Optional, Sequence
 
 import torch
@@ -9,7 +10,7 @@ from fused_amp import _fake
 # what the C++ side tells the Python layer about its tables (functions, not ops)
 _TABLES = ("optimizers", "kept_states", "storage_kinds")
 __all__ = ["unscale_", "non_finite_check_", "grad_norm_", "update_scale_", "step_", "delayed_scale_update_",
-           *_TABLES]
+           "check_step_", *_TABLES]
 
 _ops = torch.ops.fused_amp
 
@@ -185,19 +186,23 @@ def _hyper_names(op: str, optimizer: str, hyper: Mapping[str, float]) -> List[st
     return names
 
 
+# step_'s read-only scalar tensors, in the order of its `scalars` part (csrc/register.cpp)
+_SCALARS = ("lr_tensor", "inv_scale", "found_inf", "grad_norm")
+# what its `epilogues` part holds, by name (laid out as `epilogue_layout` says: _epilogue_parts)
+_EPILOGUES = ("weight_amax", "float8_weights", "float8_scales", "float8_scale_invs", "float8_indices")
+# the spelling of step_ before its parts (CHANGELOG.md): keyword -> the part that now holds it
+_OLD_KEYWORDS = {"lr": "hyper", "max_grad_norm": "hyper", **{k: "scalars" for k in _SCALARS},
+                 "rounding_seed": "rounding", "stochastic_codes": "rounding", **{k: "epilogues" for k in _EPILOGUES},
+                 "check_only": "check_step_"}
+
+
 def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
           master_params: List[Optional[torch.Tensor]], states: Sequence[List[torch.Tensor]],
           steps: List[torch.Tensor], *, state_absmaxes: Optional[List[Optional[torch.Tensor]]] = None,
           scalar_states: Optional[List[torch.Tensor]] = None, outputs: Optional[List[torch.Tensor]] = None,
-          float8_weights: Optional[List[torch.Tensor]] = None, float8_scales: Optional[List[torch.Tensor]] = None,
-          float8_scale_invs: Optional[List[torch.Tensor]] = None, float8_indices: Optional[List[int]] = None,
-          hyper: Mapping[str, float],
-          lr: float, lr_tensor: Optional[torch.Tensor] = None,
-          inv_scale: Optional[torch.Tensor] = None, found_inf: Optional[torch.Tensor] = None,
-          grad_norm: Optional[torch.Tensor] = None, max_grad_norm: Optional[float] = None,
-          rounding_seed: Optional[int] = None, stochastic_codes: bool = False,
-          unscale_grads: bool = True, weight_amax: Optional[torch.Tensor] = None,
-          check_only: bool = False) -> None:
+          epilogues=None, epilogue_layout: Optional[List[int]] = None,
+          hyper: Mapping[str, float], scalars=None, rounding=None, unscale_grads: bool = True,
+          **old_keywords) -> None:
     r"""One fused step of ``optimizer`` (a name of :func:`optimizers`: ``"adam"``, ``"sgd"``,
     ``"lion"``, ...) over all params; see its class in ``fused_amp.optim`` for the rule.
 
@@ -239,8 +244,9 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
     ``grad_norm`` (the total norm of the unscaled grads, from :func:`grad_norm_`) and
     ``max_grad_norm`` the grads are also clipped, as ``torch.nn.utils.clip_grad_norm_`` clips
     them: multiplied by ``min(1, max_grad_norm / (grad_norm + 1e-6))``, which the kernels form
-    on the device; with ``unscale_grads`` they are left so in place. ``check_only`` validates
-    the arguments and returns, so that a caller can check several calls before running any.
+    on the device; with ``unscale_grads`` they are left so in place. :func:`check_step_`
+    validates the arguments and returns, so that a caller can check several calls before
+    running any.
     With ``weight_amax`` (fp32, one element per param, on their device) the step writes each
     param's amax there, ``max(abs(param))`` of the values it wrote (in the param's dtype, as
     fp32): what fp8 scaling reads (``torchao``'s ``precompute_float8_dynamic_scale_for_fsdp``),
@@ -265,25 +271,121 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
     copy, no scale and no inverse.
     Tensors in other layouts than their param (or not dense) are handled through copies.
 
+    The arguments are the op's parts, one role each (``torch.ops.fused_amp.step_`` takes 15):
+
     Args:
         optimizer: the optimizer's name.
-        params, grads, master_params: the params (updated in place), their grads, their masters.
+        params, grads, master_params: the params (updated in place), their grads, their masters
+            (``None``, or an empty tensor, where a param has none).
         states: the lists of the states kept, as described above.
         steps: one-element fp32 step counts, one per param, on the params' device (SGD without
             momentum: optional, for the random bits of stochastic rounding).
-        hyper: the optimizer's hyperparameters by name, as its torch.optim class takes them.
-        lr, lr_tensor: the learning rate, or a one-element tensor holding it (then ``lr`` is
-            ignored).
-        state_absmaxes, scalar_states, outputs, inv_scale, found_inf, grad_norm, max_grad_norm:
-            as described above.
-        rounding_seed, stochastic_codes, unscale_grads, weight_amax, check_only: as described
-            above.
-        float8_weights, float8_scales, float8_scale_invs, float8_indices: as described above.
+        state_absmaxes, scalar_states, outputs: as described above.
+        epilogues: what the step writes besides the params, by name: ``weight_amax``,
+            ``float8_weights``, ``float8_scales``, ``float8_scale_invs`` and ``float8_indices``,
+            as described above (or the op's own form: a list of tensors, which
+            ``epilogue_layout`` describes).
+        epilogue_layout: with ``epilogues`` by name, none (it is formed from them).
+        hyper: the optimizer's hyperparameters by name, as its torch.optim class takes them,
+            with ``lr`` (the learning rate) and, for clipping, ``max_grad_norm``.
+        scalars: the read-only scalar tensors by name: ``lr_tensor`` (a one-element tensor
+            holding the learning rate; then ``hyper["lr"]`` is ignored), ``inv_scale``,
+            ``found_inf`` and ``grad_norm``, as described above; None: none of them.
+        rounding: None (to nearest) or ``{"seed": rounding_seed, "stochastic_codes": bool}``, as
+            described above.
+        unscale_grads: as described above.
+
+    The keywords this function took before its parts (``lr``, ``lr_tensor``, ``inv_scale``,
+    ``found_inf``, ``grad_norm``, ``max_grad_norm``, ``rounding_seed``, ``stochastic_codes``,
+    ``weight_amax``, the ``float8_*`` lists and ``check_only``, now :func:`check_step_`) still
+    work for this release, with a ``DeprecationWarning``.
 
     Raises:
         ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
     """
+    _step(_ops.step_, optimizer, params, grads, master_params, states, steps, state_absmaxes, scalar_states,
+          outputs, epilogues, epilogue_layout, hyper, scalars, rounding, unscale_grads, old_keywords)
+
+
+def check_step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
+                master_params: List[Optional[torch.Tensor]], states: Sequence[List[torch.Tensor]],
+                steps: List[torch.Tensor], *, state_absmaxes: Optional[List[Optional[torch.Tensor]]] = None,
+                scalar_states: Optional[List[torch.Tensor]] = None, outputs: Optional[List[torch.Tensor]] = None,
+                epilogues=None, epilogue_layout: Optional[List[int]] = None,
+                hyper: Mapping[str, float], scalars=None, rounding=None, unscale_grads: bool = True) -> None:
+    """Validate the arguments of :func:`step_` as it does, and write nothing: so that a caller can
+    check several calls before running any (``torch.ops.fused_amp_check.step_``). While
+    torch.compile traces, nothing: the fake kernels of the calls traced check them all."""
+    if torch.compiler.is_compiling():
+        return
+    _step(torch.ops.fused_amp_check.step_, optimizer, params, grads, master_params, states, steps,
+          state_absmaxes, scalar_states, outputs, epilogues, epilogue_layout, hyper, scalars, rounding,
+          unscale_grads, {})
+
+
+def _by_name(op: str, part: str, given, names) -> dict:
+    unknown = set(given) - set(names)
+    if unknown:
+        raise ValueError(f"{op}: {part} has {sorted(unknown)}, which it does not take; it takes {list(names)}")
+    return dict(given)
+
+
+def _epilogue_parts(op: str, epilogues: Mapping) -> tuple:
+    """(epilogues, epilogue_layout) of step_'s schema from its epilogues by name."""
+    e = _by_name(op, "epilogues", epilogues, _EPILOGUES)
+    weights = _tensors(op, "float8_weights", e.get("float8_weights") or [])
+    scales = _tensors(op, "float8_scales", e.get("float8_scales") or [])
+    invs = _tensors(op, "float8_scale_invs", e.get("float8_scale_invs") or [])
+    indices = list(e.get("float8_indices") or [])
+    if len(scales) != len(weights) or len(indices) != len(weights):
+        raise ValueError(f"{op}: float8_weights has {len(weights)} tensors; float8_scales ({len(scales)}) and "
+                         f"float8_indices ({len(indices)}) need as many")
+    if invs and len(invs) != len(weights):
+        raise ValueError(f"{op}: float8_scale_invs has {len(invs)} tensors but float8_weights has {len(weights)} "
+                         "(or pass none)")
+    amax = e.get("weight_amax")
+    if amax is None and not weights:
+        return [], []
+    tensors = ([_tensor(op, "weight_amax", amax)] if amax is not None else []) + weights + scales + invs
+    return tensors, [int(amax is not None), int(bool(invs)), *indices]
+
+
+def _from_old_keywords(op: str, old: dict, hyper: dict, scalars, rounding, epilogues):
+    """step_'s parts from the keywords it took before them (deprecated: CHANGELOG.md)."""
+    unknown = set(old) - set(_OLD_KEYWORDS)
+    if unknown:
+        raise TypeError(f"step_() got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    if not torch.compiler.is_compiling():  # (Dynamo cannot trace a warning: it would break the graph)
+        warnings.warn(f"{op}: the keywords {sorted(old)} are deprecated and will be removed in the next release; "
+                      f"pass them in step_'s parts: {sorted({_OLD_KEYWORDS[k] for k in old})} (CHANGELOG.md)",
+                      DeprecationWarning, stacklevel=3)
+    hyper = dict(hyper)
+    for key in ("lr", "max_grad_norm"):
+        if key in old:
+            hyper[key] = old[key]
+    if any(k in old for k in _SCALARS):
+        scalars = dict(scalars or {}, **{k: old[k] for k in _SCALARS if k in old})
+    if old.get("rounding_seed") is not None or old.get("stochastic_codes"):
+        rounding = {"seed": old.get("rounding_seed"), "stochastic_codes": bool(old.get("stochastic_codes"))}
+    if any(k in old for k in _EPILOGUES):
+        epilogues = dict(epilogues or {}, **{k: old[k] for k in _EPILOGUES if k in old})
+    return hyper, scalars, rounding, epilogues
+
+
+def _step(kernel, optimizer, params, grads, master_params, states, steps, state_absmaxes, scalar_states, outputs,
+          epilogues, epilogue_layout, hyper, scalars, rounding, unscale_grads, old) -> None:
     op = f"step_({optimizer})"
+    if old:
+        check_only = old.pop("check_only", False)
+        hyper, scalars, rounding, epilogues = _from_old_keywords(op, old, hyper, scalars, rounding, epilogues)
+        if check_only:
+            if torch.compiler.is_compiling():
+                return
+            kernel = torch.ops.fused_amp_check.step_
+    hyper = dict(hyper)
+    lr, max_grad_norm = hyper.pop("lr", None), hyper.pop("max_grad_norm", None)
+    if lr is None:
+        raise ValueError(f"{op}: hyper has no 'lr'")
     names = _hyper_names(op, optimizer, hyper)
     lists = [_tensors(op, "params", params), _tensors(op, "grads", grads),
              _tensors(op, "master_params", master_params)]
@@ -296,24 +398,40 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
             raise ValueError(f"{op}: {label} has {len(s)} tensors but params has {len(lists[0])}")
     steps = _tensors(op, "steps", steps)
     absmaxes = _tensors(op, "state_absmaxes", state_absmaxes or [])
-    scalars = _tensors(op, "scalar_states", scalar_states or [])
+    scalar_list = _tensors(op, "scalar_states", scalar_states or [])
     outputs = _tensors(op, "outputs", outputs or [])
-    float8_weights = _tensors(op, "float8_weights", float8_weights or [])
-    float8_scales = _tensors(op, "float8_scales", float8_scales or [])
-    float8_scale_invs = _tensors(op, "float8_scale_invs", float8_scale_invs or [])
-    float8_indices = list(float8_indices or [])
-    if _no_tensors(*lists, *state_lists, steps, absmaxes, scalars, outputs, float8_weights, float8_scales,
-                   float8_scale_invs, lr_tensor, inv_scale, found_inf, grad_norm):
+    if isinstance(epilogues, Mapping):
+        epilogues, epilogue_layout = _epilogue_parts(op, epilogues)
+    epilogues = _tensors(op, "epilogues", epilogues or [])
+    if isinstance(scalars, Mapping):
+        scalars = [_by_name(op, "scalars", scalars, _SCALARS).get(k) for k in _SCALARS]
+    scalars = list(scalars or [])
+    if max_grad_norm is None and len(scalars) == 4 and scalars[3] is not None:
+        raise ValueError(f"{op}: grad_norm and max_grad_norm go together (clipping needs both)")
+    if max_grad_norm is not None and (len(scalars) < 4 or scalars[3] is None):
+        raise ValueError(f"{op}: grad_norm and max_grad_norm go together (clipping needs both)")
+    if isinstance(rounding, Mapping):
+        r = _by_name(op, "rounding", rounding, ("seed", "stochastic_codes"))
+        if r.get("stochastic_codes") and r.get("seed") is None:
+            raise ValueError(f"{op}: stochastic_codes=True rounds 8-bit codes with rounding_seed, which is None")
+        rounding = [] if r.get("seed") is None else [int(r["seed"]), int(bool(r.get("stochastic_codes")))]
+    if _no_tensors(*lists, *state_lists, steps, absmaxes, scalar_list, outputs, epilogues,
+                   *(t for t in scalars if t is not None)):
         return
-    _ops.step_(optimizer, *lists, [t for s in state_lists for t in s], steps, state_absmaxes=absmaxes,
-               scalar_states=scalars, outputs=outputs, float8_weights=float8_weights, float8_scales=float8_scales,
-               float8_scale_invs=float8_scale_invs, float8_indices=float8_indices,
-               hyper=[float(hyper[n]) for n in names], lr=lr,
-               lr_tensor=lr_tensor,
-               inv_scale=inv_scale, found_inf=found_inf, grad_norm=grad_norm,
-               max_grad_norm=max_grad_norm, rounding_seed=rounding_seed,
-               stochastic_codes=stochastic_codes, unscale_grads=unscale_grads, weight_amax=weight_amax,
-               check_only=check_only)
+    kernel(optimizer, lists[0], lists[1], _none_as_empty(lists[2], lists[0]), [t for s in state_lists for t in s],
+           steps, state_absmaxes=_none_as_empty(absmaxes, lists[0]), scalar_states=scalar_list, outputs=outputs,
+           epilogues=epilogues, epilogue_layout=list(epilogue_layout or []),
+           hyper=[float(hyper[n]) for n in names] + [float(lr), float(max_grad_norm or 0.0)],
+           scalars=scalars, rounding=list(rounding or []), unscale_grads=unscale_grads)
+
+
+def _none_as_empty(tensors: List[Optional[torch.Tensor]], params: List[torch.Tensor]) -> List[torch.Tensor]:
+    """A list of step_'s that may leave entries out, with an empty tensor for each None (the op's
+    lists hold no None: torch.compile's functionalization refuses them in a written list). The
+    optimizers' cached lists hold empty tensors already."""
+    if all(t is not None for t in tensors):
+        return tensors
+    return [torch.empty(0, device=p.device) if t is None else t for t, p in zip(tensors, params)]
 
 
 _REMOVED = ("adam_step_", "sgd_step_", "lion_step_", "muon_momentum_")
@@ -327,4 +445,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'fused_amp.ops' has no attribute {name!r}")
 
 
-_fake.register([op for op in __all__ if op not in ("optimizers", "kept_states", "storage_kinds")])
+_fake.register([op for op in __all__ if op not in (*_TABLES, "check_step_")])

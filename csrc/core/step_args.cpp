@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -30,16 +31,21 @@ void check_states(const char* op, const char* name, at::TensorList list, at::Ten
 
 // The absmax of each param with 8-bit state: fp32, contiguous, (state rows, blocks); none for
 // other params.
-void check_absmaxes(const char* op, const c10::List<std::optional<at::Tensor>>& absmaxes, StepTensors& s) {
+// Whether a tensor of a list whose entries may be absent (master_params, state_absmaxes) is
+// given: a list of tensors holds no None (torch.compile's functionalization refuses written lists
+// with Nones), so an empty tensor stands for none.
+bool given_tensor(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
+
+void check_absmaxes(const char* op, at::TensorList absmaxes, StepTensors& s) {
   const size_t n = s.params.size();
   check_length(op, "state_absmaxes", absmaxes.size(), n, true);
   int64_t rows = 0;
   for (const auto& list : s.states) rows += !list.empty();
   s.absmaxes.resize(absmaxes.empty() ? 0 : n);
   for (size_t i = 0; i < n; ++i) {
-    const std::optional<at::Tensor> a = absmaxes.empty() ? std::nullopt : absmaxes[i];
-    const bool given = a.has_value() && a->defined();
-    const bool quantized = s.state_kind(i) == StateKind::Codes8;
+    // (the absmaxes of an empty param's 8-bit state are empty too: given or not, alike)
+    const bool quantized = s.state_kind(i) == StateKind::Codes8 && s.params[i].numel() > 0;
+    const bool given = !absmaxes.empty() && given_tensor(absmaxes[i]) && s.params[i].numel() > 0;
     if (rows == 0) {
       TORCH_CHECK_VALUE(!given, op, ": state_absmaxes[", i, "] is given but the step keeps no state");
       continue;
@@ -48,7 +54,7 @@ void check_absmaxes(const char* op, const c10::List<std::optional<at::Tensor>>& 
                       quantized ? "is missing: the state of params[" : "is given but the state of params[", i,
                       quantized ? "] is 8-bit codes" : "] is not 8-bit codes");
     if (!given) continue;
-    const at::Tensor& t = *a;
+    const at::Tensor& t = absmaxes[i];
     const int64_t blocks = ops::quant_blocks(s.params[i].numel());
     TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": state_absmaxes[", i, "] has dtype ",
                      t.scalar_type(), ", expected Float");
@@ -90,6 +96,29 @@ void check_state_lists(const char* op, const StateLists& st, at::TensorList para
   }
 }
 
+// 8-bit codes are not staged: their blocks follow their own memory order, which must be the
+// order in which the kernels walk the param (its own, or its staged copy's where it is not dense).
+void check_code_layouts(const char* op, const StepTensors& s) {
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    if (!s.is_quantized(i)) continue;
+    const at::Tensor& param = s.params[i];
+    std::vector<int64_t> walked = param.strides().vec();
+    if (!param.is_non_overlapping_and_dense()) {  // (its staged copy is contiguous)
+      int64_t stride = 1;
+      for (int64_t d = param.dim() - 1; d >= 0; --d) {
+        walked[d] = stride;
+        stride *= std::max<int64_t>(param.size(d), 1);
+      }
+    }
+    for (const auto& list : s.states) {
+      if (list.empty()) continue;
+      TORCH_CHECK_VALUE(list[i].strides() == at::IntArrayRef(walked), op, ": the 8-bit state of params[", i,
+                        "] must be laid out as the param (strides ", at::IntArrayRef(walked), "), got strides ",
+                        list[i].strides());
+    }
+  }
+}
+
 // What validate_step does once every check has passed: stages the tensors the kernels cannot
 // walk as they are (core::Staging).
 void stage_step(const char* op, StepTensors& s, Staging* staging) {
@@ -101,12 +130,8 @@ void stage_step(const char* op, StepTensors& s, Staging* staging) {
     for (auto& list : s.states) partners.push_back(&list);
     for (auto* list : partners) {
       if (list->empty() || !(*list)[i].defined()) continue;
-      // 8-bit codes are not staged: their blocks follow their own memory order, which must be the
-      // order in which the kernels walk the param
       const bool is_state = list != &s.masters && list != &s.outputs;
-      TORCH_CHECK_VALUE(!is_state || !s.is_quantized(i) || (*list)[i].strides() == param.strides(), op,
-                        ": the 8-bit state of params[", i, "] must be laid out as the param (strides ",
-                        param.strides(), "), got strides ", (*list)[i].strides());
+      if (is_state && s.is_quantized(i)) continue;  // (laid out as the param: check_code_layouts)
       (*list)[i] = staging->like((*list)[i], param, true);
     }
   }
@@ -162,12 +187,10 @@ StepTensors validate_step(const char* op, const StepInputs& in, Staging* staging
     s.lr_tensor = *in.lr_tensor;
   }
   const bool has_norm = in.grad_norm.has_value() && in.grad_norm->defined();
-  TORCH_CHECK_VALUE(has_norm == in.max_grad_norm.has_value(), op,
-                    ": grad_norm and max_grad_norm go together (clipping needs both)");
   if (has_norm) {
     check_scalar(op, "grad_norm", *in.grad_norm, device);
     s.grad_norm = *in.grad_norm;
-    s.max_grad_norm = *in.max_grad_norm;
+    s.max_grad_norm = in.max_grad_norm;
   }
   TORCH_CHECK_VALUE(!in.stochastic_codes || in.rounding_seed.has_value(), op,
                     ": stochastic_codes=True rounds 8-bit codes with rounding_seed, which is None");
@@ -184,8 +207,9 @@ StepTensors validate_step(const char* op, const StepInputs& in, Staging* staging
   s.grads = in.grads.vec();
   s.masters.resize(in.params.size());
   for (size_t i = 0; i < in.master_params.size(); ++i) {
-    const std::optional<at::Tensor> m = in.master_params[i];
-    if (!m.has_value() || !m->defined()) continue;
+    const at::Tensor& master = in.master_params[i];
+    if (!given_tensor(master) || in.params[i].numel() == 0) continue;  // (an empty param's master does nothing)
+    const at::Tensor* m = &master;
     TORCH_CHECK_VALUE(!in.writes_output, op, ": master_params[", i, "] is given but the step writes no param "
                       "(its result goes to outputs)");
     TORCH_CHECK_VALUE(in.params[i].scalar_type() != at::kFloat, op, ": master_params[", i,
@@ -231,8 +255,55 @@ StepTensors validate_step(const char* op, const StepInputs& in, Staging* staging
     TORCH_CHECK_VALUE(in.outputs.empty(), op, ": outputs must be empty: the step writes the params, got ",
                       in.outputs.size(), " tensors");
   }
+  check_code_layouts(op, s);
   if (staging) stage_step(op, s, staging);
   return s;
+}
+
+StepScalars step_scalars(const char* op, const c10::List<std::optional<at::Tensor>>& scalars,
+                         c10::ArrayRef<int64_t> rounding) {
+  TORCH_CHECK_VALUE(scalars.empty() || scalars.size() == 4, op, ": scalars has ", scalars.size(),
+                    " entries, expected 4 (lr_tensor, inv_scale, found_inf, grad_norm; None where not given) or none");
+  TORCH_CHECK_VALUE(rounding.empty() || (rounding.size() == 2 && (rounding[1] == 0 || rounding[1] == 1)), op,
+                    ": rounding is ", rounding, ", expected [] (to nearest) or [seed, 0 or 1] (stochastically with ",
+                    "that seed; 1: 8-bit codes too)");
+  StepScalars out;
+  auto entry = [&](size_t k) -> std::optional<at::Tensor> {
+    if (scalars.empty()) return std::nullopt;
+    const std::optional<at::Tensor> t = scalars[k];
+    return t.has_value() && t->defined() ? t : std::nullopt;
+  };
+  out.lr_tensor = entry(0);
+  out.inv_scale = entry(1);
+  out.found_inf = entry(2);
+  out.grad_norm = entry(3);
+  if (!rounding.empty()) {
+    out.rounding_seed = rounding[0];
+    out.stochastic_codes = rounding[1] == 1;
+  }
+  return out;
+}
+
+Epilogues epilogues_of(const char* op, at::TensorList epilogues, c10::ArrayRef<int64_t> layout) {
+  Epilogues out;
+  if (layout.empty()) {
+    TORCH_CHECK_VALUE(epilogues.empty(), op, ": epilogues has ", epilogues.size(),
+                      " tensors but epilogue_layout is empty (it says what they are)");
+    return out;
+  }
+  TORCH_CHECK_VALUE(layout.size() >= 2 && (layout[0] == 0 || layout[0] == 1) && (layout[1] == 0 || layout[1] == 1),
+                    op, ": epilogue_layout is ", layout, ", expected [weight_amax given (0 or 1), ",
+                    "float8_scale_invs given (0 or 1), the param of each fp8 copy...]");
+  const size_t amax = layout[0], copies = layout.size() - 2, lists = 2 + layout[1];
+  TORCH_CHECK_VALUE(epilogues.size() == amax + copies * lists, op, ": epilogues has ", epilogues.size(),
+                    " tensors, expected ", amax + copies * lists, " as epilogue_layout ", layout, " says (",
+                    amax ? "weight_amax, then " : "", copies, " fp8 copies' float8_weights, float8_scales",
+                    layout[1] ? " and float8_scale_invs" : "", ")");
+  if (amax) out.weight_amax = epilogues[0];
+  const at::TensorList copy_lists = epilogues.slice(amax);
+  out.float8 = Float8Inputs{copy_lists.slice(0, copies), copy_lists.slice(copies, copies),
+                            layout[1] ? copy_lists.slice(2 * copies, copies) : at::TensorList(), layout.slice(2)};
+  return out;
 }
 
 void check_float8_weights(const char* op, const Float8Inputs& in, bool writes_output, StepTensors& s,

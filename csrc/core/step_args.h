@@ -93,23 +93,25 @@ struct StateLists {
 // be; `scalars` (one-element fp32 tensors, one per param) when `scalar_key` names the
 // optimizer's scalar state, else must be empty. With `writes_output` the params are read for
 // their shapes and layouts only, `outputs` (bf16, shaped like them) are written and masters are
-// refused; without, `outputs` must be empty.
+// refused; without, `outputs` must be empty. `master_params` and `state_absmaxes` are empty or
+// hold one tensor per param, an empty one where the param has none. Filled by name
+// (ops_impl.h): a member left out keeps its default here.
 struct StepInputs {
   at::TensorList params, grads;
-  const c10::List<std::optional<at::Tensor>>& master_params;
-  StateLists states;
-  const c10::List<std::optional<at::Tensor>>& state_absmaxes;
+  at::TensorList master_params;
+  StateLists states{};
+  at::TensorList state_absmaxes;
   at::TensorList steps;
-  bool steps_required;
+  bool steps_required = false;
   at::TensorList scalars;
-  const char* scalar_key;
+  const char* scalar_key = nullptr;
   at::TensorList outputs;
-  bool writes_output;
-  double lr;
-  const std::optional<at::Tensor>&lr_tensor, &inv_scale, &found_inf, &grad_norm;
-  std::optional<double> max_grad_norm;
+  bool writes_output = false;
+  double lr = 0.0;
+  std::optional<at::Tensor> lr_tensor, inv_scale, found_inf, grad_norm;
+  double max_grad_norm = 0.0;  // (with grad_norm)
   std::optional<int64_t> rounding_seed;
-  bool stochastic_codes, unscale_grads;
+  bool stochastic_codes = false, unscale_grads = true;
 };
 
 // Checks every list against params (length, device, shape, dtype) and the scalars (lr_tensor,
@@ -127,6 +129,27 @@ struct Float8Inputs {
   at::TensorList weights, scales, scale_invs;
   c10::ArrayRef<int64_t> indices;
 };
+
+// step_'s read-only scalar tensors (its `scalars`: lr_tensor, inv_scale, found_inf, grad_norm, in
+// that order, each None where not given; or none at all) and its `rounding` (empty: to nearest;
+// or the stochastic rounding's seed and whether 8-bit codes take it too), checked for their form.
+struct StepScalars {
+  std::optional<at::Tensor> lr_tensor, inv_scale, found_inf, grad_norm;
+  std::optional<int64_t> rounding_seed;
+  bool stochastic_codes = false;
+};
+StepScalars step_scalars(const char* op, const c10::List<std::optional<at::Tensor>>& scalars,
+                         c10::ArrayRef<int64_t> rounding);
+
+// What step_ writes besides the params (its `epilogues`, laid out as `epilogue_layout` says:
+// [whether weight_amax is given, whether float8_scale_invs are, then the param of each fp8 copy]):
+// weight_amax first where given, then the copies' float8_weights, float8_scales and, where given,
+// float8_scale_invs, a list each, one entry per copy. Empty lists: none of them.
+struct Epilogues {
+  std::optional<at::Tensor> weight_amax;
+  Float8Inputs float8;
+};
+Epilogues epilogues_of(const char* op, at::TensorList epilogues, c10::ArrayRef<int64_t> layout);
 
 // Checks them (one copy per param at most; only for an optimizer that writes its params, not
 // `writes_output`) and puts them into `s` by param; copies in another layout than their param

@@ -194,15 +194,27 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
         hyper = self._hyper(group)  # (built once: the kept states and the op both take it)
         keys = self._kept_keys(hyper)
         scalar_key = self._scalar_state[0] if self._scalar_state else None
-        ops.step_(self._kernel, lists["params"], lists["grads"], lists["master_params"],
-                  [lists[key] for key in keys], lists_or_empty(lists, "steps", self._counts_steps(group, scalars)),
-                  hyper=hyper, state_absmaxes=lists_or_empty(lists, "state_absmaxes", bool(keys)),
-                  scalar_states=lists_or_empty(lists, scalar_key, scalar_key is not None),
-                  weight_amax=lists.get("weight_amax"), float8_weights=lists.get("float8_weights"),
-                  float8_scales=lists.get("float8_scales"), float8_scale_invs=lists.get("float8_scale_invs"),
-                  float8_indices=lists.get("float8_indices"),
-                  check_only=check_only, **scalars)
+        (ops.check_step_ if check_only else ops.step_)(
+            self._kernel, lists["params"], lists["grads"], lists["master_params"],
+            [lists[key] for key in keys], lists_or_empty(lists, "steps", self._counts_steps(group, scalars)),
+            state_absmaxes=lists_or_empty(lists, "state_absmaxes", bool(keys)),
+            scalar_states=lists_or_empty(lists, scalar_key, scalar_key is not None),
+            epilogues={key: lists.get(key) for key in EPILOGUES},
+            hyper=dict(hyper, lr=scalars["lr"], max_grad_norm=scalars.get("max_grad_norm")),
+            **step_parts(scalars))
 
 
 def lists_or_empty(lists, key, needed) -> List:
     return lists[key] if needed else []
+
+
+# what a step writes besides the params, as the cached lists hold it (fp8 scaling and copies)
+EPILOGUES = ("weight_amax", "float8_weights", "float8_scales", "float8_scale_invs", "float8_indices")
+
+
+def step_parts(scalars) -> dict:
+    """ops.step_'s scalars, rounding and unscale_grads from a step's scalars (``_step``'s dict)."""
+    return dict(scalars={key: scalars.get(key) for key in ("lr_tensor", "inv_scale", "found_inf", "grad_norm")},
+                rounding={"seed": scalars.get("rounding_seed"),
+                          "stochastic_codes": scalars.get("stochastic_codes", False)},
+                unscale_grads=scalars.get("unscale_grads", True))

@@ -132,12 +132,15 @@ class DeviceLists:
             lists["state_absmaxes"].append(_absmax_entry(state))
             for key in keys:
                 lists[key].append(state[key])
-        # no masters at all (fp32 params): an empty list, which the op takes for "none" (and which
-        # torch.compile's functionalization handles, unlike a list of Nones)
-        for lists, _ in by_device.values():
+        # no masters at all (fp32 params): an empty list, which the op takes for "none"; else an
+        # empty tensor where a param has none (the op's lists hold no None: torch.compile's
+        # functionalization refuses them in a written list), made once with the kept lists
+        for device, (lists, _) in by_device.items():
             for key in ("master_params", "state_absmaxes"):
                 if not any(m is not None for m in lists[key]):
                     lists[key] = []
+                elif not all(m is not None for m in lists[key]):
+                    lists[key] = [torch.empty(0, device=device) if m is None else m for m in lists[key]]
         # DTensor params (FSDP2): the kernels run on the local shards of param, grad, master and
         # state, which share the param's placement; the state itself stays DTensor. The params
         # themselves stay in "sharded_params" (their mesh and placements, for what needs whole

@@ -140,17 +140,17 @@ class Muon(MasterWeightOptimizer):
         for indices, stack in stacks:
             for i, matrix in zip(indices, stack.unbind()):
                 updates[i] = matrix
-        momentum = dict(hyper=self._hyper(group), lr=0.0,
-                        state_absmaxes=lists["state_absmaxes"], inv_scale=scalars["inv_scale"],
-                        found_inf=scalars["found_inf"], grad_norm=scalars.get("grad_norm"),
-                        max_grad_norm=scalars.get("max_grad_norm"), unscale_grads=group["unscale_grads"])
-        apply = dict(found_inf=scalars["found_inf"], rounding_seed=scalars["rounding_seed"], unscale_grads=False)
+        momentum = dict(hyper=dict(self._hyper(group), lr=0.0, max_grad_norm=scalars.get("max_grad_norm")),
+                        state_absmaxes=lists["state_absmaxes"],
+                        scalars={key: scalars.get(key) for key in ("inv_scale", "found_inf", "grad_norm")},
+                        unscale_grads=group["unscale_grads"])
+        apply = dict(scalars={"found_inf": scalars["found_inf"]}, rounding={"seed": scalars["rounding_seed"]},
+                     unscale_grads=False)
         # the update pass's arguments are checked before the momentum pass, which checks its own
         # before it writes
-        ops.step_("sgd", params, grads, masters, [], steps, hyper=_apply_hyper(0.0), lr=0.0, check_only=True,
-                  **apply)
-        ops.step_(self._kernel, params, grads, [], [lists["momentum_buffer"]], [], outputs=updates,
-                  check_only=check_only, **momentum)
+        ops.check_step_("sgd", params, grads, masters, [], steps, hyper=dict(_apply_hyper(0.0), lr=0.0), **apply)
+        (ops.check_step_ if check_only else ops.step_)(self._kernel, params, grads, [], [lists["momentum_buffer"]],
+                                                       [], outputs=updates, **momentum)
         if check_only or not params:
             return
         orthogonal = self._orthogonalize(group, stacks, sharded, len(params))
@@ -200,7 +200,9 @@ class Muon(MasterWeightOptimizer):
             amax = lists.get("weight_amax")  # (fp8 scaling: the pass writes these params' amaxes)
             amax_r = None if amax is None else amax[indices]  # a copy, which goes back after
             ops.step_("sgd", params_r, updates, take(masters), [], take(steps),
-                      lr=lr * ratio, lr_tensor=None if lr_tensor is None else lr_tensor * ratio,
-                      hyper=_apply_hyper(group["weight_decay"] / ratio), weight_amax=amax_r, **apply)
+                      hyper=dict(_apply_hyper(group["weight_decay"] / ratio), lr=lr * ratio),
+                      epilogues={"weight_amax": amax_r},
+                      **dict(apply, scalars=dict(apply["scalars"],
+                                                 lr_tensor=None if lr_tensor is None else lr_tensor * ratio)))
             if amax_r is not None:
                 amax[indices] = amax_r
