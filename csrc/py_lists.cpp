@@ -24,19 +24,18 @@ py::object capsule_of(std::vector<at::Tensor>&& refs) {
   });
 }
 
-// Whether `o` is a tensor (of torch.Tensor's type or a subtype): what THPVariable_Unpack needs.
-// (THPVariable_Check asks isinstance, which for a subclass such as DTensor makes and calls a
-// bound __instancecheck__ each time: 0.1 us.)
-bool is_tensor(PyObject* o) { return PyObject_TypeCheck(o, reinterpret_cast<PyTypeObject*>(THPVariableClass)); }
-
 // An attribute name, interned once: looking an attribute up by a C string makes and hashes a new
 // string at every call, and misses the type attribute cache.
 // (Kept for the life of the process, as the statics that hold them.)
 py::handle name(const char* text) { return PyUnicode_InternFromString(text); }
 
-// Whether Python's getters of tensors of this type read the C++ tensor: a Tensor or Parameter,
-// or a subclass whose __torch_function__ is torch._C._disabled_torch_function_impl (DTensor).
-bool plain_getters(PyTypeObject* type) {
+}  // namespace
+
+// (THPVariable_Check asks isinstance, which for a subclass such as DTensor makes and calls a
+// bound __instancecheck__ each time: 0.1 us.)
+bool is_tensor(PyObject* o) { return PyObject_TypeCheck(o, reinterpret_cast<PyTypeObject*>(THPVariableClass)); }
+
+bool no_torch_function(PyTypeObject* type) {
   if (THPVariable_CheckTypeExact(type)) return true;
   static const py::handle disabled =
       py::object(py::module_::import("torch._C").attr("_disabled_torch_function_impl")).release();
@@ -44,8 +43,6 @@ bool plain_getters(PyTypeObject* type) {
   static const py::handle torch_function = name("__torch_function__");
   return py::hasattr(cls, torch_function) && py::object(cls.attr(torch_function)).is(disabled);
 }
-
-}  // namespace
 
 PyObject* hold_refs(PyObject*, PyObject* tensors) {
   HANDLE_TH_ERRORS
@@ -75,6 +72,7 @@ PyObject* local_grads(PyObject*, PyObject* args) {
   auto* dtensor = dtensor_type == Py_None ? nullptr : reinterpret_cast<PyTypeObject*>(dtensor_type);
   const bool modes = at::impl::torch_function_mode_enabled();
   PyTypeObject* plain_type = nullptr;  // the last param type whose getters read the C++ tensor
+  // (a type with no __torch_function__ of its own: Python's getters read the C++ tensor)
   const Py_ssize_t n = PyList_GET_SIZE(params);
   py::list grads(n);
   py::list specs;
@@ -89,7 +87,7 @@ PyObject* local_grads(PyObject*, PyObject* args) {
       throw torch::TypeError("local_grads: params[" + std::to_string(i) + "] is " + Py_TYPE(p)->tp_name +
                              ", not a Tensor");
     }
-    if (!modes && Py_TYPE(p) != plain_type && plain_getters(Py_TYPE(p))) plain_type = Py_TYPE(p);
+    if (!modes && Py_TYPE(p) != plain_type && no_torch_function(Py_TYPE(p))) plain_type = Py_TYPE(p);
     py::object grad = !modes && Py_TYPE(p) == plain_type
                           ? py::reinterpret_steal<py::object>(THPVariable_Wrap(THPVariable_Unpack(p).grad()))
                           : py::handle(p).attr(grad_name);

@@ -1,9 +1,18 @@
 #pragma once
 // Passes over the Python lists of an optimizer step that cost a microsecond per param or more
-// in Python, in C: fused_amp._C.hold_refs and fused_amp._C.local_grads.
+// in Python, in C: fused_amp._C.hold_refs, fused_amp._C.local_grads and lists_unchanged.
 #include <Python.h>
 
 namespace fused_amp {
+
+// Whether `o` is a tensor (of torch.Tensor's type or a subtype): what THPVariable_Unpack needs.
+bool is_tensor(PyObject* o);
+
+// Whether tensors of this type have no __torch_function__ of their own: a Tensor or Parameter,
+// or a subclass whose __torch_function__ is torch._C._disabled_torch_function_impl (DTensor).
+// Python's getters of such a tensor read the C++ tensor, and torch's bindings call no Python
+// for it (unless a torch-function mode is active).
+bool no_torch_function(PyTypeObject* type);
 
 // hold_refs(tensors) -> an opaque object holding one C++ reference to each tensor of the
 // sequence (None items are skipped; anything else raises TypeError), released with it.

@@ -9,6 +9,7 @@
 #include "storage_kinds.h"
 #include "ops_impl.h"
 #include "py_lists.h"
+#include "py_step.h"
 #ifdef FUSED_AMP_WITH_CUDA
 #include "cuda/launch.h"
 #endif
@@ -229,6 +230,8 @@ PyMethodDef methods[] = {
      "(grads, DTensor specs, DTensor count, common device, refs, spec of each grad) of a list of params (py_lists.h)."},
     {"lists_unchanged", fused_amp::lists_unchanged, METH_VARARGS,
      "Whether an optimizer's cached lists of a group still hold (py_lists.h)."},
+    {"call_step", fused_amp::call_step, METH_VARARGS,
+     "torch.ops.fused_amp.step_ (or its check) on its parts, unboxed; NotImplemented where torch.ops must (py_step.h)."},
     {"_set_kernel_arg_bytes", set_kernel_arg_bytes, METH_O,
      "Force the CUDA kernel-argument plan: 4096, 32768, or 0 for automatic (tests only)."},
     {nullptr, nullptr, 0, nullptr}};

@@ -162,8 +162,24 @@ def kept_states(optimizer: str, hyper: Mapping[str, float]) -> tuple:
     """The states the step of ``optimizer`` keeps with these hyperparameters, as ``(state key,
     list name)`` in the order :func:`step_` takes their lists (Adam: ``exp_avg`` and
     ``exp_avg_sq``, and ``max_exp_avg_sq`` with ``amsgrad``). The C++ descriptor decides."""
-    names = _hyper_names(f"kept_states({optimizer})", optimizer, hyper)
-    return _kept_states(optimizer, tuple(float(hyper[n]) for n in names))
+    if torch.compiler.is_compiling():  # (the lookup below would guard the graph on a global dict)
+        return _kept_states(optimizer, _hyper_values(optimizer, hyper))
+    key = (optimizer, *hyper.items())  # (each step of an optimizer asks again with the same values)
+    kept = _KEPT_BY_ITEMS.get(key)
+    if kept is None:
+        kept = _kept_states(optimizer, _hyper_values(optimizer, hyper))
+        if not any(isinstance(v, torch.Tensor) for v in hyper.values()):  # (a tensor's value may change)
+            if len(_KEPT_BY_ITEMS) >= 64:  # bounded, as _KEPT
+                _KEPT_BY_ITEMS.clear()
+            _KEPT_BY_ITEMS[key] = kept
+    return kept
+
+
+_KEPT_BY_ITEMS: Dict[tuple, tuple] = {}
+
+
+def _hyper_values(optimizer: str, hyper: Mapping[str, float]) -> tuple:
+    return tuple(float(hyper[n]) for n in _hyper_names(f"kept_states({optimizer})", optimizer, hyper))
 
 
 @torch.compiler.assume_constant_result  # torch.compile takes the result as a constant of the graph
@@ -188,7 +204,7 @@ def _hyper_names(op: str, optimizer: str, hyper: Mapping[str, float]) -> List[st
 
 # step_'s read-only scalar tensors, in the order of its `scalars` part (csrc/register.cpp)
 _SCALARS = ("lr_tensor", "inv_scale", "found_inf", "grad_norm")
-# what its `epilogues` part holds, by name (laid out as `epilogue_layout` says: _epilogue_parts)
+# what its `epilogues` part holds, by name (laid out as `epilogue_layout` says: epilogue_parts)
 _EPILOGUES = ("weight_amax", "float8_weights", "float8_scales", "float8_scale_invs", "float8_indices")
 # the spelling of step_ before its parts (CHANGELOG.md): keyword -> the part that now holds it
 _OLD_KEYWORDS = {"lr": "hyper", "max_grad_norm": "hyper", **{k: "scalars" for k in _SCALARS},
@@ -303,7 +319,7 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
     Raises:
         ValueError, TypeError: for bad arguments (naming them), before any tensor is written.
     """
-    _step(_ops.step_, optimizer, params, grads, master_params, states, steps, state_absmaxes, scalar_states,
+    _step(False, optimizer, params, grads, master_params, states, steps, state_absmaxes, scalar_states,
           outputs, epilogues, epilogue_layout, hyper, scalars, rounding, unscale_grads, old_keywords)
 
 
@@ -318,7 +334,7 @@ def check_step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Te
     torch.compile traces, nothing: the fake kernels of the calls traced check them all."""
     if torch.compiler.is_compiling():
         return
-    _step(torch.ops.fused_amp_check.step_, optimizer, params, grads, master_params, states, steps,
+    _step(True, optimizer, params, grads, master_params, states, steps,
           state_absmaxes, scalar_states, outputs, epilogues, epilogue_layout, hyper, scalars, rounding,
           unscale_grads, {})
 
@@ -330,7 +346,7 @@ def _by_name(op: str, part: str, given, names) -> dict:
     return dict(given)
 
 
-def _epilogue_parts(op: str, epilogues: Mapping) -> tuple:
+def epilogue_parts(op: str, epilogues: Mapping) -> tuple:
     """(epilogues, epilogue_layout) of step_'s schema from its epilogues by name."""
     e = _by_name(op, "epilogues", epilogues, _EPILOGUES)
     weights = _tensors(op, "float8_weights", e.get("float8_weights") or [])
@@ -372,16 +388,14 @@ def _from_old_keywords(op: str, old: dict, hyper: dict, scalars, rounding, epilo
     return hyper, scalars, rounding, epilogues
 
 
-def _step(kernel, optimizer, params, grads, master_params, states, steps, state_absmaxes, scalar_states, outputs,
-          epilogues, epilogue_layout, hyper, scalars, rounding, unscale_grads, old) -> None:
+def _step(check_only, optimizer, params, grads, master_params, states, steps, state_absmaxes, scalar_states,
+          outputs, epilogues, epilogue_layout, hyper, scalars, rounding, unscale_grads, old) -> None:
     op = f"step_({optimizer})"
     if old:
         check_only = old.pop("check_only", False)
         hyper, scalars, rounding, epilogues = _from_old_keywords(op, old, hyper, scalars, rounding, epilogues)
-        if check_only:
-            if torch.compiler.is_compiling():
-                return
-            kernel = torch.ops.fused_amp_check.step_
+        if check_only and torch.compiler.is_compiling():
+            return
     hyper = dict(hyper)
     lr, max_grad_norm = hyper.pop("lr", None), hyper.pop("max_grad_norm", None)
     if lr is None:
@@ -401,7 +415,7 @@ def _step(kernel, optimizer, params, grads, master_params, states, steps, state_
     scalar_list = _tensors(op, "scalar_states", scalar_states or [])
     outputs = _tensors(op, "outputs", outputs or [])
     if isinstance(epilogues, Mapping):
-        epilogues, epilogue_layout = _epilogue_parts(op, epilogues)
+        epilogues, epilogue_layout = epilogue_parts(op, epilogues)
     epilogues = _tensors(op, "epilogues", epilogues or [])
     if isinstance(scalars, Mapping):
         scalars = [_by_name(op, "scalars", scalars, _SCALARS).get(k) for k in _SCALARS]
@@ -418,11 +432,28 @@ def _step(kernel, optimizer, params, grads, master_params, states, steps, state_
     if _no_tensors(*lists, *state_lists, steps, absmaxes, scalar_list, outputs, epilogues,
                    *(t for t in scalars if t is not None)):
         return
-    kernel(optimizer, lists[0], lists[1], _none_as_empty(lists[2], lists[0]), [t for s in state_lists for t in s],
-           steps, state_absmaxes=_none_as_empty(absmaxes, lists[0]), scalar_states=scalar_list, outputs=outputs,
-           epilogues=epilogues, epilogue_layout=list(epilogue_layout or []),
-           hyper=[float(hyper[n]) for n in names] + [float(lr), float(max_grad_norm or 0.0)],
-           scalars=scalars, rounding=list(rounding or []), unscale_grads=unscale_grads)
+    call_step(check_only, optimizer, lists[0], lists[1], _none_as_empty(lists[2], lists[0]),
+              [t for s in state_lists for t in s], steps, _none_as_empty(absmaxes, lists[0]), scalar_list, outputs,
+              epilogues, [int(i) for i in epilogue_layout or []],
+              [float(hyper[n]) for n in names] + [float(lr), float(max_grad_norm or 0.0)],
+              scalars, [int(i) for i in rounding or []], bool(unscale_grads))
+
+
+# step_'s keyword-only parts, in its schema's order (csrc/register.cpp)
+_KEYWORD_PARTS = ("state_absmaxes", "scalar_states", "outputs", "epilogues", "epilogue_layout", "hyper", "scalars",
+                  "rounding", "unscale_grads")
+
+
+def call_step(check_only: bool, *parts) -> None:
+    """``torch.ops.fused_amp.step_`` (``fused_amp_check.step_`` with ``check_only``) on its 15
+    parts in the schema's order, as lists (``epilogue_layout`` and ``rounding`` of ints,
+    ``hyper`` of floats): called from C++ through the dispatcher (csrc/py_step.h), which costs a
+    quarter of torch.ops' boxing from Python; through torch.ops where a tensor's
+    ``__torch_function__`` or a torch-function mode asks for Python, and while torch.compile
+    traces."""
+    if torch.compiler.is_compiling() or _C.call_step(check_only, *parts) is NotImplemented:
+        op = torch.ops.fused_amp_check.step_ if check_only else _ops.step_
+        op(*parts[:6], **dict(zip(_KEYWORD_PARTS, parts[6:])))
 
 
 def _none_as_empty(tensors: List[Optional[torch.Tensor]], params: List[torch.Tensor]) -> List[torch.Tensor]:

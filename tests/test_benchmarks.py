@@ -172,7 +172,7 @@ def test_quick_run_end_to_end(tmp_path):
     assert data["machine"]["fused_amp_build"]["cpu_isa"]
     assert data["ceiling"]["ceiling_gbps"] > 0
     suites = {r["suite"] for r in data["records"]} | {s["suite"] for s in data["skipped"]}
-    assert suites == {"unscale", "optimizer", "memory", "muon", "train", "scaling", "distributed"}
+    assert suites == {"unscale", "optimizer", "memory", "muon", "train", "scaling", "distributed", "offload"}
     for rec in data["records"]:
         harness.validate_record(rec)
     impls = {r["impl"] for r in data["records"] if r["suite"] == "optimizer"}

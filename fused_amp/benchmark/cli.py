@@ -7,7 +7,7 @@
 With --model, the optimizer step of your model's own parameter list in every recipe (torch's AMP
 recipe, fused_amp in each memory mode, the outside anchors installed): step time, its ratio to
 torch's, bytes held, and which mode to pick. Without it, the suites on this project's workloads:
-unscale, optimizer, memory, muon, train, scaling, distributed. The ceiling suite (the memory
+unscale, optimizer, memory, muon, train, scaling, distributed, offload. The ceiling suite (the memory
 bandwidth) always runs first. The whole plan runs --repeat times (3 in a full run, 1 in a quick
 one), implementations timed in turns within each; a case is reported by the median of the
 repeats' medians and their range, and fused_amp is called faster or slower only when every

@@ -183,7 +183,7 @@ def verdict_lines(records: List[Dict]) -> List[str]:
     return out
 
 
-SUITE_ORDER = ("model", "unscale", "optimizer", "memory", "muon", "train", "scaling", "distributed")
+SUITE_ORDER = ("model", "unscale", "optimizer", "memory", "muon", "train", "scaling", "distributed", "offload")
 
 
 def summary_case(records: List[Dict]) -> List[Dict]:

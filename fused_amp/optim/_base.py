@@ -2,7 +2,7 @@
 one fused op per group and device. Its other concerns are mixins of their own files: what each
 optimizer declares (_declared), the tensor lists (_group_lists), clipping (_clipping) and
 checkpoints (_state_dict)."""
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -190,31 +190,39 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
     def _update(self, group, lists, scalars, check_only):
         """Run (or with ``check_only`` validate) the fused op on one device's lists; ``scalars``
         holds lr, lr_tensor, inv_scale, found_inf, unscale_grads and, when clipping, grad_norm and
-        max_grad_norm."""
-        hyper = self._hyper(group)  # (built once: the kept states and the op both take it)
-        keys = self._kept_keys(hyper)
-        scalar_key = self._scalar_state[0] if self._scalar_state else None
-        (ops.check_step_ if check_only else ops.step_)(
-            self._kernel, lists["params"], lists["grads"], lists["master_params"],
-            [lists[key] for key in keys], lists_or_empty(lists, "steps", self._counts_steps(group, scalars)),
-            state_absmaxes=lists_or_empty(lists, "state_absmaxes", bool(keys)),
-            scalar_states=lists_or_empty(lists, scalar_key, scalar_key is not None),
-            epilogues={key: lists.get(key) for key in EPILOGUES},
-            hyper=dict(hyper, lr=scalars["lr"], max_grad_norm=scalars.get("max_grad_norm")),
-            **step_parts(scalars))
+        max_grad_norm. The op's list parts are formed once per lists and kept with them (a step
+        of a small tensor costs what its host side costs: torchao's offload engine steps one
+        param at a time); the op checks every argument before it writes."""
+        parts = lists.get("op_parts")
+        if parts is None:
+            parts = _op_parts(lists, self._kept_keys(self._hyper(group)), self._scalar_state)
+            if not torch.compiler.is_compiling():  # (a traced step keeps nothing: _device_lists)
+                lists["op_parts"] = parts
+        if check_only and torch.compiler.is_compiling():  # (the fake kernels of the traced calls check them)
+            return
+        hyper = self._hyper(group)
+        seed = scalars.get("rounding_seed")
+        ops.call_step(check_only, self._kernel, parts["params"], lists["grads"], parts["master_params"],
+                      parts["states"], lists["steps"] if self._counts_steps(group, scalars) else [],
+                      parts["state_absmaxes"], parts["scalar_states"], [], parts["epilogues"],
+                      parts["epilogue_layout"],
+                      [float(hyper[name]) for name in self._hyper_names]
+                      + [float(scalars["lr"]), float(scalars.get("max_grad_norm") or 0.0)],
+                      [scalars.get(key) for key in ("lr_tensor", "inv_scale", "found_inf", "grad_norm")],
+                      [] if seed is None else [int(seed), int(scalars.get("stochastic_codes", False))],
+                      bool(scalars.get("unscale_grads", True)))
 
 
-def lists_or_empty(lists, key, needed) -> List:
-    return lists[key] if needed else []
+def _op_parts(lists, keys, scalar_state) -> Dict[str, list]:
+    """The step op's parts that stay the same while ``lists`` do (ops.step_ names them): the
+    states of ``keys`` in one list, the epilogues (fp8 scaling and copies) in the op's form."""
+    epilogues, layout = ops.epilogue_parts("step_", {key: lists.get(key) for key in EPILOGUES})
+    return {"params": lists["params"], "master_params": lists["master_params"],
+            "states": [t for key in keys for t in lists[key]],
+            "state_absmaxes": lists["state_absmaxes"] if keys else [],
+            "scalar_states": lists[scalar_state[0]] if scalar_state else [],
+            "epilogues": epilogues, "epilogue_layout": layout}
 
 
 # what a step writes besides the params, as the cached lists hold it (fp8 scaling and copies)
 EPILOGUES = ("weight_amax", "float8_weights", "float8_scales", "float8_scale_invs", "float8_indices")
-
-
-def step_parts(scalars) -> dict:
-    """ops.step_'s scalars, rounding and unscale_grads from a step's scalars (``_step``'s dict)."""
-    return dict(scalars={key: scalars.get(key) for key in ("lr_tensor", "inv_scale", "found_inf", "grad_norm")},
-                rounding={"seed": scalars.get("rounding_seed"),
-                          "stochastic_codes": scalars.get("stochastic_codes", False)},
-                unscale_grads=scalars.get("unscale_grads", True))

@@ -17,6 +17,8 @@ class Declared:
     _kernel = ""
     # its per-param scalar state, as (key, initial value) (NAdam's mu_product), or None: the table's
     _scalar_state = None
+    # the names of its hyperparameters, in the order the step op takes them: the table's
+    _hyper_names: tuple = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -28,6 +30,7 @@ class Declared:
         entry = ops.optimizers().get(cls._kernel)
         if entry is not None:
             cls._scalar_state = (entry["scalar"], entry["scalar_initial"]) if entry["scalar"] else None
+            cls._hyper_names = tuple(entry["hyper"])
         if entry is not None and cls.__doc__:  # fused_amp's options, documented once (_options)
             states = [(key, signed) for key, _, signed in entry["states"]]
             cls.__doc__ = _OPTIONS_PLACEHOLDER.sub(

@@ -66,9 +66,8 @@ def amax_placements(placements) -> list:
     return [Partial("max") if d in dims else Replicate() for d in range(len(placements))]
 
 
-@torch.no_grad()
 def hand_over(all_lists) -> None:
-    """Sets each float8 weight's ``_precomputed_scale`` from the amax the step wrote, as
+    """(Called under the step's no_grad.) Sets each float8 weight's ``_precomputed_scale`` from the amax the step wrote, as
     ``precompute_float8_dynamic_scale_for_fsdp`` sets it: the amaxes in the weights' dtype,
     reduced (max) over the mesh dims the weights are sharded on by one DTensor redistribution
     for all of them, clamped to torchao's EPS, and turned into ``finfo(fp8).max / amax`` in

@@ -44,9 +44,8 @@ def plan(optimizer, lists) -> None:
                                for c, (positions, columns) in places.items()]
 
 
-@torch.no_grad()
 def after_step(optimizer, all_lists) -> None:
-    """Each copy's amax into row 0 of its history (0 where the step was skipped, which the
+    """(Called under the step's no_grad.) Each copy's amax into row 0 of its history (0 where the step was skipped, which the
     update leaves alone), then the delayed scaling update of every set of copies."""
     registered = optimizer.__dict__.get("_float8_copies")
     if not registered:
