@@ -106,3 +106,15 @@ PLAIN_IDS = [e.ours.__name__ for e in OPTIMIZERS]
 STATEFUL = [(e.ours, e.theirs, e.options[1]) for e in OPTIMIZERS]
 STATEFUL_IDS = [e.ours.__name__ for e in OPTIMIZERS]
 PARAM_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+# The storage kinds, as (params' dtype, options): every place the fp32 value of a param can live,
+# every state dtype
+STORAGE = {
+    "fp32": (torch.float32, {}),
+    "fp16 + fp32 master": (torch.float16, {}),
+    "bf16 in place": (torch.bfloat16, dict(master_weights=False)),
+    "bf16 + fp32 master": (torch.bfloat16, {}),
+    "bf16 + remainder, bf16 state": (torch.bfloat16, dict(master_weights="remainder", state_dtype=torch.bfloat16)),
+    "bf16 + 24-bit, stochastic": (torch.bfloat16, dict(master_weights="remainder8", stochastic_rounding=True)),
+    "bf16 + fp32 master, 8-bit state": (torch.bfloat16, dict(state_dtype=torch.uint8, min_8bit_size=0)),
+}

@@ -19,21 +19,11 @@ import fused_amp
 from fused_amp import ops
 from fused_amp.float8 import Float8Weights
 from helpers import assert_bitwise_equal
-from optim_registry import CASES, IDS
+from optim_registry import CASES, IDS, STORAGE
 from test_delayed_scaling import reference
 
 E4M3 = torch.float8_e4m3fn
 
-# (params' dtype, options): every place the fp32 value of a param can live, every state dtype
-STORAGE = {
-    "fp32": (torch.float32, {}),
-    "fp16 + fp32 master": (torch.float16, {}),
-    "bf16 in place": (torch.bfloat16, dict(master_weights=False)),
-    "bf16 + fp32 master": (torch.bfloat16, {}),
-    "bf16 + remainder, bf16 state": (torch.bfloat16, dict(master_weights="remainder", state_dtype=torch.bfloat16)),
-    "bf16 + 24-bit, stochastic": (torch.bfloat16, dict(master_weights="remainder8", stochastic_rounding=True)),
-    "bf16 + fp32 master, 8-bit state": (torch.bfloat16, dict(state_dtype=torch.uint8, min_8bit_size=0)),
-}
 # vector bodies, scalar tails, a quant block's edge, and one param that two threads split
 SIZES = [1, 33, 257, 4099, 70000]
 # scales that put the params (about N(0, 9)) in e4m3's normal range, its subnormals, and past

@@ -14,8 +14,9 @@ from fused_amp.optim.radam import RAdam
 from fused_amp.optim.rmsprop import RMSprop
 from fused_amp.optim.rprop import Rprop
 from fused_amp.optim.sgd import SGD
+from fused_amp.optim._clipping import clip_grad_norm_
 from fused_amp.optim._stages import span_stages
 
 __all__ = ["Adam", "AdamW", "SGD", "Lion", "Muon", "Adagrad", "RMSprop", "Adamax", "RAdam", "NAdam", "AdEMAMix",
            "Adadelta", "Rprop",
-           "export_fp32", "import_fp32", "from_optimizer", "span_stages", "step_in_backward"]
+           "export_fp32", "import_fp32", "from_optimizer", "span_stages", "step_in_backward", "clip_grad_norm_"]

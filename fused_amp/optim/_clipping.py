@@ -1,11 +1,13 @@
 """Gradient clipping inside the step: the clip options (group options, the same in every group),
-``clip_grad_norm_`` and what is kept between it and the step."""
+``clip_grad_norm_`` (of one optimizer, and of several by one norm) and what is kept between it
+and the step."""
 from typing import Optional
 
 import torch
 
 from fused_amp import _scaling
-from fused_amp.optim._grad_norm import check_clip_options, check_same_clip_options, total_grad_norm
+from fused_amp.optim._grad_norm import (additive_share, check_clip_options, check_same_clip_options,
+                                        combine_shares, from_additive, total_grad_norm)
 
 
 class ClipState:
@@ -132,3 +134,61 @@ class ClipGradNorm:
         """The pre-clip total norm of the unscaled grads at the latest clipped step (0-dim fp32
         tensor on the params' device), for logging; None before any."""
         return self._clip.last_norm
+
+
+@torch.compiler.disable  # eager, as each optimizer's clip_grad_norm_
+def clip_grad_norm_(optimizers, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                    foreach: Optional[bool] = None) -> torch.Tensor:
+    r"""Clip the gradients of several fused_amp optimizers by one total norm, in their next steps.
+
+    ``torch.nn.utils.clip_grad_norm_`` over the params of all ``optimizers`` at once, for a
+    model whose params are split over optimizers: Muon for the matrices and AdamW for the rest,
+    one optimizer per model chunk (torchtitan's interleaved pipeline schedules), or one per param
+    (torchao's ``CPUOffloadOptimizer``). Clipping each by its own norm, as their own
+    :meth:`~fused_amp.optim.Adam.clip_grad_norm_` or ``max_grad_norm`` would, clips each part
+    of the model differently from torch's one clip.
+
+    Each optimizer's norm is taken as its own ``clip_grad_norm_`` takes it: one fused read of its
+    grads (the overflow check of a ``fused_amp.GradScaler`` that scaled them), combined over the
+    mesh dims its DTensor grads are sharded on and over the pipeline stages it spans
+    (:func:`~fused_amp.optim.span_stages`). The norms then combine into the total without a host
+    sync: :math:`(\sum_i \lVert g_i \rVert^p)^{1/p}`, the maximum for ``inf`` (torch combines its
+    per-tensor norms the same way). Each optimizer's next step multiplies its grads by
+    ``min(1, max_norm / (total + 1e-6))``, and its ``last_grad_norm`` is the total. Every rank
+    must call it with the same number of optimizers (each may all-reduce).
+
+    Args:
+        optimizers: fused_amp optimizers (an iterable).
+        max_norm, norm_type, error_if_nonfinite: as torch's; ``foreach`` is accepted and ignored.
+
+    Returns:
+        The total norm of the unscaled grads of all the optimizers' params (before clipping), a
+        0-dim float32 tensor on the first optimizer's first grad's device. Where
+        ``torch.amp.GradScaler`` scaled them without ``unscale_``, it holds the unscaled norm once
+        the first optimizer has stepped, as each optimizer's own ``clip_grad_norm_`` returns it.
+    """
+    optimizers = list(optimizers)
+    for i, optimizer in enumerate(optimizers):
+        if not isinstance(optimizer, ClipGradNorm):
+            raise TypeError(f"clip_grad_norm_: optimizers[{i}] is {type(optimizer).__name__}, not a fused_amp "
+                            "optimizer (whose next step applies the clip)")
+    check_clip_options(float(max_norm), norm_type)
+    if not optimizers:
+        return torch.zeros((), dtype=torch.float32)
+    norm_type = float(norm_type)
+    norms = [optimizer.clip_grad_norm_(max_norm, norm_type) for optimizer in optimizers]
+    device = norms[0].device
+    total = from_additive(combine_shares([additive_share(n.to(device), norm_type) for n in norms], norm_type), norm_type)
+    if error_if_nonfinite and bool(total.isnan() | total.isinf()):
+        for optimizer in optimizers:
+            optimizer._drop_pending_clip()
+        raise RuntimeError(
+            f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot be "
+            "clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
+            "`error_if_nonfinite=False`")
+    for i, optimizer in enumerate(optimizers):
+        _, max_norm_i, still_scaled = optimizer._clip.pending
+        # (each its own tensor where the step unscales it in place: _clip_of_step)
+        norm = total if i == 0 or not still_scaled else total.clone()
+        optimizer._clip.pending = optimizer._clip.record(norm.to(norms[i].device), max_norm_i, still_scaled)
+    return total

@@ -182,16 +182,16 @@ def local_shards(tensors) -> List:
         return list(map(local_shard, tensors))
 
 
-def _additive(norm, norm_type):
+def additive_share(norm, norm_type):
     """What adds up over shards: the maximum (inf-norm), the count (0), else the p-th power."""
     return norm if norm_type in (math.inf, 0.0) else norm.pow(norm_type)
 
 
-def _from_additive(total, norm_type):
+def from_additive(total, norm_type):
     return total if norm_type in (math.inf, 0.0) else total.pow(1.0 / norm_type)
 
 
-def _combine(values, norm_type):
+def combine_shares(values, norm_type):
     if len(values) == 1:
         return values[0]
     stacked = torch.stack(values)
@@ -228,14 +228,14 @@ def _mesh_norm(grads, plans, found, inv, norm_type):
     totals = []
     for plan in plans:
         # every part is read (its inf/NaN check); the parts that count here add up
-        shares = [_additive(_local_norm(grads if part.indices is None else [grads[i] for i in part.indices],
+        shares = [additive_share(_local_norm(grads if part.indices is None else [grads[i] for i in part.indices],
                                         found, inv, norm_type), norm_type)
                   for part in plan.parts]
         shares = [s for s, part in zip(shares, plan.parts) if part.counts_here]
-        share = _combine(shares, norm_type) if shares else torch.zeros((), dtype=torch.float32, device=found.device)
+        share = combine_shares(shares, norm_type) if shares else torch.zeros((), dtype=torch.float32, device=found.device)
         found, total = _all_reduced(found, share, [plan.mesh.get_group(d) for d in plan.dims], norm_type)
         totals.append(total)
-    return found, _combine(totals, norm_type)
+    return found, combine_shares(totals, norm_type)
 
 
 def total_grad_norm(optimizer, norm_type: float, inv_scale: Optional[torch.Tensor],
@@ -254,7 +254,7 @@ def total_grad_norm(optimizer, norm_type: float, inv_scale: Optional[torch.Tenso
         found = torch.zeros((), dtype=torch.float32, device=device)
         inv = None if inv_scale is None else inv_scale.to(device, non_blocking=True)
         if plans is None:
-            total = _additive(_local_norm(device_grads, found, inv, norm_type), norm_type)
+            total = additive_share(_local_norm(device_grads, found, inv, norm_type), norm_type)
         else:  # DTensor grads live on one device: combine flag and norm over the meshes
             found, total = _mesh_norm(device_grads, plans, found, inv, norm_type)
         totals.append(total)
@@ -267,10 +267,10 @@ def total_grad_norm(optimizer, norm_type: float, inv_scale: Optional[torch.Tenso
         device = next((p.device for p in gathered.params), torch.device("cpu"))
         totals, found_infs = [torch.zeros((), dtype=torch.float32, device=device)], {}
     first = totals[0].device
-    total = _combine([t.to(first) for t in totals], norm_type)
+    total = combine_shares([t.to(first) for t in totals], norm_type)
     if stages:
-        found = _combine([f.to(first) for f in found_infs.values()], math.inf) if found_infs \
+        found = combine_shares([f.to(first) for f in found_infs.values()], math.inf) if found_infs \
             else torch.zeros((), dtype=torch.float32, device=first)
         found, total = _all_reduced(found, total, stages, norm_type)
         found_infs = {device: found.to(device) for device in found_infs} or {first: found}
-    return _from_additive(total, norm_type), found_infs
+    return from_additive(total, norm_type), found_infs
