@@ -2,11 +2,14 @@
 makes one optimizer per param and steps them one after another once their grads are on the
 host; FSDP2's ``CPUOffloadPolicy`` keeps the sharded params on the host, where the optimizer
 steps them. On the CPU, the pattern torchao's engine drives (the engine asserts a CUDA or XPU
-device) and FSDP2's ``CPUOffloadPolicy(pin_memory=False)`` on gloo ranks."""
+device) and FSDP2's ``CPUOffloadPolicy(pin_memory=False)`` on gloo ranks; on a GPU (marked
+cuda: ``make gpu-check``), torchao's engine itself and FSDP2's pinned offload."""
+import copy
 import math
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import fused_amp
 from helpers import assert_bitwise_equal
@@ -188,3 +191,67 @@ def test_fsdp2_cpu_offload_steps_bitwise_as_without_it():
                 for key in sa:
                     if isinstance(sa[key], torch.Tensor):
                         assert_bitwise_equal(sa[key], sb[key], f"{mode}: {key}")
+
+
+# ---- on a GPU: the engines themselves --------------------------------------------------------
+
+@pytest.mark.cuda
+def test_torchao_cpu_offload_optimizer_steps_ours_as_one_optimizer_would():
+    """torchao's CPUOffloadOptimizer with ``optimizer_class=fused_amp.optim.AdamW``: the params
+    of 4,096+ elements step on the host, one optimizer each, the others on the GPU; every param
+    is bitwise what one fused_amp AdamW on the CPU makes of the same grads (the CPU and CUDA
+    kernels agree bit for bit: test_cuda.py)."""
+    pytest.importorskip("torchao.optim")
+    from torchao.optim import CPUOffloadOptimizer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Tanh(), torch.nn.Linear(128, 64)).cuda()
+    reference = copy.deepcopy(model).cpu()
+    engine = CPUOffloadOptimizer(model.parameters(), fused_amp.optim.AdamW, lr=1e-2, weight_decay=0.1)
+    assert len(engine.optim_dict) == 2  # (the two weights; the biases stay on the GPU)
+    one = fused_amp.optim.AdamW(reference.parameters(), lr=1e-2, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        model(torch.randn(8, 64, generator=gen).cuda()).pow(2).mean().backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            q.grad = p.grad.detach().cpu().clone()
+        engine.step()
+        engine.zero_grad()
+        one.step()
+        one.zero_grad()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert_bitwise_equal(p.detach().cpu(), q.detach())
+
+
+def pinned_offload_run(rank, world):
+    """FSDP2 on the GPU (an NCCL group of this one rank) with and without
+    CPUOffloadPolicy(pin_memory=True): the optimizer steps pinned host shards, or the GPU's."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    mesh = DeviceMesh.from_group(dist.new_group(backend="nccl"), "cuda")
+    out = {}
+    for offload in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)).cuda()
+        policy = dict(offload_policy=CPUOffloadPolicy(pin_memory=True)) if offload else {}
+        for layer in (model[0], model[2], model):
+            fully_shard(layer, mesh=mesh, **policy)
+        params = list(model.parameters())
+        assert all(p.to_local().is_pinned() == offload for p in params)
+        opt = fused_amp.optim.AdamW(params, lr=1e-2)
+        for step in range(4):
+            opt.zero_grad()
+            model(batch(rank, step, None).float().cuda()).pow(2).mean().backward()
+            opt.step()
+        out[offload] = [p.to_local().cpu().clone() for p in params]
+    return out
+
+
+@pytest.mark.cuda
+def test_fsdp2_pinned_cpu_offload_steps_on_the_host_as_on_the_gpu():
+    """FSDP2's CPUOffloadPolicy(pin_memory=True): fused_amp's AdamW stepping the pinned host
+    shards gives bitwise the shards it gives stepping on the GPU."""
+    (result,) = run_ranks(pinned_offload_run, 1)
+    for a, b in zip(result[True], result[False]):
+        assert_bitwise_equal(a, b)
