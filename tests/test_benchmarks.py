@@ -7,7 +7,7 @@ import sys
 import pytest
 from test_benchmark_cli import assert_tables_fit
 
-from fused_amp.benchmark import harness, report, workloads
+from fused_amp.benchmark import harness, recipes, report, workloads
 from fused_amp.benchmark.roofline import bytes_per_param
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -336,3 +336,14 @@ def test_recipes_that_do_not_fit_together_are_timed_in_batches_with_torchs(monke
     assert [r["impl"] for r in recs] == [recipes.TORCH, "fused_amp[24-bit masters + 8-bit state]"]
     assert [s["case"] for s in ctx.skipped] == ["c fused_amp", "c fused_amp[remainder]"]
     assert "does not fit beside torch's recipe" in ctx.skipped[0]["reason"]
+
+
+def test_an_anchors_import_leaves_torchs_environment_as_it_was(tmp_path, monkeypatch):
+    """deepspeed's import sets PYTORCH_NVML_BASED_CUDA_CHECK=1, which made each of torch's
+    optimizer steps ~0.1 ms slower on a machine without a GPU for the rest of the run: the
+    benchmark undoes what an anchor's import sets there."""
+    (tmp_path / "anchor_setting_env.py").write_text("import os\nos.environ['PYTORCH_NVML_BASED_CUDA_CHECK'] = '1'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    assert recipes.installed("anchor_setting_env")
+    assert "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ

@@ -5,7 +5,9 @@ update), on the same values and scaled grads.
 
 Recipes that do not all fit in memory at once are timed in batches, each with torch's recipe in
 it, so that every ratio to torch's recipe is still measured in turns."""
+import contextlib
 import importlib
+import os
 from typing import Callable, Dict, List, NamedTuple, Optional
 
 import torch
@@ -36,7 +38,11 @@ def _torch(params, opt, device):
 
 
 def _anchor(make):
-    return lambda params, opt, device: impls.ScalerStep(params, make(params), torch.amp.GradScaler, device)
+    def build(params, opt, device):
+        with torch_env_kept():  # (an anchor's first use may set it too)
+            optimizer = make(params)
+        return impls.ScalerStep(params, optimizer, torch.amp.GradScaler, device)
+    return build
 
 
 def _bnb_adam8bit(params):
@@ -100,10 +106,33 @@ ANCHORS = tuple(name for name, r in RECIPES.items() if r.module)
 PIP_NAMES = {"optimi": "torch-optimi"}
 
 
+# what an outside package may set in the environment that changes torch's own speed, and the
+# process keeps: deepspeed's import sets PYTORCH_NVML_BASED_CUDA_CHECK=1, after which every
+# torch.cuda.is_available() asks NVML (35 us instead of 1 on a machine without a GPU), and
+# torch's optimizers call it several times per step (its fused CPU AdamW on 4k elements:
+# 38 us a step before the import, 177 after)
+TORCH_ENV = ("PYTORCH_NVML_BASED_CUDA_CHECK",)
+
+
+@contextlib.contextmanager
+def torch_env_kept():
+    """Undoes, on exit, what the block set of TORCH_ENV in the environment."""
+    before = {key: os.environ.get(key) for key in TORCH_ENV}
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def installed(module: str) -> bool:
     """Whether an outside package imports (installed, and loads on this machine)."""
     try:
-        importlib.import_module(module)
+        with torch_env_kept():
+            importlib.import_module(module)
         return True
     except ImportError:
         return False
