@@ -40,11 +40,19 @@ constexpr U32 kLaneIndex = lane_index(std::make_integer_sequence<uint32_t, kLane
 
 // Loads 2 * kLanes 16-bit values, zero-extended to the lanes of (a, b).
 FA_VECTOR_HELPER void load_low16(const c10::BFloat16* p, U32& a, U32& b) {
+#if defined(CPU_CAPABILITY_AVX512)
+  // one widening load per vector (GCC widens the generic form below in halves, and inserts)
+  const __m512i wide[2] = {_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
+                           _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + kLanes)))};
+  std::memcpy(&a, &wide[0], sizeof a);
+  std::memcpy(&b, &wide[1], sizeof b);
+#else
   U16 low_a, low_b;
   std::memcpy(&low_a, p, sizeof low_a);
   std::memcpy(&low_b, p + kLanes, sizeof low_b);
   a = __builtin_convertvector(low_a, U32);
   b = __builtin_convertvector(low_b, U32);
+#endif
 }
 
 // x rounded to the nearest bf16, ties to even, in the low 16 bits of each lane; a NaN gives all
@@ -132,6 +140,12 @@ FA_VECTOR_HELPER void load2(const T* p, OpVec<T>& a, OpVec<T>& b) {
     interleave16(_mm256_setzero_si256(), _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)), ai, bi);
     a = _mm256_castsi256_ps(ai);
     b = _mm256_castsi256_ps(bi);
+#elif defined(CPU_CAPABILITY_AVX512)
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {  // (a bf16 value is the top half of its fp32)
+    U32 low, high;
+    load_low16(p, low, high);
+    a = float_of(low << 16);
+    b = float_of(high << 16);
 #endif
   } else {
     std::tie(a, b) = at::vec::convert_to_float<T>(Vectorized<T>::loadu(p));
@@ -205,11 +219,16 @@ FA_VECTOR_HELPER void store_master_as(c10::BFloat16* param, c10::BFloat16* remai
 using U8 = uint8_t __attribute__((vector_size(kLanes)));
 
 // Loads 2 * kLanes bytes, zero-extended to the lanes of (a, b). (GCC 12 converts byte vectors
-// one lane at a time on AVX2: the intrinsics there.)
+// one lane at a time on AVX2 and AVX-512: the intrinsics there.)
 FA_VECTOR_HELPER void load_bytes(const uint8_t* p, U32& a, U32& b) {
 #if defined(CPU_CAPABILITY_AVX2)
   const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + kLanes)));
+  std::memcpy(&a, &lo, sizeof a);
+  std::memcpy(&b, &hi, sizeof b);
+#elif defined(CPU_CAPABILITY_AVX512)
+  const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + kLanes)));
   std::memcpy(&a, &lo, sizeof a);
   std::memcpy(&b, &hi, sizeof b);
 #else
