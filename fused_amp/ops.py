@@ -204,11 +204,12 @@ def _hyper_names(op: str, optimizer: str, hyper: Mapping[str, float]) -> List[st
 
 # step_'s read-only scalar tensors, in the order of its `scalars` part (csrc/register.cpp)
 _SCALARS = ("lr_tensor", "inv_scale", "found_inf", "grad_norm")
-# what its `epilogues` part holds, by name (laid out as `epilogue_layout` says: epilogue_parts)
-_EPILOGUES = ("weight_amax", "float8_weights", "float8_scales", "float8_scale_invs", "float8_indices")
+# what its `epilogues` part holds, by name (laid out as `epilogue_layout` says: epilogue_parts);
+# the optimizers' cached lists hold them under these keys
+EPILOGUES = ("weight_amax", "float8_weights", "float8_scales", "float8_scale_invs", "float8_indices")
 # the spelling of step_ before its parts (CHANGELOG.md): keyword -> the part that now holds it
 _OLD_KEYWORDS = {"lr": "hyper", "max_grad_norm": "hyper", **{k: "scalars" for k in _SCALARS},
-                 "rounding_seed": "rounding", "stochastic_codes": "rounding", **{k: "epilogues" for k in _EPILOGUES},
+                 "rounding_seed": "rounding", "stochastic_codes": "rounding", **{k: "epilogues" for k in EPILOGUES},
                  "check_only": "check_step_"}
 
 
@@ -348,7 +349,7 @@ def _by_name(op: str, part: str, given, names) -> dict:
 
 def epilogue_parts(op: str, epilogues: Mapping) -> tuple:
     """(epilogues, epilogue_layout) of step_'s schema from its epilogues by name."""
-    e = _by_name(op, "epilogues", epilogues, _EPILOGUES)
+    e = _by_name(op, "epilogues", epilogues, EPILOGUES)
     weights = _tensors(op, "float8_weights", e.get("float8_weights") or [])
     scales = _tensors(op, "float8_scales", e.get("float8_scales") or [])
     invs = _tensors(op, "float8_scale_invs", e.get("float8_scale_invs") or [])
@@ -383,8 +384,8 @@ def _from_old_keywords(op: str, old: dict, hyper: dict, scalars, rounding, epilo
         scalars = dict(scalars or {}, **{k: old[k] for k in _SCALARS if k in old})
     if old.get("rounding_seed") is not None or old.get("stochastic_codes"):
         rounding = {"seed": old.get("rounding_seed"), "stochastic_codes": bool(old.get("stochastic_codes"))}
-    if any(k in old for k in _EPILOGUES):
-        epilogues = dict(epilogues or {}, **{k: old[k] for k in _EPILOGUES if k in old})
+    if any(k in old for k in EPILOGUES):
+        epilogues = dict(epilogues or {}, **{k: old[k] for k in EPILOGUES if k in old})
     return hyper, scalars, rounding, epilogues
 
 

@@ -216,13 +216,9 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
 def _op_parts(lists, keys, scalar_state) -> Dict[str, list]:
     """The step op's parts that stay the same while ``lists`` do (ops.step_ names them): the
     states of ``keys`` in one list, the epilogues (fp8 scaling and copies) in the op's form."""
-    epilogues, layout = ops.epilogue_parts("step_", {key: lists.get(key) for key in EPILOGUES})
+    epilogues, layout = ops.epilogue_parts("step_", {key: lists.get(key) for key in ops.EPILOGUES})
     return {"params": lists["params"], "master_params": lists["master_params"],
             "states": [t for key in keys for t in lists[key]],
             "state_absmaxes": lists["state_absmaxes"] if keys else [],
             "scalar_states": lists[scalar_state[0]] if scalar_state else [],
             "epilogues": epilogues, "epilogue_layout": layout}
-
-
-# what a step writes besides the params, as the cached lists hold it (fp8 scaling and copies)
-EPILOGUES = ("weight_amax", "float8_weights", "float8_scales", "float8_scale_invs", "float8_indices")

@@ -10,6 +10,15 @@ from fused_amp.optim._grad_norm import (additive_share, check_clip_options, chec
                                         combine_shares, from_additive, total_grad_norm)
 
 
+def check_finite(norm, norm_type) -> None:
+    """``error_if_nonfinite``: torch's error for a norm that is inf or NaN (a host sync)."""
+    if bool(norm.isnan() | norm.isinf()):
+        raise RuntimeError(
+            f"The total norm of order {float(norm_type)} for gradients from `parameters` is "
+            "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
+            "by the non-finite norm anyway, set `error_if_nonfinite=False`")
+
+
 class ClipState:
     """What clipping keeps between calls. A plain object, not attributes of the optimizer:
     torch.compile (2.11) refuses attribute writes on an optimizer inside a compiled step."""
@@ -91,11 +100,8 @@ class ClipGradNorm:
             norm = scaler._grad_norm_pass(self, norm_type)
         else:
             norm, _ = total_grad_norm(self, norm_type, inv_scale)
-        if error_if_nonfinite and bool(norm.isnan() | norm.isinf()):
-            raise RuntimeError(
-                f"The total norm of order {float(norm_type)} for gradients from `parameters` is "
-                "non-finite, so it cannot be clipped. To disable this error and scale the gradients "
-                "by the non-finite norm anyway, set `error_if_nonfinite=False`")
+        if error_if_nonfinite:
+            check_finite(norm, norm_type)
         still_scaled = scaler is None and inv_scale is None and norm_type != 0.0
         self._clip.pending = self._clip.record(norm, float(max_norm), still_scaled)
         return norm
@@ -178,14 +184,15 @@ def clip_grad_norm_(optimizers, max_norm: float, norm_type: float = 2.0, error_i
     norm_type = float(norm_type)
     norms = [optimizer.clip_grad_norm_(max_norm, norm_type) for optimizer in optimizers]
     device = norms[0].device
-    total = from_additive(combine_shares([additive_share(n.to(device), norm_type) for n in norms], norm_type), norm_type)
-    if error_if_nonfinite and bool(total.isnan() | total.isinf()):
-        for optimizer in optimizers:
-            optimizer._drop_pending_clip()
-        raise RuntimeError(
-            f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot be "
-            "clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
-            "`error_if_nonfinite=False`")
+    shares = [additive_share(n.to(device), norm_type) for n in norms]
+    total = from_additive(combine_shares(shares, norm_type), norm_type)
+    if error_if_nonfinite:
+        try:
+            check_finite(total, norm_type)
+        except RuntimeError:
+            for optimizer in optimizers:
+                optimizer._drop_pending_clip()
+            raise
     for i, optimizer in enumerate(optimizers):
         _, max_norm_i, still_scaled = optimizer._clip.pending
         # (each its own tensor where the step unscales it in place: _clip_of_step)

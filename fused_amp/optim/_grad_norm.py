@@ -229,10 +229,11 @@ def _mesh_norm(grads, plans, found, inv, norm_type):
     for plan in plans:
         # every part is read (its inf/NaN check); the parts that count here add up
         shares = [additive_share(_local_norm(grads if part.indices is None else [grads[i] for i in part.indices],
-                                        found, inv, norm_type), norm_type)
+                                             found, inv, norm_type), norm_type)
                   for part in plan.parts]
         shares = [s for s, part in zip(shares, plan.parts) if part.counts_here]
-        share = combine_shares(shares, norm_type) if shares else torch.zeros((), dtype=torch.float32, device=found.device)
+        share = (combine_shares(shares, norm_type) if shares
+                 else torch.zeros((), dtype=torch.float32, device=found.device))
         found, total = _all_reduced(found, share, [plan.mesh.get_group(d) for d in plan.dims], norm_type)
         totals.append(total)
     return found, combine_shares(totals, norm_type)
