@@ -1,7 +1,4 @@
-"""Using fused_amp inside frameworks that create their own GradScaler (accelerate, HF Trainer).
-
-Lightning needs nothing here: pass ``fused_amp.GradScaler`` to its ``MixedPrecision`` plugin,
-and clip through the optimizer's ``max_grad_norm`` (examples/lightning_train.py)."""
+"""fused_amp's GradScaler in accelerate (and so in HF Trainer), which creates its own."""
 from typing import Optional
 
 from fused_amp.grad_scaler import GradScaler
