@@ -25,10 +25,13 @@ GPU_PYTHON ?= python3
 
 .PHONY: test test-pairs test-isas test-exhaustive bench build deps clean gpu-check sanitize docs ci-local ci-mark
 
-$(STAMP): requirements-dev.txt
+# torchtitan goes into a folder of its own, without its dependencies (requirements-torchtitan.txt)
+$(STAMP): requirements-dev.txt requirements-torchtitan.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip setuptools wheel
 	$(PY) -m pip install "$(TORCH_SPEC)" -r requirements-dev.txt
+	rm -rf $(VENV)/torchtitan
+	$(PY) -m pip install --no-deps --target $(VENV)/torchtitan -r requirements-torchtitan.txt
 	touch $(STAMP)
 
 deps: $(STAMP)
