@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import fused_amp
+import torchtitan_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
@@ -66,6 +67,8 @@ def test_the_pages_have_examples():
 @pytest.mark.parametrize("code", EXAMPLES)
 def test_every_python_example_runs(code, process_group):
     torch.manual_seed(0)
+    if "torchtitan" in code:  # docs/torchtitan.md: torchtitan's own folder (tests/torchtitan_cpu.py)
+        torchtitan_cpu.on_path()
     namespace = dict(torch=torch, fused_amp=fused_amp, MyModel=MyModel,
                      model=MyModel().bfloat16(), loss_fn=torch.nn.functional.mse_loss,
                      loader=[(torch.randn(4, 8), torch.randn(4, 8)) for _ in range(3)])
