@@ -125,6 +125,28 @@ def test_one_norm_over_several_optimizers_is_the_models_norm(norm_type):
         assert o._clip.pending[1] == 1.0
 
 
+def test_one_norm_by_inf_is_the_norm_alone():
+    """torch's clip_grad_norm_(params, inf) returns the norm and multiplies the grads by 1
+    (torchtitan's training.max_norm=inf): the steps are those of no clip, bit for bit."""
+    gen = torch.Generator().manual_seed(2)
+    runs = []
+    for clip in (True, False):
+        params = [torch.nn.Parameter(torch.randn(s, generator=torch.Generator().manual_seed(3))) for s in SHAPES]
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen.manual_seed(4))
+        pair = [fused_amp.optim.Muon([p for p in params if p.ndim == 2], lr=1e-2),
+                fused_amp.optim.AdamW([p for p in params if p.ndim != 2], lr=1e-2)]
+        if clip:
+            total = fused_amp.optim.clip_grad_norm_(pair, math.inf)
+            grads = [p.grad.double().flatten() for p in params]
+            assert abs(float(total) - float(torch.cat(grads).norm())) <= 2 * torch.finfo(torch.float32).eps * float(total)
+        for o in pair:
+            o.step()
+        runs.append(params)
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
 def test_one_norm_refuses_what_is_not_a_fused_amp_optimizer_and_changes_nothing():
     p = torch.nn.Parameter(torch.randn(4))
     p.grad = torch.randn(4)

@@ -1,6 +1,7 @@
 """Gradient clipping inside the step: the clip options (group options, the same in every group),
 ``clip_grad_norm_`` (of one optimizer, and of several by one norm) and what is kept between it
 and the step."""
+import math
 from typing import Optional
 
 import torch
@@ -178,7 +179,9 @@ def clip_grad_norm_(optimizers, max_norm: float, norm_type: float = 2.0, error_i
         if not isinstance(optimizer, ClipGradNorm):
             raise TypeError(f"clip_grad_norm_: optimizers[{i}] is {type(optimizer).__name__}, not a fused_amp "
                             "optimizer (whose next step applies the clip)")
-    check_clip_options(float(max_norm), norm_type)
+    # an infinite max_norm is torch's way to take the norm alone (a clip by 1): torchtitan's
+    # training.max_norm=inf
+    check_clip_options(None if float(max_norm) == math.inf else float(max_norm), norm_type)
     if not optimizers:
         return torch.zeros((), dtype=torch.float32)
     norm_type = float(norm_type)
