@@ -80,17 +80,23 @@ def step_one_norm(run):
 
 def test_fsdp2_tp2(tmp_path, assets):
     """FSDP2 x TP2. fp32 params with torchtitan's own clip: every rank's losses, grad norms and
-    param shards after 10 steps are torch's fused AdamW's, bit for bit. Muon on the blocks'
-    matrices and AdamW on the rest (torchtitan's param groups): the step-1 norm both clip by in
-    the step is the exact (float64) norm of all the grads within 2 ulps (every run has the same
-    grads at step 1; clip_by_exact_norm in tests/torchtitan_cpu.py)."""
+    param shards after 10 steps are torch's fused AdamW's, bit for bit. Without clipping
+    (``training.max_norm=inf``), ``step_in_backward`` is too. Muon on the blocks' matrices and
+    AdamW on the rest (torchtitan's param groups): the step-1 norm both clip by in the step is
+    the exact (float64) norm of all the grads within 2 ulps (every run has the same grads at
+    step 1; clip_by_exact_norm in tests/torchtitan_cpu.py)."""
+    unclipped = {"max_norm": float("inf"), "steps": 3}
     runs = train(tmp_path, assets, "fsdp2xtp2", {
         "stock": ("torch", {}),
         "fused_amp": ("fused_amp", {"fused_clip": False}),
-        "exact": ("torch", {"exact_norm": True, "steps": 3}),
+        "exact": ("torch", dict(unclipped, exact_norm=True)),  # (a clip by inf: grads times 1)
+        "in_backward": ("fused_amp", dict(unclipped, step_in_backward=True)),
         "muon": ("fused_amp", {"muon": True, "steps": 3}),
     })
     assert_bitwise(runs["stock"], runs["fused_amp"])
+    for a, b in zip(runs["exact"], runs["in_backward"]):
+        assert a["records"]["loss"] == b["records"]["loss"]
+        assert all(torch.equal(a["shards"][k], b["shards"][k]) for k in a["shards"])
     exact = step_one_norm(runs["exact"])
     for rank in runs["muon"]:
         assert abs(rank["records"]["grad_norm"][0] - exact) <= 2 * ULP * exact

@@ -22,6 +22,7 @@ import json
 import os
 import random
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -220,9 +221,11 @@ def run(out, layout, optimizer, options):
         config = use_fused_amp(config, **options)
     trainer = config.build()
     records = {"loss": [], "grad_norm": []}
+    logged_at = []  # (when each step was logged: tools/torchtitan_step_time.py)
     log = trainer.metrics_processor.log
 
     def logged(step, loss, max_loss, grad_norm, **kwargs):
+        logged_at.append(time.perf_counter())
         records["loss"].append(float(loss))
         records["grad_norm"].append(float(grad_norm))
         return log(step, loss, max_loss, grad_norm, **kwargs)
@@ -235,10 +238,22 @@ def run(out, layout, optimizer, options):
             for name, p in part.named_parameters():
                 local = p.to_local() if hasattr(p, "to_local") else p
                 shards[f"{i}.{name}"] = local.detach().clone()
-        torch.save({"records": records, "shards": shards}, f"{out}.{torch.distributed.get_rank()}")
+        torch.save({"records": records, "shards": shards, "logged_at": logged_at,
+                    "bytes_per_param": bytes_per_param(trainer)},
+                   f"{out}.{torch.distributed.get_rank()}")
     finally:
         trainer.close()
         dist_utils.clip_grad_norm_ = torchtitans_clip
+
+
+def bytes_per_param(trainer):
+    """This rank's params and optimizer state, in bytes per param (local shards)."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for part in trainer.model_parts for p in part.parameters()]
+    state = [v.to_local() if hasattr(v, "to_local") else v for optimizer in trainer.optimizers.optimizers
+             for entry in optimizer.state.values() for v in entry.values()
+             if isinstance(v, torch.Tensor) and v.dim() > 0]
+    numel = sum(p.numel() for p in local)
+    return sum(t.numel() * t.element_size() for t in local + state) / numel
 
 
 def main(out, layout, optimizer, options):
