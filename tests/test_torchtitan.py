@@ -6,21 +6,14 @@ torchtitan lives in a folder of its own (``make deps``: .venv/torchtitan, requir
 torchtitan.txt), which these tests put on the path; without it they fail, they do not skip.
 tests/torchtitan_cpu.py holds the CPU patches, the assets and one rank's runs."""
 import dataclasses
-import json
 import os
-import socket
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
 
 import torchtitan_cpu
 
-TESTS = Path(__file__).resolve().parent
-SITE = torchtitan_cpu.SITE
 RANKS = 4
 _on_path = torchtitan_cpu.on_path
 
@@ -30,29 +23,18 @@ def assets(tmp_path_factory):
     return torchtitan_cpu.make_assets(str(tmp_path_factory.mktemp("torchtitan_assets")))
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def train(tmp_path, assets, layout, runs, ranks=RANKS):
-    """Train ``runs`` ({name: (optimizer, options)}) one after another, each a launch of
-    ``ranks`` processes; returns {name: [each rank's {"records", "shards"}]}."""
+def train(tmp_path, assets, layout, runs):
+    """Train ``runs`` ({name: (optimizer, options)}) one after another, each a launch of 4
+    processes; returns {name: [each rank's {"records", "shards"}]}."""
     _on_path()
-    path = [str(TESTS.parent), str(TESTS), os.environ.get("PYTHONPATH", ""), str(SITE)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in path if p))
+    results = {}
     for name, (optimizer, options) in runs.items():
         options = dict(options, assets=assets, dump=str(tmp_path / options.get("dump", name)))
-        spec = [str(tmp_path / name), layout, optimizer, options]
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-               f"--master_port={_free_port()}", str(TESTS / "torchtitan_cpu.py"), json.dumps(spec)]
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        if done.returncode:
-            lines = (done.stdout + done.stderr).splitlines()
-            errors = [line for line in lines if "Error" in line or "Traceback" in line]
-            pytest.fail(f"torchtitan run {name} failed ({done.returncode}):\n" + "\n".join(errors[-30:]))
-    return {name: [torch.load(f"{tmp_path / name}.{r}") for r in range(ranks)] for name in runs}
+        try:
+            results[name] = torchtitan_cpu.launch(tmp_path / name, layout, optimizer, options, RANKS)
+        except RuntimeError as e:
+            pytest.fail(str(e))
+    return results
 
 
 def assert_bitwise(a, b):

@@ -49,6 +49,28 @@ WORDS = ("the a of to and in is it that for on was with as by at be this from or
          "part place case point group number fact house water system program question").split()
 
 
+def launch(out, layout, optimizer, options, ranks=4, timeout=600):
+    """One run (``run``) in ``ranks`` processes under torchrun, from any process (the tests and
+    tools/torchtitan_*.py); returns each rank's saved {"records", "shards", ...}. Raises
+    RuntimeError with the run's error lines when it fails."""
+    import socket
+    import subprocess
+    here = Path(__file__).resolve().parent
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = [str(here.parent), str(here), os.environ.get("PYTHONPATH", ""), str(SITE)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in path if p))
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", f"--master_port={port}",
+           str(here / "torchtitan_cpu.py"), json.dumps([str(out), layout, optimizer, options])]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if done.returncode:
+        lines = (done.stdout + done.stderr).splitlines()
+        errors = [line for line in lines if "Error" in line or "Traceback" in line]
+        raise RuntimeError(f"torchtitan run {out} failed ({done.returncode}):\n" + "\n".join(errors[-30:]))
+    return [torch.load(f"{out}.{rank}") for rank in range(ranks)]
+
+
 def make_assets(folder: str, docs: int = 400, seed: int = 0) -> str:
     """A word-level tokenizer (tokenizer.json, tokenizer_config.json) and a c4_test-style
     dataset (c4_test/data.json) in ``folder``; returns ``folder``."""

@@ -4,18 +4,14 @@ fused_amp with bf16 params and masters in each memory mode against torchtitan's
 params, bf16 mixed precision), over several seeds: the loss curve of each (mean over seeds),
 the final loss's mean and spread, and the bytes per param of params + optimizer state.
 
-Usage: .venv/bin/python tools/torchtitan_bf16.py [--seeds 3] [--steps 100] [--ranks 1]
+Usage: .venv/bin/python tools/torchtitan_bf16.py [--seeds 3] [--steps 100] [--ranks 1] [--only TEXT]
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -27,18 +23,15 @@ VARIANTS = {
     "fused_amp bf16 + fp32 masters": ("fused_amp", {"dtype": "bfloat16", "master_weights": "fp32"}),
     "fused_amp bf16 + remainder": ("fused_amp", {"dtype": "bfloat16", "master_weights": "remainder"}),
     "fused_amp bf16 + 24-bit": ("fused_amp", {"dtype": "bfloat16", "master_weights": "remainder8"}),
+    "fused_amp bf16 + remainder, 8-bit state": ("fused_amp", {"dtype": "bfloat16", "master_weights": "remainder",
+                                                              "state_dtype": "uint8"}),
 }
 
 
 def run(folder, assets, name, optimizer, options, ranks):
+    out = Path(folder) / name
     layout = "1" if ranks == 1 else "fsdp2xtp2"
-    spec = [str(Path(folder) / name), layout, optimizer, dict(options, assets=assets, dump=str(Path(folder) / name))]
-    path = [str(ROOT), str(ROOT / "tests"), str(torchtitan_cpu.SITE)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(path))
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
-                    "--master_port=29534", str(ROOT / "tests" / "torchtitan_cpu.py"), json.dumps(spec)],
-                   env=env, check=True, capture_output=True)
-    return torch.load(f"{spec[0]}.0")
+    return torchtitan_cpu.launch(out, layout, optimizer, dict(options, assets=assets, dump=str(out)), ranks)[0]
 
 
 def main():
@@ -46,6 +39,7 @@ def main():
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--ranks", type=int, default=1)
+    parser.add_argument("--only", help="the runs whose label holds this text")
     args = parser.parse_args()
     marks = sorted({1, args.steps // 10, args.steps // 4, args.steps // 2, args.steps})
     print(f"| run ({args.seeds} seeds, {args.ranks} rank(s)) | bytes/param | "
@@ -54,6 +48,8 @@ def main():
     with tempfile.TemporaryDirectory() as folder:
         assets = torchtitan_cpu.make_assets(os.path.join(folder, "assets"))
         for label, (optimizer, options) in VARIANTS.items():
+            if args.only and args.only not in label:
+                continue
             results = [run(folder, assets, f"v{seed}", optimizer,
                            dict(options, seed=seed, steps=args.steps, max_norm=1.0), args.ranks)
                        for seed in range(args.seeds)]

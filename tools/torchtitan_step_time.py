@@ -7,15 +7,11 @@ Usage: .venv/bin/python tools/torchtitan_step_time.py [--runs 3] [--steps 20] [-
        [--batch 2] [--layout fsdp2xtp2]
 """
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
-
-import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -23,13 +19,8 @@ import torchtitan_cpu  # noqa: E402
 
 
 def step_time(folder, assets, name, optimizer, options, layout):
-    spec = [str(Path(folder) / name), layout, optimizer, dict(options, assets=assets, dump=str(Path(folder) / name))]
-    path = [str(ROOT), str(ROOT / "tests"), str(torchtitan_cpu.SITE)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(path))
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=4", "--master_port=29533",
-                    str(ROOT / "tests" / "torchtitan_cpu.py"), json.dumps(spec)],
-                   env=env, check=True, capture_output=True)
-    logged = torch.load(f"{spec[0]}.0")["logged_at"]
+    out = Path(folder) / name
+    logged = torchtitan_cpu.launch(out, layout, optimizer, dict(options, assets=assets, dump=str(out)))[0]["logged_at"]
     return statistics.median(b - a for a, b in zip(logged[2:], logged[3:]))
 
 
