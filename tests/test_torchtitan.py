@@ -213,3 +213,19 @@ def test_use_fused_amp_keeps_the_config(integration):
     config.optimizer.step_in_backward = True
     with pytest.raises(ValueError, match=r"step_in_backward with training.max_norm=1.0"):
         integration._check_step_in_backward(config)
+
+
+def test_torchtitans_command_line_sets_the_options(integration, tmp_path, monkeypatch):
+    """A user's config module, loaded as ``-m torchtitan.train --module ... --config ...`` loads
+    it (ConfigManager), with tyro's overrides of the new options (docs/torchtitan.md)."""
+    (tmp_path / "my_configs.py").write_text(
+        "from torchtitan.models.llama3.config_registry import llama3_debugmodel\n"
+        "from fused_amp.integrations.torchtitan import use_fused_amp\n\n\n"
+        "def llama3_fused_amp():\n"
+        "    return use_fused_amp(llama3_debugmodel(), master_weights='remainder')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from torchtitan.config import ConfigManager
+    config = ConfigManager().parse_args(["--module", "my_configs", "--config", "llama3_fused_amp",
+                                         "--optimizer.state_dtype", "uint8"])
+    assert isinstance(config, integration.FusedAmpTrainer.Config)
+    assert (config.optimizer.master_weights, config.optimizer.state_dtype) == ("remainder", "uint8")
