@@ -21,6 +21,8 @@ trainer in the same processes finds torch's meshes of the first (FSDP2 refuses t
 import json
 import os
 import random
+import socket
+import subprocess
 import sys
 import time
 import types
@@ -41,6 +43,7 @@ def on_path():
     if str(SITE) not in sys.path:
         sys.path.append(str(SITE))
 
+
 WORDS = ("the a of to and in is it that for on was with as by at be this from or are an not but "
          "all one had has were which when there can more we their if will up out about so them "
          "time into some other than then its two like may only first new any these our over "
@@ -53,8 +56,6 @@ def launch(out, layout, optimizer, options, ranks=4, timeout=600):
     """One run (``run``) in ``ranks`` processes under torchrun, from any process (the tests and
     tools/torchtitan_*.py); returns each rank's saved {"records", "shards", ...}. Raises
     RuntimeError with the run's error lines when it fails."""
-    import socket
-    import subprocess
     here = Path(__file__).resolve().parent
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -182,9 +183,9 @@ def muon_and_adamw(adamw):
 
 
 def debug_config(assets, dump, layout, seed=0, steps=10, seq_len=64, batch=2, dtype="float32",
-                 checkpoint_at=None, resume=False, max_norm=1.0):
+                 checkpoint_at=None, max_norm=1.0):
     """torchtitan's llama3 debug model config, small enough for 4 ranks on 2 cores. ``layout``:
-    "1", "fsdp2xtp2", "ddp2xtp2" or "pp2xfsdp2" (interleaved 1F1B, 2 chunks per rank)."""
+    "1", "fsdp2xtp2" or "pp2xfsdp2" (interleaved 1F1B, 2 chunks per rank)."""
     from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
     from torchtitan.models.llama3.config_registry import llama3_debugmodel
     config = llama3_debugmodel()
@@ -206,15 +207,12 @@ def debug_config(assets, dump, layout, seed=0, steps=10, seq_len=64, batch=2, dt
     p = config.parallelism
     if layout == "fsdp2xtp2":
         p.data_parallel_shard_degree, p.tensor_parallel_degree = 2, 2
-    elif layout == "ddp2xtp2":  # replicated over dp: Muon's matrices are TP shards only
-        p.data_parallel_replicate_degree, p.data_parallel_shard_degree = 2, 1
-        p.tensor_parallel_degree = 2
     elif layout == "pp2xfsdp2":
         p.data_parallel_shard_degree, p.pipeline_parallel_degree = 2, 2
         p.pipeline_parallel_microbatch_size = 1
     elif layout != "1":
         raise ValueError(f"layout {layout!r}")
-    config.checkpoint.enable = checkpoint_at is not None or resume
+    config.checkpoint.enable = checkpoint_at is not None  # (a second run resumes from the last)
     if checkpoint_at is not None:
         config.checkpoint.interval = checkpoint_at
     config.checkpoint.folder = "checkpoint"
@@ -230,7 +228,7 @@ def run(out, layout, optimizer, options):
     config = debug_config(options.pop("assets"), options.pop("dump"), layout,
                           **{k: options.pop(k) for k in list(options) if k in (
                               "seed", "steps", "seq_len", "batch", "dtype", "checkpoint_at",
-                              "resume", "max_norm")})
+                              "max_norm")})
     torchtitans_clip = dist_utils.clip_grad_norm_
     if options.pop("exact_norm", False):
         clip_by_exact_norm(options.pop("nudge", False))
