@@ -24,17 +24,15 @@ def assets(tmp_path_factory):
 
 
 def train(tmp_path, assets, layout, runs):
-    """Train ``runs`` ({name: (optimizer, options)}) one after another, each a launch of 4
+    """Train ``runs`` ({name: (optimizer, options)}) one after another in one launch of 4
     processes; returns {name: [each rank's {"records", "shards"}]}."""
     _on_path()
-    results = {}
-    for name, (optimizer, options) in runs.items():
-        options = dict(options, assets=assets, dump=str(tmp_path / options.get("dump", name)))
-        try:
-            results[name] = torchtitan_cpu.launch(tmp_path / name, layout, optimizer, options, RANKS)
-        except RuntimeError as e:
-            pytest.fail(str(e))
-    return results
+    specs = [(tmp_path / name, optimizer, dict(options, assets=assets, dump=str(tmp_path / options.get("dump", name))))
+             for name, (optimizer, options) in runs.items()]
+    try:
+        return dict(zip(runs, torchtitan_cpu.launch(layout, specs, RANKS)))
+    except RuntimeError as e:
+        pytest.fail(str(e))
 
 
 def assert_bitwise(a, b):
@@ -118,13 +116,10 @@ def test_checkpoint_resumes_bitwise(tmp_path, assets):
     bit for bit. bf16 params with the exact masters kept as remainders: the state that
     torchtitan's own load would drop (FusedAmpOptimizersContainer.load_state_dict)."""
     options = {"dtype": "bfloat16", "master_weights": "remainder", "checkpoint_at": 5, "dump": "run"}
-    whole = train(tmp_path, assets, "fsdp2xtp2", {"whole": ("fused_amp", options)})["whole"]
-    checkpoints = tmp_path / "run" / "checkpoint"
-    assert sorted(os.listdir(checkpoints)) == ["step-10", "step-5"]
-    for f in (checkpoints / "step-10").iterdir():
-        f.unlink()
-    (checkpoints / "step-10").rmdir()
-    resumed = train(tmp_path, assets, "fsdp2xtp2", {"resumed": ("fused_amp", options)})["resumed"]
+    runs = train(tmp_path, assets, "fsdp2xtp2", {"whole": ("fused_amp", options),
+                                                  "resumed": ("fused_amp", dict(options, resume_at=5))})
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoint")) == ["step-10", "step-5"]  # saved again
+    whole, resumed = runs["whole"], runs["resumed"]
     for rank, (a, b) in enumerate(zip(whole, resumed)):
         assert b["records"]["loss"] == a["records"]["loss"][5:], rank
         for key in a["shards"]:

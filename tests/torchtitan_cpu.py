@@ -14,13 +14,13 @@ The patches (each a CUDA-only assumption of torchtitan's, not of fused_amp's):
   and build no masks, so attention is causal across the packed documents, in every run alike.
 Upstream this would be a ``device_type`` that falls back to "cpu" and a memory monitor per device.
 
-Run by torchrun: ``python -m torch.distributed.run --nproc_per_node N tests/torchtitan_cpu.py
-RUN``, RUN a JSON list [OUT, LAYOUT, OPTIMIZER, OPTIONS] (``run``). One run a launch: a second
-trainer in the same processes finds torch's meshes of the first (FSDP2 refuses them).
+Run by torchrun (``launch``): ``python -m torch.distributed.run --nproc_per_node N
+tests/torchtitan_cpu.py '[LAYOUT, [[OUT, OPTIMIZER, OPTIONS], ...]]'``, the runs one after another.
 """
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -52,24 +52,26 @@ WORDS = ("the a of to and in is it that for on was with as by at be this from or
          "part place case point group number fact house water system program question").split()
 
 
-def launch(out, layout, optimizer, options, ranks=4, timeout=600):
-    """One run (``run``) in ``ranks`` processes under torchrun, from any process (the tests and
-    tools/torchtitan_*.py); returns each rank's saved {"records", "shards", ...}. Raises
-    RuntimeError with the run's error lines when it fails."""
+def launch(layout, runs, ranks=4, timeout=900):
+    """``runs`` ([(out, optimizer, options)], ``run``'s arguments) one after another in one launch
+    of ``ranks`` processes under torchrun (most of a launch is the processes' imports), from any
+    process: the tests and tools/torchtitan_*.py. Returns each run's [each rank's saved
+    {"records", "shards", ...}]; raises RuntimeError with the error lines when one fails."""
     here = Path(__file__).resolve().parent
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     path = [str(here.parent), str(here), os.environ.get("PYTHONPATH", ""), str(SITE)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in path if p))
+    spec = [layout, [[str(out), optimizer, options] for out, optimizer, options in runs]]
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", f"--master_port={port}",
-           str(here / "torchtitan_cpu.py"), json.dumps([str(out), layout, optimizer, options])]
+           str(here / "torchtitan_cpu.py"), json.dumps(spec)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if done.returncode:
         lines = (done.stdout + done.stderr).splitlines()
         errors = [line for line in lines if "Error" in line or "Traceback" in line]
-        raise RuntimeError(f"torchtitan run {out} failed ({done.returncode}):\n" + "\n".join(errors[-30:]))
-    return [torch.load(f"{out}.{rank}") for rank in range(ranks)]
+        raise RuntimeError(f"torchtitan runs failed ({done.returncode}):\n" + "\n".join(errors[-30:]))
+    return [[torch.load(f"{out}.{rank}") for rank in range(ranks)] for out, _, _ in runs]
 
 
 def make_assets(folder: str, docs: int = 400, seed: int = 0) -> str:
@@ -230,6 +232,14 @@ def run(out, layout, optimizer, options):
                               "seed", "steps", "seq_len", "batch", "dtype", "checkpoint_at",
                               "max_norm")})
     torchtitans_clip = dist_utils.clip_grad_norm_
+    resume_at = options.pop("resume_at", None)
+    if resume_at is not None:  # a later run of a launch: resume from step resume_at's checkpoint
+        folder = Path(config.dump_folder) / config.checkpoint.folder
+        if torch.distributed.get_rank() == 0:
+            for step in folder.glob("step-*"):
+                if int(step.name[len("step-"):]) > resume_at:
+                    shutil.rmtree(step)
+        torch.distributed.barrier()
     if options.pop("exact_norm", False):
         clip_by_exact_norm(options.pop("nudge", False))
     if optimizer == "torch":
@@ -276,12 +286,18 @@ def bytes_per_param(trainer):
     return sum(t.numel() * t.element_size() for t in local + state) / numel
 
 
-def main(out, layout, optimizer, options):
+def main(layout, runs):
     patch_for_cpu()
+    from torch.distributed.tensor import DTensor
     from torchtitan.tools.logging import init_logger
     init_logger()
     try:
-        run(out, layout, optimizer, options)
+        for out, optimizer, options in runs:
+            # DTensor's sharding caches (Python and C++) compare meshes by value: a run would get
+            # output specs holding the previous run's mesh objects, which FSDP2 refuses
+            DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+            torch._C._clear_DTensor_sharding_propagator_cache()
+            run(out, layout, optimizer, options)  # (the first one's trainer inits the process group)
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

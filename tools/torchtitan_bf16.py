@@ -31,7 +31,7 @@ VARIANTS = {
 def run(folder, assets, name, optimizer, options, ranks):
     out = Path(folder) / name
     layout = "1" if ranks == 1 else "fsdp2xtp2"
-    return torchtitan_cpu.launch(out, layout, optimizer, dict(options, assets=assets, dump=str(out)), ranks)[0]
+    return torchtitan_cpu.launch(layout, [(out, optimizer, dict(options, assets=assets, dump=str(out)))], ranks)[0][0]
 
 
 def main():
