@@ -1,6 +1,7 @@
 // Nanoseconds per element of the CPU Adam loop on bf16 params, one thread, no Python: the loop of
 // one instruction set (LOOPS_FILE, e.g. cpu/loops_avx2.cpp) on n elements in each memory mode,
-// with the grads left unscaled as GradScaler's steps leave them. A small n keeps the data in
+// with the grads left unscaled as GradScaler's steps leave them; and on fp32 params with no
+// scaler (the offload engines' bare step). A small n keeps the data in
 // cache, a large one in memory: equal times mean the loop, not memory, sets the pace.
 // Build and run with tools/loop_bench.sh.
 #include LOOPS_FILE
@@ -78,6 +79,26 @@ double ns_per_element(const Mode& mode, int64_t n, int reps) {
   return median_ns_per_element(n, reps, [&](int r) { step(range, r % 2 ? &up : &down); });
 }
 
+// The offload engines' bare step: fp32 params, no master, fp32 state, no scaler (grads read only).
+double ns_per_element_fp32(int64_t n, int reps) {
+  std::mt19937 gen(0);
+  std::normal_distribution<float> normal;
+  std::vector<float> param(n), grad(n), state(2 * n, 0.f);
+  for (int64_t i = 0; i < n; ++i) {
+    param[i] = normal(gen);
+    grad[i] = 1e-3f * normal(gen);
+  }
+  const UpdateRange<float> range{param.data(), grad.data(), MasterKind::None, nullptr,
+                                 {state.data(), state.data() + n, nullptr}, nullptr, 0, n, 0, 12345u,
+                                 false, false, false};
+  const fused_amp::ops::AdamHyper hyper{0.9, 0.999, 1e-8, 0.0, false, false, false};
+  const fused_amp::ops::AdamCoeffs coeffs = fused_amp::ops::adam_coeffs(hyper, 1e-3, 10.0, 1.f);
+  using fused_amp::Optimizers;
+  const auto step = fused_amp::cpu::CPU_CAPABILITY::loops().step[Optimizers::index<fused_amp::ops::Adam>()]
+                        .on_float[static_cast<int>(StateKind::Fp32)];
+  return median_ns_per_element(n, reps, [&](int) { step(range, &coeffs); });
+}
+
 // The parts of the 8-bit state's cost, ns per element of one state in cache (8,192 elements of
 // Adam-like moments): codes to fp32 values, a quant block's absmax, values to codes (the absmax
 // included) to nearest and stochastically (given the random bits), and the random bits (one
@@ -149,6 +170,10 @@ int main(int argc, char** argv) {
     if (only && std::strcmp(only, mode.name) != 0) continue;
     std::printf("%-24s %14.3f %14.3f\n", mode.name, ns_per_element(mode, 8192, 2000),
                 ns_per_element(mode, 4 << 20, 6));
+  }
+  if (!only || std::strcmp(only, "fp32 params, bare") == 0) {
+    std::printf("%-24s %14.3f %14.3f\n", "fp32 params, bare", ns_per_element_fp32(8192, 2000),
+                ns_per_element_fp32(4 << 20, 6));
   }
   if (!only || std::strcmp(only, "8-bit parts") == 0) quantization_parts();
   return 0;
