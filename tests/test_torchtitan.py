@@ -204,10 +204,12 @@ def test_use_fused_amp_keeps_the_config(integration):
             assert getattr(config, field.name) is getattr(stock, field.name), field.name
     assert config.optimizer.param_groups == stock.optimizer.param_groups
     assert (config.optimizer.master_weights, config.optimizer.state_dtype) == ("remainder8", "bfloat16")
-    config.training.max_norm = 1.0
-    config.optimizer.step_in_backward = True
+    assert integration.use_fused_amp(config).optimizer.master_weights == "remainder8"  # kept
     with pytest.raises(ValueError, match=r"step_in_backward with training.max_norm=1.0"):
-        integration._check_step_in_backward(config)
+        integration._check_step_in_backward(1.0, False, 1)
+    with pytest.raises(ValueError, match=r"training.max_norm=0 .*; pipeline stages .*; 2 gradient accumulation"):
+        integration._check_step_in_backward(0, True, 2)
+    integration._check_step_in_backward(float("inf"), False, 1)
 
 
 def test_torchtitans_command_line_sets_the_options(integration, tmp_path, monkeypatch):

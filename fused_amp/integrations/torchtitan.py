@@ -20,7 +20,6 @@ holds (the model chunks of an interleaved pipeline schedule, Muon and AdamW), ev
 every pipeline stage, without a host sync, and the optimizers' step applies the clip. The route is
 by name, so this module refuses a torchtitan release it was not written against.
 """
-import contextlib
 import dataclasses
 import types
 import warnings
@@ -190,35 +189,39 @@ class FusedAmpTrainer(Trainer):
         if not isinstance(optimizer, FusedAmpOptimizersContainer.Config):
             raise TypeError(f"FusedAmpTrainer: config.optimizer is {type(optimizer).__qualname__}, not "
                             "FusedAmpOptimizersContainer.Config (use_fused_amp makes one)")
-        if optimizer.step_in_backward:
-            _check_step_in_backward(config)
         super().__init__(config)
+        if optimizer.step_in_backward:  # (before any step: the trainer's own layout and accumulation)
+            _check_step_in_backward(config.training.max_norm, self.parallel_dims.pp_enabled,
+                                    self.gradient_accumulation_steps)
+        self._routed_dist_utils = _routed_dist_utils(self.optimizers)
 
     def train_step(self, data_iterator):
         if not self.optimizers.fused_clip:
             return super().train_step(data_iterator)
-        with _clip_routed_to(self.optimizers):
+        real = _trainer_module.dist_utils
+        _trainer_module.dist_utils = self._routed_dist_utils
+        try:
             return super().train_step(data_iterator)
+        finally:
+            _trainer_module.dist_utils = real
 
 
-def _check_step_in_backward(config) -> None:
+def _check_step_in_backward(max_norm, pp_enabled: bool, accumulation_steps: int) -> None:
     reasons = []
-    if config.training.max_norm not in (float("inf"), 0):
-        reasons.append(f"training.max_norm={config.training.max_norm} (clipping by the global norm needs every "
-                       "grad before any param steps: set it to inf)")
-    if config.parallelism.pipeline_parallel_degree > 1:
+    if max_norm != float("inf"):
+        reasons.append(f"training.max_norm={max_norm} (clipping by the global norm needs every grad before any "
+                       "param steps: set it to inf)")
+    if pp_enabled:
         reasons.append("pipeline stages (each microbatch's backward would step)")
-    if config.training.global_batch_size not in (-1, config.training.local_batch_size *
-                                                 config.parallelism.data_parallel_shard_degree):
-        reasons.append("gradient accumulation (each backward would step)")
+    if accumulation_steps > 1:
+        reasons.append(f"{accumulation_steps} gradient accumulation steps (each backward would step)")
     if reasons:
         raise ValueError("FusedAmpOptimizersContainer: step_in_backward with " + "; ".join(reasons))
 
 
-@contextlib.contextmanager
-def _clip_routed_to(container: FusedAmpOptimizersContainer):
-    """torchtitan's trainer module, for the duration, sees a ``dist_utils`` whose
-    ``clip_grad_norm_`` is the container's (everything else is torchtitan's own)."""
+def _routed_dist_utils(container: FusedAmpOptimizersContainer) -> types.ModuleType:
+    """torchtitan's ``torchtitan.distributed.utils`` as the trainer module sees it during
+    ``FusedAmpTrainer.train_step``: its own, but for ``clip_grad_norm_``, the container's."""
     real = _trainer_module.dist_utils
 
     def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None,
@@ -233,11 +236,7 @@ def _clip_routed_to(container: FusedAmpOptimizersContainer):
     routed = types.ModuleType(real.__name__)
     routed.__dict__.update(real.__dict__)
     routed.clip_grad_norm_ = clip_grad_norm_
-    _trainer_module.dist_utils = routed
-    try:
-        yield
-    finally:
-        _trainer_module.dist_utils = real
+    return routed
 
 
 def use_fused_amp(config: Trainer.Config, **options) -> FusedAmpTrainer.Config:
@@ -248,9 +247,10 @@ def use_fused_amp(config: Trainer.Config, **options) -> FusedAmpTrainer.Config:
     ``stochastic_rounding``, ``step_in_backward``, ``fused_clip``, or any of torchtitan's)."""
     if not isinstance(config, Trainer.Config):
         raise TypeError(f"use_fused_amp: config must be a torchtitan Trainer.Config, got {type(config).__name__}")
-    optimizer = {f.name: getattr(config.optimizer, f.name) for f in dataclasses.fields(config.optimizer)
-                 if f.name in {g.name for g in dataclasses.fields(OptimizersContainer.Config)}}
     known = {f.name for f in dataclasses.fields(FusedAmpOptimizersContainer.Config)}
+    # (a config use_fused_amp made already keeps its options, unless given again)
+    optimizer = {f.name: getattr(config.optimizer, f.name) for f in dataclasses.fields(config.optimizer)
+                 if f.name in known}
     unknown = sorted(set(options) - known)
     if unknown:
         raise TypeError(f"use_fused_amp: unknown option(s) {', '.join(unknown)}; the options are "
