@@ -27,10 +27,10 @@ def train(tmp_path, assets, layout, runs):
     """Train ``runs`` ({name: (optimizer, options)}) one after another in one launch of 4
     processes; returns {name: [each rank's {"records", "shards"}]}."""
     _on_path()
-    specs = [(tmp_path / name, optimizer, dict(options, assets=assets, dump=str(tmp_path / options.get("dump", name))))
+    specs = [(tmp_path / name, optimizer, dict(options, dump=str(tmp_path / options.get("dump", name))))
              for name, (optimizer, options) in runs.items()]
     try:
-        return dict(zip(runs, torchtitan_cpu.launch(layout, specs, RANKS)))
+        return dict(zip(runs, torchtitan_cpu.launch(layout, specs, assets, RANKS)))
     except RuntimeError as e:
         pytest.fail(str(e))
 

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from fused_amp.optim._grad_norm import local_shard
+
 # where make deps installs torchtitan and what it imports (requirements-torchtitan.txt)
 SITE = Path(os.environ.get("FUSED_AMP_TORCHTITAN", Path(sys.prefix) / "torchtitan"))
 
@@ -52,18 +54,20 @@ WORDS = ("the a of to and in is it that for on was with as by at be this from or
          "part place case point group number fact house water system program question").split()
 
 
-def launch(layout, runs, ranks=4, timeout=900):
-    """``runs`` ([(out, optimizer, options)], ``run``'s arguments) one after another in one launch
-    of ``ranks`` processes under torchrun (most of a launch is the processes' imports), from any
-    process: the tests and tools/torchtitan_*.py. Returns each run's [each rank's saved
-    {"records", "shards", ...}]; raises RuntimeError with the error lines when one fails."""
+def launch(layout, runs, assets, ranks=4, timeout=900):
+    """``runs`` ([(out, optimizer, options)], ``run``'s arguments, with ``assets`` (make_assets)
+    and by default ``out`` as the dump folder) one after another in one launch of ``ranks``
+    processes under torchrun (most of a launch is the processes' imports), from any process: the
+    tests and tools/torchtitan_*.py. Returns each run's [each rank's saved {"records", "shards",
+    ...}]; raises RuntimeError with the error lines when one fails."""
     here = Path(__file__).resolve().parent
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     path = [str(here.parent), str(here), os.environ.get("PYTHONPATH", ""), str(SITE)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in path if p))
-    spec = [layout, [[str(out), optimizer, options] for out, optimizer, options in runs]]
+    spec = [layout, [[str(out), optimizer, {"dump": str(out), **options, "assets": assets}]
+                     for out, optimizer, options in runs]]
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}", f"--master_port={port}",
            str(here / "torchtitan_cpu.py"), json.dumps(spec)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -266,8 +270,7 @@ def run(out, layout, optimizer, options):
         shards = {}
         for i, part in enumerate(trainer.model_parts):
             for name, p in part.named_parameters():
-                local = p.to_local() if hasattr(p, "to_local") else p
-                shards[f"{i}.{name}"] = local.detach().clone()
+                shards[f"{i}.{name}"] = local_shard(p).detach().clone()
         torch.save({"records": records, "shards": shards, "logged_at": logged_at,
                     "bytes_per_param": bytes_per_param(trainer)},
                    f"{out}.{torch.distributed.get_rank()}")
@@ -278,8 +281,8 @@ def run(out, layout, optimizer, options):
 
 def bytes_per_param(trainer):
     """This rank's params and optimizer state, in bytes per param (local shards)."""
-    local = [p.to_local() if hasattr(p, "to_local") else p for part in trainer.model_parts for p in part.parameters()]
-    state = [v.to_local() if hasattr(v, "to_local") else v for optimizer in trainer.optimizers.optimizers
+    local = [local_shard(p) for part in trainer.model_parts for p in part.parameters()]
+    state = [local_shard(v) for optimizer in trainer.optimizers.optimizers
              for entry in optimizer.state.values() for v in entry.values()
              if isinstance(v, torch.Tensor) and v.dim() > 0]
     numel = sum(p.numel() for p in local)

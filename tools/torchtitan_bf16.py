@@ -29,9 +29,8 @@ VARIANTS = {
 
 
 def run(folder, assets, name, optimizer, options, ranks):
-    out = Path(folder) / name
     layout = "1" if ranks == 1 else "fsdp2xtp2"
-    return torchtitan_cpu.launch(layout, [(out, optimizer, dict(options, assets=assets, dump=str(out)))], ranks)[0][0]
+    return torchtitan_cpu.launch(layout, [(Path(folder) / name, optimizer, options)], assets, ranks)[0][0]
 
 
 def main():
@@ -41,7 +40,7 @@ def main():
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--only", help="the runs whose label holds this text")
     args = parser.parse_args()
-    marks = sorted({1, args.steps // 10, args.steps // 4, args.steps // 2, args.steps})
+    marks = sorted({1, args.steps // 10, args.steps // 4, args.steps // 2, args.steps} - {0})
     print(f"| run ({args.seeds} seeds, {args.ranks} rank(s)) | bytes/param | "
           + " | ".join(f"loss @{m}" for m in marks) + " | final: mean (spread) |")
     print("|---|---|" + "---|" * len(marks) + "---|")

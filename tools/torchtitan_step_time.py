@@ -19,8 +19,7 @@ import torchtitan_cpu  # noqa: E402
 
 
 def step_time(folder, assets, name, optimizer, options, layout):
-    out = Path(folder) / name
-    logged = torchtitan_cpu.launch(layout, [(out, optimizer, dict(options, assets=assets, dump=str(out)))])[0][0]
+    logged = torchtitan_cpu.launch(layout, [(Path(folder) / name, optimizer, options)], assets)[0][0]
     return statistics.median(b - a for a, b in zip(logged["logged_at"][2:], logged["logged_at"][3:]))
 
 
