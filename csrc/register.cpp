@@ -129,14 +129,14 @@ PyObject* optimizers(PyObject*, PyObject*) {
 
 // The storage kinds (storage_kinds.h), for the Python layer: {"masters": [entry, ...], "states":
 // [entry, ...]}, each entry {"kind": its MasterKind or StateKind value, "option", "key", "dtype",
-// "bytes", "bf16_params", "rounds"} (key None for state).
+// "bits", "block", "bf16_params", "rounds"} (key None for state).
 PyObject* storage_kinds(PyObject*, PyObject*) {
   auto entries = [](const auto& table) {
     PyObject* list = PyList_New(0);
     for (const fused_amp::StorageKind& k : table) {
       PyObject* key = k.key ? PyUnicode_FromString(k.key) : Py_NewRef(Py_None);
-      PyObject* entry = Py_BuildValue("{s:i,s:s,s:N,s:s,s:i,s:O,s:O}", "kind", k.kind, "option", k.option, "key", key,
-                                      "dtype", k.dtype, "bytes", k.bytes, "bf16_params",
+      PyObject* entry = Py_BuildValue("{s:i,s:s,s:N,s:s,s:i,s:i,s:O,s:O}", "kind", k.kind, "option", k.option, "key",
+                                      key, "dtype", k.dtype, "bits", k.bits, "block", k.block, "bf16_params",
                                       k.bf16_params ? Py_True : Py_False, "rounds", k.rounds ? Py_True : Py_False);
       PyList_Append(list, entry);
       Py_DECREF(entry);

@@ -4,35 +4,42 @@
 // validation (core/storage_dtypes.h: the dtypes), the CPU loops (cpu/loops.h: one loop per state
 // kind, a master by its kind), the CUDA launcher (cuda/step.cuh: a kernel per kind) and Python
 // (fused_amp/optim/_memory.py, through _C.storage_kinds(): option values, state keys, dtypes).
-// Their bits: ops/rounding.h (masters, bf16 state), ops/quantize.h (8-bit codes).
+// Their bits: ops/rounding.h (masters, bf16 state), ops/quantize.h (8- and 4-bit codes).
+#include "ops/quantize.h"
+#include "ops/quantize4.h"
+
 namespace fused_amp {
 
 // Output is no master: an optimizer that writes no param (ops::Elementwise::kWritesOutput) writes its
 // bf16 output where the master would be; the CUDA kernels take it from the descriptor.
 enum class MasterKind : int { None = 0, Fp32 = 1, Remainder = 2, Remainder8 = 3, Output = 4 };
-enum class StateKind : int { Fp32 = 0, BFloat16 = 1, Codes8 = 2 };
+enum class StateKind : int { Fp32 = 0, BFloat16 = 1, Codes8 = 2, Codes4 = 3 };
 
 struct StorageKind {
   int kind;            // its MasterKind or StateKind
   const char* option;  // the option value that picks it: master_weights, or state_dtype's name
   const char* key;     // the optimizer-state key of a master's tensor (null for state)
   const char* dtype;   // the dtype of its tensors, as torch names it (torch.float32: "float32")
-  int bytes;           // per element
+  int bits;            // per element (4-bit codes: two to a byte of a uint8 tensor)
+  int block;           // codes: the elements that share an absmax (ops/quantize.h); 0 otherwise
   bool bf16_params;    // part of a bf16 param's bits: bf16 params only (the param is its top half)
   bool rounds;         // holds the fp32 value rounded: to nearest even, or stochastically
 };
 
 constexpr StorageKind kMasterKinds[] = {
-    {static_cast<int>(MasterKind::Fp32), "fp32", "master_param", "float32", 4, false, false},
-    {static_cast<int>(MasterKind::Remainder), "remainder", "master_remainder", "int16", 2, true, false},
-    {static_cast<int>(MasterKind::Remainder8), "remainder8", "master_remainder8", "uint8", 1, true, true},
+    {static_cast<int>(MasterKind::Fp32), "fp32", "master_param", "float32", 32, 0, false, false},
+    {static_cast<int>(MasterKind::Remainder), "remainder", "master_remainder", "int16", 16, 0, true, false},
+    {static_cast<int>(MasterKind::Remainder8), "remainder8", "master_remainder8", "uint8", 8, 0, true, true},
 };
 
-// 8-bit codes come with their blocks' absmaxes (ops/quantize.h), in a list of their own.
+// Codes come with their blocks' absmaxes (ops/quantize.h), in a list of their own. A state
+// kind is picked by its option, state_dtype's name: 4-bit codes are held in uint8 tensors (torch.uint4
+// takes a byte per element), told from 8-bit codes by their size (core/storage_dtypes.cpp).
 constexpr StorageKind kStateKinds[] = {
-    {static_cast<int>(StateKind::Fp32), "float32", nullptr, "float32", 4, false, false},
-    {static_cast<int>(StateKind::BFloat16), "bfloat16", nullptr, "bfloat16", 2, false, true},
-    {static_cast<int>(StateKind::Codes8), "uint8", nullptr, "uint8", 1, false, true},
+    {static_cast<int>(StateKind::Fp32), "float32", nullptr, "float32", 32, 0, false, false},
+    {static_cast<int>(StateKind::BFloat16), "bfloat16", nullptr, "bfloat16", 16, 0, false, true},
+    {static_cast<int>(StateKind::Codes8), "uint8", nullptr, "uint8", 8, ops::kQuantBlock, false, true},
+    {static_cast<int>(StateKind::Codes4), "uint4", nullptr, "uint8", 4, ops::kQuant4Block, false, true},
 };
 constexpr int kStateKindCount = sizeof kStateKinds / sizeof kStateKinds[0];
 // A state kind's entry (the table is in StateKind's order).
@@ -47,7 +54,9 @@ constexpr const StorageKind* master_storage(MasterKind kind) {
 }
 // The bytes per element of a master kind's tensor (an output's bf16: 2).
 constexpr int master_bytes(MasterKind kind) {
-  return master_storage(kind) ? master_storage(kind)->bytes : (kind == MasterKind::Output ? 2 : 0);
+  return master_storage(kind) ? master_storage(kind)->bits / 8 : (kind == MasterKind::Output ? 2 : 0);
 }
+// Whether a state kind holds codes in blocks, each with its absmax (8- and 4-bit state).
+constexpr bool is_quantized(StateKind kind) { return state_storage(kind).block > 0; }
 
 }  // namespace fused_amp

@@ -148,7 +148,8 @@ def storage_kinds() -> Dict[str, list]:
     value of a half param can live, and ``"states"``, how optimizer state can be held. Each entry
     has ``"kind"`` (its number in the kernels), ``"option"`` (the ``master_weights`` value, or the
     ``state_dtype``'s name), ``"key"`` (the optimizer-state key of a master), ``"dtype"`` (the
-    name of its tensors' torch dtype), ``"bytes"`` per element, ``"bf16_params"`` (the master's
+    name of its tensors' torch dtype: 4-bit codes are held in uint8), ``"bits"`` per element,
+    ``"block"`` (codes: the elements per absmax; 0 otherwise), ``"bf16_params"`` (the master's
     top half is a bf16 param: bf16 params only) and ``"rounds"`` (it holds the fp32 value rounded,
     to nearest even or stochastically)."""
     return _STORAGE_KINDS
@@ -255,6 +256,10 @@ def step_(optimizer: str, params: List[torch.Tensor], grads: List[torch.Tensor],
     update dequantizes, computes as with fp32 state, and requantizes with the block's new absmax:
     to nearest, or with ``stochastic_codes`` (which needs ``rounding_seed``) stochastically, up
     with the probability that makes the value unbiased (the random bits as for bf16 state).
+    Or all 4-bit codes (``state_dtype=torch.uint4``): each a contiguous 1-D uint8 tensor of
+    ``(numel + 1) // 2`` bytes, two codes per byte (element 2i in the high half) in the param's
+    memory order, in blocks of 128 with their absmax rows as above, on torchao's ``AdamW4bit``
+    maps, always to nearest; a uint8 state shaped as its param is 8-bit codes.
     Grads are multiplied by ``inv_scale`` when given and, with ``unscale_grads``, left unscaled
     in place (as torch's fused optimizers leave them). When ``found_inf`` is nonzero nothing is
     written and ``steps`` stay as they are; otherwise each step is incremented. With

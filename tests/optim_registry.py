@@ -117,4 +117,6 @@ STORAGE = {
     "bf16 + remainder, bf16 state": (torch.bfloat16, dict(master_weights="remainder", state_dtype=torch.bfloat16)),
     "bf16 + 24-bit, stochastic": (torch.bfloat16, dict(master_weights="remainder8", stochastic_rounding=True)),
     "bf16 + fp32 master, 8-bit state": (torch.bfloat16, dict(state_dtype=torch.uint8, min_8bit_size=0)),
+    "bf16 + 24-bit, 4-bit state": (torch.bfloat16, dict(master_weights="remainder8", state_dtype=torch.uint4,
+                                                       min_8bit_size=0)),
 }

@@ -96,10 +96,11 @@ def test_optimizer_step_compiles_fullgraph_and_equals_eager(cls, torch_cls, kw, 
     compiled_step_equals_eager(cls, dict(kw, max_grad_norm=max_grad_norm), dtype)
 
 
+@pytest.mark.parametrize("state_dtype", [torch.uint8, torch.uint4], ids=str)
 @pytest.mark.parametrize("cls,torch_cls,kw", PLAIN, ids=PLAIN_IDS)
-def test_8bit_state_step_compiles_fullgraph_and_equals_eager(cls, torch_cls, kw):
-    """The same with 8-bit state: its codes, absmax and the state_absmaxes argument trace."""
-    compiled_step_equals_eager(cls, dict(kw, state_dtype=torch.uint8, min_8bit_size=0), torch.bfloat16)
+def test_codes_step_compiles_fullgraph_and_equals_eager(cls, torch_cls, kw, state_dtype):
+    """The same with 8- and 4-bit state: its codes, absmax and the state_absmaxes argument trace."""
+    compiled_step_equals_eager(cls, dict(kw, state_dtype=state_dtype, min_8bit_size=0), torch.bfloat16)
 
 
 def compiled_step_equals_eager(cls, kw, dtype):

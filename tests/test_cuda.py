@@ -86,7 +86,11 @@ MEMORY_MODES = {"remainder": dict(master_weights="remainder"),
                 "24-bit-sr-8-bit-state": dict(master_weights="remainder8", state_dtype=torch.uint8,
                                               rounding_seed=11, min_8bit_size=8),
                 "8-bit-state-sr": dict(master_weights=True, state_dtype=torch.uint8, stochastic_rounding=True,
-                                       rounding_seed=11, min_8bit_size=8)}
+                                       rounding_seed=11, min_8bit_size=8),
+                # 4-bit codes (cuda/step_states.cuh's Codes4): two per byte, blocks of 128
+                "4-bit-state": dict(master_weights=True, state_dtype=torch.uint4, min_8bit_size=8),
+                "24-bit-sr-4-bit-state": dict(master_weights="remainder8", state_dtype=torch.uint4,
+                                              rounding_seed=11, min_8bit_size=8)}
 
 
 @pytest.mark.parametrize("mode", list(MEMORY_MODES))

@@ -123,7 +123,7 @@ def test_update_scale_matches_torch_and_the_cpu_op(sim, hysteresis, bounds):
 _KINDS = ops.storage_kinds()
 MASTER_KIND = {False: 0, **{kind["option"]: kind["kind"] for kind in _KINDS["masters"]}}
 MASTER_KIND[True] = MASTER_KIND["fp32"]
-STATE_KIND = {getattr(torch, kind["dtype"]): kind["kind"] for kind in _KINDS["states"]}
+STATE_KIND = {getattr(torch, kind["option"]): kind["kind"] for kind in _KINDS["states"]}  # (uint4: 4-bit codes)
 
 
 def test_the_launchers_refuse_the_dtypes_they_have_no_kernel_for(sim):
@@ -423,15 +423,18 @@ def test_clipped_adam_matches_cpu_op(sim, large, max_norm):
 # machines use fused multiply-adds as the kernels do (as in the tests above).
 Q8_SIZES = [0, 1, 255, 256, 257, 2047, 2048, 2049, 2560, 2561, 0, 5200, 7700, 4, 0, 300]
 Q8 = STATE_KIND[torch.uint8]  # the state kind of 8-bit codes
+Q4 = STATE_KIND[torch.uint4]  # of 4-bit codes
+# (a one-element param's 4-bit codes would be its 8-bit ones: fused_amp keeps fp32 state there)
+Q4_SIZES = [0, 2, 127, 128, 129, 2047, 2048, 2049, 2560, 2561, 0, 5200, 7701, 4, 0, 300]
 
 
-def q8_kind(dtype, master=False, ends=0):
-    return (ctypes.c_int * 4)(DTYPE_CODE[dtype], MASTER_KIND[master], Q8, ends)
+def q8_kind(dtype, master=False, ends=0, codes=Q8):
+    return (ctypes.c_int * 4)(DTYPE_CODE[dtype], MASTER_KIND[master], codes, ends)
 
 
-def q8_lists(dtype, master, gen, aligned):
-    params = ([torch.randn(n, generator=gen).to(dtype) for n in Q8_SIZES] if aligned
-              else unaligned_views(Q8_SIZES, dtype, gen))
+def q8_lists(dtype, master, gen, aligned, sizes=Q8_SIZES):
+    params = ([torch.randn(n, generator=gen).to(dtype) for n in sizes] if aligned
+              else unaligned_views(sizes, dtype, gen))
     grads = [torch.randn(p.shape, generator=gen).to(dtype) for p in params]
     if master == "remainder":
         masters = [torch.randint(-2**15, 2**15, p.shape, generator=gen, dtype=torch.int16) for p in params]
@@ -442,9 +445,12 @@ def q8_lists(dtype, master, gen, aligned):
     return params, grads, masters
 
 
-def codes_and_absmax(params, rows):
-    codes = [[torch.zeros(p.shape, dtype=torch.uint8) for p in params] for _ in range(rows)]
-    absmax = [torch.zeros(rows, (p.numel() + 255) // 256) for p in params]
+def codes_and_absmax(params, rows, codes=Q8):
+    """Zero codes (8-bit: shaped as the param; 4-bit: two per byte) and absmax rows."""
+    block = 256 if codes == Q8 else 128
+    shape = (lambda p: p.shape) if codes == Q8 else (lambda p: ((p.numel() + 1) // 2,))
+    codes = [[torch.zeros(shape(p), dtype=torch.uint8) for p in params] for _ in range(rows)]
+    absmax = [torch.zeros(rows, (p.numel() + block - 1) // block) for p in params]
     return codes, absmax
 
 
@@ -456,20 +462,21 @@ def assert_codes_match(codes, ref_codes, absmax, ref_absmax, msg):
 @pytest.mark.parametrize("large", [0, 1])
 # the harness's `stochastic`: 0 to nearest, 1 bf16 state and 24-bit masters stochastically, 2 the
 # 8-bit codes too
-@pytest.mark.parametrize("dtype,master,stochastic", [
-    (torch.float32, False, 0), (torch.bfloat16, True, 0), (torch.float16, True, 0),
-    (torch.bfloat16, "remainder", 0), (torch.bfloat16, "remainder8", 1), (torch.float32, False, 2),
-    (torch.float16, True, 2), (torch.bfloat16, "remainder8", 2)])
+@pytest.mark.parametrize("dtype,master,stochastic,state", [
+    (torch.float32, False, 0, Q8), (torch.bfloat16, True, 0, Q8), (torch.float16, True, 0, Q8),
+    (torch.bfloat16, "remainder", 0, Q8), (torch.bfloat16, "remainder8", 1, Q8), (torch.float32, False, 2, Q8),
+    (torch.float16, True, 2, Q8), (torch.bfloat16, "remainder8", 2, Q8), (torch.float32, False, 0, Q4),
+    (torch.bfloat16, "remainder8", 1, Q4)])
 @pytest.mark.parametrize("aligned", [True, False])
 @pytest.mark.parametrize("amsgrad", [False, True])
-def test_adam_with_8bit_state_matches_cpu_op(sim, large, dtype, master, stochastic, aligned, amsgrad):
-    """The tiles' codes and absmax are the CPU loops' (cpu/quantized_state.h) bit for bit: the
-    same quant blocks, the same fp32 math, the same map and rounding (stochastic codes take the
-    same random bits of the element's index); then an overflow step writes nothing."""
+def test_adam_with_codes_matches_cpu_op(sim, large, dtype, master, stochastic, state, aligned, amsgrad):
+    """The tiles' codes and absmax are the CPU loops' (cpu/quantized_state.h) bit for bit, 8- and
+    4-bit: the same quant blocks, the same fp32 math, the same map and rounding (stochastic codes
+    take the same random bits of the element's index); then an overflow step writes nothing."""
     gen = torch.Generator().manual_seed(11)
-    params, grads, masters = q8_lists(dtype, master, gen, aligned)
+    params, grads, masters = q8_lists(dtype, master, gen, aligned, Q4_SIZES if state == Q4 else Q8_SIZES)
     rows = 3 if amsgrad else 2
-    codes, absmax = codes_and_absmax(params, rows)
+    codes, absmax = codes_and_absmax(params, rows, state)
     if not amsgrad:
         codes.append([None] * len(params))
     steps = [torch.zeros(1) for _ in params]
@@ -482,7 +489,7 @@ def test_adam_with_8bit_state_matches_cpu_op(sim, large, dtype, master, stochast
     for found in (0.0, 0.0, 0.0, 1.0):
         found_inf = torch.tensor([found])
         rows_ = [list(r) for r in zip(params, grads, masters, *codes, steps, absmax)]
-        sim.step("adam", 7, q8_kind(dtype, master), len(params), ptr_array(rows_), numel_array(params), hyper,
+        sim.step("adam", 7, q8_kind(dtype, master, codes=state), len(params), ptr_array(rows_), numel_array(params), hyper,
                         flags, ctypes.c_double(1e-2), None, fptr(inv), fptr(found_inf), 1, None,
                         ctypes.c_float(0), stochastic, ctypes.c_int64(seed or 0), large)
         adam_step_(ref[0], ref[1], ref[2] if master else [], ref[3], ref[4], ref[5] if amsgrad else [],
@@ -508,12 +515,14 @@ def torch_amax(params):
 
 
 # Every optimizer of the table, by its registry entries: each storage kind against the CPU op.
-STORAGE = {  # param dtype, master, state dtype (Q8: 8-bit codes), the harness's `stochastic`
+STORAGE = {  # param dtype, master, state dtype (Q8, Q4: 8- and 4-bit codes), the harness's `stochastic`
     "fp32 state": (torch.float32, False, torch.float32, 0),
     "half + fp32 master": (torch.float16, True, torch.float32, 0),
     "remainder + bf16 state, stochastic": (torch.bfloat16, "remainder", torch.bfloat16, 1),
     "24-bit + 8-bit state, stochastic": (torch.bfloat16, "remainder8", Q8, 2),
     "fp32 master + 8-bit state": (torch.bfloat16, True, Q8, 0),
+    "24-bit + 4-bit state, stochastic": (torch.bfloat16, "remainder8", Q4, 1),
+    "half + fp32 master, 4-bit state": (torch.float16, True, Q4, 0),
 }
 
 
@@ -531,14 +540,15 @@ def test_every_optimizer_matches_the_cpu_op(sim, cls, torch_cls, kw, storage):
     name, keys = opt._kernel, opt._state_keys_for(group)
     if not keys:  # (SGD without momentum) no state to store: the op's launches have fp32 state
         state_dtype = torch.float32
-    quantized = state_dtype == Q8
+    quantized = state_dtype in (Q8, Q4)
     gen = torch.Generator().manual_seed(5)
-    params, grads, masters = (q8_lists if quantized else optimizer_lists)(dtype, master, gen, True)
+    lists = partial(q8_lists, sizes=Q4_SIZES if state_dtype == Q4 else Q8_SIZES) if quantized else optimizer_lists
+    params, grads, masters = lists(dtype, master, gen, True)
     table = ops.optimizers()[name]
     hyper = opt._hyper(group)
     initial = opt._initial_state(group)
     if quantized:
-        kept, absmax = codes_and_absmax(params, len(keys))
+        kept, absmax = codes_and_absmax(params, len(keys), state_dtype)
     else:
         kept = [[torch.full(p.shape, float(initial.get(key, 0)), dtype=state_dtype) for p in params] for key in keys]
         absmax = [None] * len(params)
@@ -570,8 +580,8 @@ def test_every_optimizer_matches_the_cpu_op(sim, cls, torch_cls, kw, storage):
         rows = [list(r) + ([a] if quantized else []) + end
                 for r, a, end in zip(zip(params, grads, masters, *states, steps, *scalars), absmax, ends)]
         sim.step(name, 4 + len(table["states"]) + len(scalars),
-                 (q8_kind if quantized else partial(kind, state_dtype=state_dtype))(dtype, master,
-                                                                                   ends=4 if with_amax else 0),
+                 (partial(q8_kind, codes=state_dtype) if quantized else partial(kind, state_dtype=state_dtype))(
+                     dtype, master, ends=4 if with_amax else 0),
                  len(params), ptr_array(rows), numel_array(params), [hyper[h] for h in table["hyper"]], [],
                  ctypes.c_double(lr), None, fptr(inv), fptr(found_inf), 1, None, ctypes.c_float(0), stochastic,
                  ctypes.c_int64(seed or 0), 0)

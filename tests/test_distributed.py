@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 import fused_amp
 from fused_amp.benchmark import harness
+from fused_amp.optim._grad_norm import local_shard
 
 DEADLINE_S = 120
 
@@ -418,13 +419,15 @@ def dcp_run(rank, world, path, phase, options=None):
         dcp.load(state, checkpoint_id=path)
         set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
         scaler.load_state_dict(torch.load(os.path.join(path, "scaler.pt")))
-        if (options or {}).get("state_dtype") == torch.uint8:
+        state_dtype = (options or {}).get("state_dtype")
+        if state_dtype in (torch.uint8, torch.uint4):
             checks = []
             for name, p in model.named_parameters():
                 saved, mine = state["optim"]["state"][name], opt.state[p]
                 for row, (key, signed) in enumerate((("exp_avg", True), ("exp_avg_sq", False))):
-                    codes, absmax = quantize(saved[key].to_local(), p.to_local(), signed)
-                    checks.append(torch.equal(mine[key].to_local(), codes) and torch.equal(mine[ABSMAX][row], absmax))
+                    codes, absmax = quantize(saved[key].to_local(), p.to_local(), signed, state_dtype)
+                    checks.append(torch.equal(local_shard(mine[key]), codes)
+                                  and torch.equal(mine[ABSMAX][row], absmax))
             out["loaded_codes_are_the_shards_quantized"] = all(checks)
     steps(range(3, 5))
     params = list(model.parameters())
@@ -447,13 +450,19 @@ def test_fsdp2_dcp_checkpoint_saved_on_4_ranks_continues_on_2():
         assert r["steps"] == saved[0]["steps"] == [5.0] * 4 and r["scale"] == saved[0]["scale"]
 
 
-def test_fsdp2_dcp_checkpoint_with_8bit_state_saved_on_4_ranks_continues_on_2():
+# the largest gap between neighbouring codes of exp_avg, relative to the block's absmax: 8-bit
+# 1/127 at the top (csrc/ops/quantize.h), 4-bit 0.225 (torchao's map, csrc/ops/quantize4.h)
+CODE_GAP = {torch.uint8: 1 / 127, torch.uint4: 0.8875 - 0.6625}
+
+
+@pytest.mark.parametrize("state_dtype", [torch.uint8, torch.uint4], ids=str)
+def test_fsdp2_dcp_checkpoint_with_codes_saved_on_4_ranks_continues_on_2(state_dtype):
     """The checkpoint holds fp32 moments (DTensors); loaded on 2 ranks each rank quantizes its
-    own shards, in blocks of its shard (not the 4-rank blocks): the codes are those of the
-    checkpoint's values, the masters and step counts are the checkpoint's exactly, and the run
-    continues. The moments then differ from the 4-rank run's by the requantization only: within
-    a code step of each other (1/127 of the block's absmax, relative, for exp_avg)."""
-    options = dict(state_dtype=torch.uint8, min_8bit_size=0)
+    own shards, in blocks of its shard (not the 4-rank blocks): the codes (8- or 4-bit) are those
+    of the checkpoint's values, the masters and step counts are the checkpoint's exactly, and the
+    run continues. The moments then differ from the 4-rank run's by the requantization only:
+    within two code steps of each other."""
+    options = dict(state_dtype=state_dtype, min_8bit_size=0)
     with tempfile.TemporaryDirectory() as path:
         saved = run_ranks(dcp_run, 4, path, "save", options)
         loaded = run_ranks(dcp_run, 2, path, "load", options)
@@ -461,35 +470,46 @@ def test_fsdp2_dcp_checkpoint_with_8bit_state_saved_on_4_ranks_continues_on_2():
         assert r["loaded_codes_are_the_shards_quantized"]
         assert r["steps"] == saved[0]["steps"] == [5.0] * 4 and r["scale"] == saved[0]["scale"]
         for a, b in zip(r["exp_avg"], saved[0]["exp_avg"]):
-            assert (a - b).abs().max().item() <= 2 * b.abs().max().item() / 127
+            assert (a - b).abs().max().item() <= 2 * b.abs().max().item() * CODE_GAP[state_dtype]
         for a, b in zip(r["params"], loaded[0]["params"]):
             assert torch.equal(a, b)  # the ranks agree
 
 
-def fsdp_8bit_run(rank, world, master_weights):
-    """bf16 FSDP2 shards with 8-bit state through an overflow on one rank; then one more step
-    beside an fp32-state twin loaded from this optimizer's state_dict() (fp32 moments, DTensors):
-    the twin's step from the dequantized state gives the same params and masters bit for bit,
-    and this optimizer's new codes are the twin's new local moments quantized shard by shard."""
+def fsdp_codes_run(rank, world, master_weights, state_dtype):
+    """bf16 FSDP2 shards with 8- or 4-bit state through an overflow on one rank; then one more
+    step beside an fp32-state twin loaded from this optimizer's state_dict() (fp32 moments,
+    DTensors): the twin's step from the dequantized state gives the same params and masters bit
+    for bit, and this optimizer's new codes are the twin's new local moments quantized shard by
+    shard. 8-bit codes are DTensors placed as the param, 4-bit ones each rank's own 1-D bytes."""
     from torch.distributed.tensor import DTensor
 
-    from fused_amp.optim._quantize import ABSMAX, blocks_of, quantize
+    from fused_amp.optim._quantize import ABSMAX, block_of, blocks_of, quantize
 
     # 64 x 16 weights: 512 elements (2 quant blocks) per rank; 3 x 64: uneven shards (2 and 1 rows)
     model = sharded_mlp(64, 3)
     params = list(model.parameters())
     options = dict(lr=1e-2, master_weights=master_weights, rounding_seed=7)
-    opt = fused_amp.optim.AdamW(params, state_dtype=torch.uint8, min_8bit_size=0, **options)
+    opt = fused_amp.optim.AdamW(params, state_dtype=state_dtype, min_8bit_size=0, **options)
     scaler = fused_amp.GradScaler("cpu", init_scale=256.0)
     for step in range(4):
         opt.zero_grad()
         scaler.scale(model(batch(rank, step, 2)).float().pow(2).mean()).backward()
         scaler.step(opt)
         scaler.update()
-    layout = all(isinstance(opt.state[p][k], DTensor) and opt.state[p][k].placements == p.placements
-                 and opt.state[p][k].dtype == torch.uint8 for p in params for k in ("exp_avg", "exp_avg_sq"))
+    # (a rank's one-element shard keeps fp32 state with 4-bit codes: they would read as 8-bit ones)
+    coded = [p for p in params if state_dtype == torch.uint8 or p.to_local().numel() > 1]
+    coded_ids = {id(p) for p in coded}
+    if state_dtype == torch.uint8:
+        layout = all(isinstance(opt.state[p][k], DTensor) and opt.state[p][k].placements == p.placements
+                     and opt.state[p][k].dtype == torch.uint8 for p in params for k in ("exp_avg", "exp_avg_sq"))
+    else:
+        layout = all(type(opt.state[p][k]) is torch.Tensor and opt.state[p][k].dtype == torch.uint8
+                     and opt.state[p][k].shape == ((p.to_local().numel() + 1) // 2,)
+                     for p in coded for k in ("exp_avg", "exp_avg_sq"))
+        layout &= all(opt.state[p]["exp_avg"].dtype == torch.float32 for p in params if id(p) not in coded_ids)
     layout &= all(type(opt.state[p][ABSMAX]) is torch.Tensor
-                  and opt.state[p][ABSMAX].shape == (2, blocks_of(p.to_local().numel())) for p in params)
+                  and opt.state[p][ABSMAX].shape == (2, blocks_of(p.to_local().numel(), block_of(state_dtype)))
+                  for p in coded)
     twin_params = [torch.nn.Parameter(DTensor.from_local(p.to_local().clone(), p.device_mesh, p.placements,
                                                          shape=p.shape, stride=p.stride())) for p in params]
     twin = fused_amp.optim.AdamW(twin_params, **options)
@@ -512,16 +532,20 @@ def fsdp_8bit_run(rank, world, master_weights):
                 for i in range(len(params)))
     codes = []
     for p, q in zip(params, twin_params):
+        if id(p) not in coded_ids:
+            continue
         for row, (key, signed) in enumerate((("exp_avg", True), ("exp_avg_sq", False))):
-            c, a = quantize(twin.state[q][key].to_local(), p.to_local(), signed)
-            codes.append(torch.equal(opt.state[p][key].to_local(), c) and torch.equal(opt.state[p][ABSMAX][row], a))
+            c, a = quantize(twin.state[q][key].to_local(), p.to_local(), signed, state_dtype)
+            codes.append(torch.equal(local_shard(opt.state[p][key]), c) and torch.equal(opt.state[p][ABSMAX][row], a))
     return dict(layout=layout, same=same, codes=all(codes), compact_refused=compact_refused, steps=[float(opt.state[p]["step"]) for p in params],
                 full=[p.full_tensor() for p in params])
 
 
-@pytest.mark.parametrize("master_weights", [True, "remainder", "remainder8"])
-def test_fsdp2_8bit_state_is_quantized_shard_by_shard(master_weights):
-    results = run_ranks(fsdp_8bit_run, 2, master_weights)
+@pytest.mark.parametrize("master_weights,state_dtype", [(True, torch.uint8), ("remainder", torch.uint8),
+                                                        ("remainder8", torch.uint8), ("remainder", torch.uint4),
+                                                        ("remainder8", torch.uint4)])
+def test_fsdp2_codes_are_quantized_shard_by_shard(master_weights, state_dtype):
+    results = run_ranks(fsdp_codes_run, 2, master_weights, state_dtype)
     for r in results:
         assert r["layout"] and r["same"] and r["codes"] and r["compact_refused"]
         assert r["steps"] == [4.0] * 4  # the overflow on rank 1 skipped on both

@@ -271,7 +271,8 @@ def test_stochastic_rounding_repeats_exactly_and_follows_the_seed():
 
 
 def test_memory_options_are_checked():
-    with pytest.raises(ValueError, match="state_dtype must be torch.float32, torch.bfloat16 or torch.uint8"):
+    with pytest.raises(ValueError, match="state_dtype must be torch.float32, torch.bfloat16, torch.uint8 "
+                                         r"\(8-bit codes\) or torch.uint4"):
         Adam(make_params(), state_dtype=torch.float16)
     with pytest.raises(ValueError, match="stochastic_rounding=True rounds bf16 state"):
         SGD(make_params(), momentum=0.9, stochastic_rounding=True)
@@ -329,11 +330,14 @@ def test_state_bytes_per_param_of_each_mode():
 def test_the_storage_kinds_table_says_what_the_optimizers_hold():
     """ops.storage_kinds() (csrc/storage_kinds.h), which Python's memory options and the kernels
     read: each master kind is a master_weights value whose state key holds a tensor of the
-    table's dtype and bytes, and each state kind a state_dtype whose moments have that dtype."""
+    table's dtype and bits, and each state kind a state_dtype (its option) whose moments have
+    the table's dtype and bits per element."""
     kinds = ops.storage_kinds()
     assert [k["option"] for k in kinds["masters"]] == ["fp32", "remainder", "remainder8"]
-    assert [k["dtype"] for k in kinds["states"]] == ["float32", "bfloat16", "uint8"]
-    assert [k["rounds"] for k in kinds["states"]] == [False, True, True]
+    assert [k["option"] for k in kinds["states"]] == ["float32", "bfloat16", "uint8", "uint4"]
+    assert [k["dtype"] for k in kinds["states"]] == ["float32", "bfloat16", "uint8", "uint8"]
+    assert [k["block"] for k in kinds["states"]] == [0, 0, 256, 128]
+    assert [k["rounds"] for k in kinds["states"]] == [False, True, True, True]
     assert [k["rounds"] for k in kinds["masters"]] == [False, False, True]
     for kind in kinds["masters"]:
         p = torch.nn.Parameter(torch.randn(300, dtype=torch.bfloat16))
@@ -341,7 +345,7 @@ def test_the_storage_kinds_table_says_what_the_optimizers_hold():
         opt = Adam([p], master_weights=kind["option"])
         opt.step()
         held = opt.state[p][kind["key"]]
-        assert held.dtype == getattr(torch, kind["dtype"]) and held.element_size() == kind["bytes"], kind
+        assert held.dtype == getattr(torch, kind["dtype"]) and 8 * held.element_size() == kind["bits"], kind
         assert [k for k in opt.state[p] if k.startswith("master")] == [kind["key"]]
         if kind["bf16_params"]:
             with pytest.raises(ValueError, match=f"master_weights='{kind['option']}' needs bfloat16 params"):
@@ -349,10 +353,11 @@ def test_the_storage_kinds_table_says_what_the_optimizers_hold():
     for kind in kinds["states"]:
         p = torch.nn.Parameter(torch.randn(5000, dtype=torch.bfloat16))
         p.grad = torch.randn_like(p)
-        opt = Adam([p], state_dtype=getattr(torch, kind["dtype"]), min_8bit_size=0)
+        opt = Adam([p], state_dtype=getattr(torch, kind["option"]), min_8bit_size=0)
         opt.step()
-        assert opt.state[p]["exp_avg"].dtype == getattr(torch, kind["dtype"]), kind
-        assert opt.state[p]["exp_avg"].element_size() == kind["bytes"], kind
+        held = opt.state[p]["exp_avg"]
+        assert held.dtype == getattr(torch, kind["dtype"]), kind
+        assert 8 * held.numel() * held.element_size() == kind["bits"] * p.numel(), kind
 
 
 # ---- the same bits on every instruction set -----------------------------------------------------

@@ -1,4 +1,5 @@
-"""8-bit blockwise optimizer state (state_dtype=torch.uint8), generic over every optimizer and
+"""8-bit blockwise optimizer state (state_dtype=torch.uint8), and where it is the same 4-bit
+state (torch.uint4: tests/test_state4.py has its own), generic over every optimizer and
 option set of the registry: the step is the fp32-state step from the dequantized state, bit for
 bit, and stores the codes of the map written in fused_amp/optim/_quantize.py (itself checked
 against the closed forms of csrc/ops/quantize.h on every code); no code pairing lets a weight
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 import fused_amp
 from fused_amp import ops
 from fused_amp.optim import Adam, AdamW
-from fused_amp.optim._quantize import ABSMAX, QUANT_BLOCK, _sqrt, constant_code, dequantize, quantize
+from fused_amp.optim._quantize import ABSMAX, QUANT_BLOCK, _sqrt, block_of, constant_code, dequantize, quantize
 from helpers import assert_bitwise_equal, rounding_bits, rounding_key, adam_step_
 from optim_registry import CASES, IDS, PARAM_DTYPES
 
@@ -49,7 +50,7 @@ def fp32_twin(cls, kw, opt, params, master_weights, stochastic_rounding=None):
         state = opt.state[p]
         twin.state[q] = {k: v.clone() for k, v in state.items() if k not in SIGNED and k != ABSMAX}
         for row, key in enumerate(state_keys(opt, p)):
-            twin.state[q][key] = dequantize(state[key], state[ABSMAX][row], SIGNED[key])
+            twin.state[q][key] = dequantize(state[key], state[ABSMAX][row], SIGNED[key], p.detach())
     return twin, twin_params
 
 
@@ -80,19 +81,22 @@ def stochastic_codes(values: torch.Tensor, absmax: torch.Tensor, signed: bool, k
     return code.to(torch.int32).to(torch.uint8).reshape(values.shape)
 
 
+@pytest.mark.parametrize("state_dtype", [torch.uint8, torch.uint4], ids=str)
 @pytest.mark.parametrize("dtype", PARAM_DTYPES, ids=str)
 @pytest.mark.parametrize("cls,torch_cls,kw", CASES, ids=IDS)
-def test_a_step_is_the_fp32_state_step_from_the_dequantized_state(cls, torch_cls, kw, dtype):
-    """After a few steps, one more step of the 8-bit optimizer gives bitwise the params and
+def test_a_step_is_the_fp32_state_step_from_the_dequantized_state(cls, torch_cls, kw, dtype, state_dtype):
+    """After a few steps, one more step with 8- or 4-bit state gives bitwise the params and
     masters that the fp32-state step gives from the dequantized state, and stores bitwise the
     codes and absmax that the Python quantizer makes of that step's fp32 state (to nearest), or
-    with stochastic_rounding=True the codes of the stochastic rule written again above."""
-    for master_weights, stochastic in [(m, s) for m in master_modes(dtype) for s in (False, True)]:
+    with stochastic_rounding=True the 8-bit codes of the stochastic rule written again above
+    (4-bit codes always round to nearest)."""
+    roundings = (False, True) if state_dtype == torch.uint8 else (False,)
+    for master_weights, stochastic in [(m, s) for m in master_modes(dtype) for s in roundings]:
         params = make_params(dtype)
         # to nearest: the default, but for a running sum's state, which rounds stochastically by
         # default (then the masters round to nearest too, in both)
         nearest = False if cls._running_sums else None
-        opt = cls(params, state_dtype=torch.uint8, min_8bit_size=0, master_weights=master_weights,
+        opt = cls(params, state_dtype=state_dtype, min_8bit_size=0, master_weights=master_weights,
                   stochastic_rounding=True if stochastic else nearest, **kw)
         for step in range(3):
             set_grads(params, step)
@@ -105,16 +109,18 @@ def test_a_step_is_the_fp32_state_step_from_the_dequantized_state(cls, torch_cls
         for i, (p, q) in enumerate(zip(params, twin_params)):
             where = f"{master_weights} {'stochastic' if stochastic else 'nearest'} param {i}"
             assert_bitwise_equal(p.detach(), q.detach(), where)
-            for key in ("master_param", "master_remainder"):
+            for key in ("master_param", "master_remainder", "master_remainder8"):
                 if key in twin.state[q]:
                     assert_bitwise_equal(opt.state[p][key], twin.state[q][key], f"{where} {key}")
             keys = state_keys(opt, p)
             if not keys:  # SGD without momentum keeps no state
                 assert ABSMAX not in opt.state[p]
                 continue
-            assert opt.state[p][ABSMAX].shape == (len(keys), -(-p.numel() // QUANT_BLOCK))
+            assert opt.state[p][ABSMAX].shape == (len(keys), -(-p.numel() // block_of(state_dtype)))
             for row, key in enumerate(keys):
-                codes, absmax = quantize(twin.state[q][key], p, SIGNED[key])
+                if state_dtype == torch.uint4:  # two codes per byte
+                    assert opt.state[p][key].shape == ((p.numel() + 1) // 2,)
+                codes, absmax = quantize(twin.state[q][key], p, SIGNED[key], state_dtype)
                 if stochastic:
                     step_key = rounding_key(opt.param_groups[0]["rounding_seed"], int(opt.state[p]["step"]))
                     codes = stochastic_codes(twin.state[q][key], absmax, SIGNED[key], step_key)
@@ -244,10 +250,12 @@ def test_no_block_lets_a_weight_jump(huge, tiny, steps, alternate, seed):
     assert (q8 <= 40 * fp32 + 1e-12).all()
 
 
+@pytest.mark.parametrize("state_dtype", [torch.uint8, torch.uint4], ids=str)
 @pytest.mark.parametrize("cls,torch_cls,kw", CASES, ids=IDS)
-def test_an_overflow_step_changes_nothing_codes_and_absmax_included(cls, torch_cls, kw):
+def test_an_overflow_step_changes_nothing_codes_and_absmax_included(cls, torch_cls, kw, state_dtype):
+    """8- and 4-bit codes alike."""
     params = make_params(torch.bfloat16)
-    opt = cls(params, state_dtype=torch.uint8, min_8bit_size=0, **kw)
+    opt = cls(params, state_dtype=state_dtype, min_8bit_size=0, **kw)
     scaler = fused_amp.GradScaler("cpu", init_scale=256.0)
     for step in range(4):
         scaler.scale(torch.ones(()))
@@ -264,9 +272,10 @@ def test_an_overflow_step_changes_nothing_codes_and_absmax_included(cls, torch_c
             assert_bitwise_equal(opt.state[p][key], t, key)
 
 
-def test_the_bits_do_not_depend_on_the_thread_count():
+@pytest.mark.parametrize("state_dtype", [torch.uint8, torch.uint4], ids=str)
+def test_the_bits_do_not_depend_on_the_thread_count(state_dtype):
     """Blocks are fixed by the element index: 1 and 2 threads (whose ranges split inside a
-    tensor) store the same codes, absmax and params."""
+    tensor) store the same codes, absmax and params, 8- and 4-bit alike."""
     shapes = [(70_001,), (3, 40_000)]
     results = []
     threads = torch.get_num_threads()
@@ -274,7 +283,7 @@ def test_the_bits_do_not_depend_on_the_thread_count():
         for n in (1, 2):
             torch.set_num_threads(n)
             params = make_params(torch.bfloat16, shapes)
-            opt = AdamW(params, state_dtype=torch.uint8)
+            opt = AdamW(params, state_dtype=state_dtype)
             for step in range(3):
                 set_grads(params, step)
                 opt.step()
@@ -286,15 +295,18 @@ def test_the_bits_do_not_depend_on_the_thread_count():
         assert_bitwise_equal(a, b)
 
 
-def test_small_params_keep_fp32_state_and_memory_is_what_is_said():
+# (state_dtype, master_weights, bytes per param held, elements per absmax): remainder 2 + m 1 +
+# v 1, plus 2 fp32 absmax per 256 elements; a 24-bit master's byte 1 + m 0.5 + v 0.5, plus 2 per 128
+@pytest.mark.parametrize("state_dtype,master_weights,per_param,block", [
+    (torch.uint8, "remainder", 4, QUANT_BLOCK), (torch.uint4, "remainder8", 2, 128)], ids=["8-bit", "4-bit"])
+def test_small_params_keep_fp32_state_and_memory_is_what_is_said(state_dtype, master_weights, per_param, block):
     big, small = torch.nn.Parameter(torch.zeros(8192).bfloat16()), torch.nn.Parameter(torch.zeros(100).bfloat16())
-    opt = AdamW([big, small], state_dtype=torch.uint8, master_weights="remainder")
+    opt = AdamW([big, small], state_dtype=state_dtype, master_weights=master_weights)
     big.grad, small.grad = torch.ones_like(big), torch.ones_like(small)
     opt.step()
     assert opt.state[small]["exp_avg"].dtype == torch.float32 and ABSMAX not in opt.state[small]
     held = sum(t.numel() * t.element_size() for k, t in opt.state[big].items() if k != "step")
-    # remainder 2 + m 1 + v 1 bytes per param, plus 2 fp32 absmax per 256 elements
-    assert held == 8192 * 4 + 2 * 4 * 8192 // QUANT_BLOCK
+    assert held == 8192 * per_param + 2 * 4 * 8192 // block
 
 
 @pytest.mark.parametrize("cls,torch_cls,kw", CASES, ids=IDS)
@@ -418,7 +430,7 @@ def test_a_bad_compact_checkpoint_is_refused_before_anything_changes():
            (with_entry(exp_avg=good["state"][0]["exp_avg"].view(torch.int8).clone()), TypeError, "torch.int8"),
            (with_entry(exp_avg=torch.zeros(600, dtype=torch.uint8)[::2]), ValueError, "must be dense"),
            (with_entry(exp_avg=good["state"][0]["exp_avg"].float(), exp_avg_sq=good["state"][0]["exp_avg_sq"].float()),
-            TypeError, "the moments are 8-bit codes")]
+            TypeError, "the moments are 8- or 4-bit codes")]
     for sd, error, match in bad:
         with pytest.raises(error, match=match):
             opt.load_state_dict(sd)

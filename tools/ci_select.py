@@ -36,15 +36,15 @@ SANITIZED_BY = [
     ("csrc/cuda/", ("test_cuda_sim.py",)),
     ("tests/cuda_sim/", ("test_cuda_sim.py", "test_cuda_emulator.py")),
     ("csrc/cpu/", ("test_unscale.py", "test_optim.py", "test_clip.py", "test_memory_modes.py",
-                   "test_quantized_state.py", "test_master24.py", "test_float8_weights.py",
+                   "test_quantized_state.py", "test_state4.py", "test_master24.py", "test_float8_weights.py",
                    "test_mx_weights.py")),
-    ("csrc/ops/", ("test_unscale.py", "test_optim.py", "test_clip.py", "test_quantized_state.py",
+    ("csrc/ops/", ("test_unscale.py", "test_optim.py", "test_clip.py", "test_quantized_state.py", "test_state4.py",
                    "test_master24.py", "test_lion.py", "test_weight_amax.py", "test_delayed_scaling.py",
                    "test_float8_weights.py", "test_mx_weights.py")),
     ("csrc/core/", ("test_bad_input.py", "test_properties.py", "test_peer_checks.py")),
     ("csrc/py_lists", ("test_py_lists.py",)),
     ("csrc/register.cpp", ("test_bad_input.py",)),
-    ("csrc/storage_kinds.h", ("test_memory_modes.py", "test_quantized_state.py", "test_master24.py")),
+    ("csrc/storage_kinds.h", ("test_memory_modes.py", "test_quantized_state.py", "test_state4.py", "test_master24.py")),
     ("csrc/optimizers.h", ("test_optim.py",)),
 ]
 

@@ -23,7 +23,7 @@ using fused_amp::StateKind;
 struct Mode {
   const char* name;
   MasterKind master;  // fp32 masters, the remainder or 24-bit masters (storage_kinds.h)
-  StateKind state;    // fp32, bf16 or 8-bit codes
+  StateKind state;    // fp32, bf16, 8- or 4-bit codes
   bool stochastic;        // bf16 state and 24-bit masters round stochastically
   bool stochastic_codes;  // so do 8-bit codes
 };
@@ -48,7 +48,8 @@ double ns_per_element(const Mode& mode, int64_t n, int reps) {
   std::vector<BF16> param(n), grad(n), remainder(n), state16(2 * n);
   std::vector<float> master(n), state32(2 * n, 0.f);
   std::vector<uint8_t> state8(2 * n, 0), remainder8(n, 0);
-  const int64_t blocks = fused_amp::ops::quant_blocks(n);
+  const int64_t block = std::max(fused_amp::state_storage(mode.state).block, 1);
+  const int64_t blocks = (n + block - 1) / block;
   std::vector<float> absmax(2 * blocks, 0.f);
   for (int64_t i = 0; i < n; ++i) {
     master[i] = normal(gen);
@@ -57,16 +58,16 @@ double ns_per_element(const Mode& mode, int64_t n, int reps) {
     grad[i] = 1024.f * normal(gen);
     state16[i] = state16[n + i] = 0.f;
   }
+  const bool quantized = fused_amp::is_quantized(mode.state);
   void* state = mode.state == StateKind::BFloat16 ? static_cast<void*>(state16.data())
-                : mode.state == StateKind::Codes8 ? static_cast<void*>(state8.data())
+                : quantized                       ? static_cast<void*>(state8.data())
                                                   : static_cast<void*>(state32.data());
-  const size_t state_bytes = fused_amp::state_storage(mode.state).bytes;
-  const bool quantized = mode.state == StateKind::Codes8;
+  const int64_t state_bytes = n * fused_amp::state_storage(mode.state).bits / 8;
   void* masters = mode.master == MasterKind::Remainder ? static_cast<void*>(remainder.data())
                   : mode.master == MasterKind::Remainder8 ? static_cast<void*>(remainder8.data())
                                                           : static_cast<void*>(master.data());
   const UpdateRange<BF16> range{param.data(), grad.data(), mode.master, masters,
-                                {state, static_cast<char*>(state) + n * state_bytes, nullptr},
+                                {state, static_cast<char*>(state) + state_bytes, nullptr},
                                 quantized ? absmax.data() : nullptr, quantized ? blocks : 0, n, 0, 12345u,
                                 mode.stochastic, mode.stochastic_codes, true};
   const fused_amp::ops::AdamHyper hyper{0.9, 0.999, 1e-8, 0.0, false, false, false};
@@ -129,8 +130,8 @@ void quantization_parts() {
   loops::fill_rounding_bits(12345u, 0, n, random.data());
   auto quantize = [&](const std::vector<float>& x, auto is_signed, bool stochastic) {
     return time([&](int64_t q) {
-      loops::quantize_block<decltype(is_signed)::value>(x.data() + q, block, codes.data() + q, &absmax[q / block],
-                                                         stochastic ? random.data() + q : nullptr);
+      loops::Codes8::quantize(x.data() + q, block, codes.data() + q, &absmax[q / block],
+                              stochastic ? random.data() + q : nullptr, decltype(is_signed)::value);
     });
   };
   const double quantize_m = quantize(m, std::true_type{}, false);
@@ -138,8 +139,8 @@ void quantization_parts() {
   const double stochastic_m = quantize(m, std::true_type{}, true);
   const double stochastic_v = quantize(v, std::false_type{}, true);
   const double bits_ns = time([&](int64_t q) { loops::fill_rounding_bits(12345u, q, block, random.data() + q); });
-  const double dequantize_m = time([&](int64_t q) { loops::dequantize_block<true>(codes.data() + q, absmax[q / block], block, out.data() + q); });
-  const double dequantize_v = time([&](int64_t q) { loops::dequantize_block<false>(codes.data() + q, absmax[q / block], block, out.data() + q); });
+  const double dequantize_m = time([&](int64_t q) { loops::Codes8::dequantize(codes.data() + q, absmax[q / block], block, true, out.data() + q); });
+  const double dequantize_v = time([&](int64_t q) { loops::Codes8::dequantize(codes.data() + q, absmax[q / block], block, false, out.data() + q); });
   std::printf("%-24s %14.3f %14.3f\n", "quantize (with absmax)", quantize_m, quantize_v);
   std::printf("%-24s %14.3f %14.3f\n", "quantize, stochastic", stochastic_m, stochastic_v);
   std::printf("%-24s %14.3f %14s\n", "random bits (both)", bits_ns, "(same)");
@@ -162,7 +163,9 @@ int main(int argc, char** argv) {
                         {"remainder + 8-bit state", k16, StateKind::Codes8, false, false},
                         {"24-bit masters", k24, StateKind::Fp32, true, false},
                         {"24-bit, nearest", k24, StateKind::Fp32, false, false},
-                        {"24-bit + 8-bit state", k24, StateKind::Codes8, true, false}};
+                        {"24-bit + 8-bit state", k24, StateKind::Codes8, true, false},
+                        {"4-bit state", kFp32, StateKind::Codes4, false, false},
+                        {"24-bit + 4-bit state", k24, StateKind::Codes4, true, false}};
   std::printf("%s loops, one thread: ns per element, median of 7 batches\n",
               fused_amp::cpu::CPU_CAPABILITY::loops().isa);
   std::printf("%-24s %14s %14s\n", "mode", "8,192 (cache)", "4M (memory)");

@@ -8,29 +8,48 @@
 
 #include "core/validate.h"
 #include "ops/float8.h"
-#include "ops/quantize.h"
 
 namespace fused_amp::core {
 
 namespace {
 
-// A state list: fp32 or bf16 tensors shaped like the params; with `first` (the op's first state
-// list, already checked) each tensor has the dtype of the first list's for its param.
+// 4-bit codes: one byte per two elements of the param, in its memory order (ops/quantize4.h);
+// contiguous, so they cannot overlap themselves.
+void check_packed_codes(const char* op, const char* name, size_t i, const at::Tensor& t, const at::Tensor& param) {
+  TORCH_CHECK_VALUE(t.device() == param.device(), op, ": ", name, "[", i, "] is on ", t.device(),
+                    " but params[", i, "] is on ", param.device());
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.numel() == (param.numel() + 1) / 2 && t.is_contiguous(), op, ": ", name,
+                    "[", i, "] holds 4-bit codes of params[", i, "] (", param.numel(), " elements): expected a "
+                    "contiguous 1-D uint8 tensor of ", (param.numel() + 1) / 2, " bytes, got shape ", t.sizes());
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kByte, op, ": ", name, "[", i, "] has dtype ", t.scalar_type(),
+                   ", expected Byte (the 4-bit codes of the first state list)");
+}
+
+// A state list: tensors of a state kind (storage_kinds.h) for the params; with `first` (the op's
+// first state list, already checked) each tensor is of the first list's kind for its param.
 void check_states(const char* op, const char* name, at::TensorList list, at::TensorList params,
                   std::vector<at::Tensor>& out, const std::vector<at::Tensor>* first) {
   const bool follows_first = first && !first->empty();
   for (size_t i = 0; i < list.size(); ++i) {
-    const at::ScalarType dtype = list[i].defined() ? list[i].scalar_type() : at::kFloat;
-    StateKind kind;
-    TORCH_CHECK_TYPE(follows_first || state_kind_of(dtype, &kind), op, ": ", name, "[", i, "] has dtype ", dtype,
-                     ", expected ", state_dtype_names(), " (the state dtypes; Byte: 8-bit codes)");
-    check_partner(op, name, i, list[i], params[i], follows_first ? (*first)[i].scalar_type() : dtype, true);
+    StateKind kind = StateKind::Fp32;
+    const bool known = list[i].defined() && state_kind_of(list[i], params[i], &kind);
+    TORCH_CHECK_TYPE(follows_first || known || !list[i].defined(), op, ": ", name, "[", i, "] has dtype ",
+                     list[i].scalar_type(), ", expected ", state_dtype_names(),
+                     " (the state dtypes; Byte: 8- or 4-bit codes)");
+    if (follows_first) state_kind_of((*first)[i], params[i], &kind);
+    if (kind == StateKind::Codes4 && list[i].defined()) {
+      check_packed_codes(op, name, i, list[i], params[i]);
+    } else {
+      const at::ScalarType dtype = follows_first ? (*first)[i].scalar_type()
+                                                 : (list[i].defined() ? list[i].scalar_type() : at::kFloat);
+      check_partner(op, name, i, list[i], params[i], dtype, true);
+    }
   }
   out = list.vec();
 }
 
-// The absmax of each param with 8-bit state: fp32, contiguous, (state rows, blocks); none for
-// other params.
+// The absmax of each param with 8- or 4-bit state: fp32, contiguous, (state rows, blocks); none
+// for other params.
 // Whether a tensor of a list whose entries may be absent (master_params, state_absmaxes) is
 // given: a list of tensors holds no None (torch.compile's functionalization refuses written lists
 // with Nones), so an empty tensor stands for none.
@@ -43,8 +62,9 @@ void check_absmaxes(const char* op, at::TensorList absmaxes, StepTensors& s) {
   for (const auto& list : s.states) rows += !list.empty();
   s.absmaxes.resize(absmaxes.empty() ? 0 : n);
   for (size_t i = 0; i < n; ++i) {
-    // (the absmaxes of an empty param's 8-bit state are empty too: given or not, alike)
-    const bool quantized = s.state_kind(i) == StateKind::Codes8 && s.params[i].numel() > 0;
+    // (the absmaxes of an empty param's codes are empty too: given or not, alike)
+    const StorageKind& kind = state_storage(s.state_kind(i));
+    const bool quantized = kind.block > 0 && s.params[i].numel() > 0;
     const bool given = !absmaxes.empty() && given_tensor(absmaxes[i]) && s.params[i].numel() > 0;
     if (rows == 0) {
       TORCH_CHECK_VALUE(!given, op, ": state_absmaxes[", i, "] is given but the step keeps no state");
@@ -52,17 +72,17 @@ void check_absmaxes(const char* op, at::TensorList absmaxes, StepTensors& s) {
     }
     TORCH_CHECK_VALUE(given == quantized, op, ": state_absmaxes[", i, "] ",
                       quantized ? "is missing: the state of params[" : "is given but the state of params[", i,
-                      quantized ? "] is 8-bit codes" : "] is not 8-bit codes");
+                      quantized ? "] is codes" : "] is not codes");
     if (!given) continue;
     const at::Tensor& t = absmaxes[i];
-    const int64_t blocks = ops::quant_blocks(s.params[i].numel());
+    const int64_t blocks = (s.params[i].numel() + kind.block - 1) / kind.block;
     TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, op, ": state_absmaxes[", i, "] has dtype ",
                      t.scalar_type(), ", expected Float");
     TORCH_CHECK_VALUE(t.device() == s.params[i].device(), op, ": state_absmaxes[", i, "] is on ",
                       t.device(), " but params[", i, "] is on ", s.params[i].device());
     TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == rows && t.size(1) == blocks, op, ": state_absmaxes[",
                       i, "] has shape ", t.sizes(), ", expected [", rows, ", ", blocks,
-                      "] (one row per state, one absmax per block of ", ops::kQuantBlock, " elements)");
+                      "] (one row per state, one absmax per block of ", kind.block, " elements)");
     TORCH_CHECK_VALUE(t.is_contiguous(), op, ": state_absmaxes[", i, "] must be contiguous");
     s.absmaxes[i] = t;
   }
@@ -100,7 +120,7 @@ void check_state_lists(const char* op, const StateLists& st, at::TensorList para
 // order in which the kernels walk the param (its own, or its staged copy's where it is not dense).
 void check_code_layouts(const char* op, const StepTensors& s) {
   for (size_t i = 0; i < s.params.size(); ++i) {
-    if (!s.is_quantized(i)) continue;
+    if (!s.is_quantized(i) || s.state_kind(i) != StateKind::Codes8) continue;  // (4-bit codes are 1-D)
     const at::Tensor& param = s.params[i];
     std::vector<int64_t> walked = param.strides().vec();
     if (!param.is_non_overlapping_and_dense()) {  // (its staged copy is contiguous)

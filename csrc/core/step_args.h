@@ -27,9 +27,9 @@ struct StepTensors {
   // tensors on the params' device; empty for an optimizer that keeps none
   std::vector<at::Tensor> scalars;
   // states[k]: the optimizer's state k of every param (ops/optimizer.h), empty where the step
-  // keeps no such state. A param's state tensors are all fp32, all bf16 or all 8-bit codes.
+  // keeps no such state. A param's state tensors are all of one kind (storage_kinds.h).
   std::vector<at::Tensor> states[ops::kMaxStates];
-  // With 8-bit state (uint8 codes, ops/quantize.h), absmaxes[i] holds the fp32 absmax of every
+  // With codes (8- or 4-bit state, ops/quantize.h, ops/quantize4.h), absmaxes[i] holds the fp32 absmax of every
   // block of param i's states: one row per state kept, in state order; undefined for other state.
   std::vector<at::Tensor> absmaxes;
   // An optimizer that writes no param (ops::Elementwise::kWritesOutput) writes these instead:
@@ -70,7 +70,7 @@ struct StepTensors {
     StateKind kind = StateKind::Fp32;
     for (const auto& list : states) {
       if (!list.empty()) {
-        state_kind_of(list[i].scalar_type(), &kind);
+        state_kind_of(list[i], params[i], &kind);
         break;
       }
     }
@@ -115,7 +115,7 @@ struct StepInputs {
 };
 
 // Checks every list against params (length, device, shape, dtype) and the scalars (lr_tensor,
-// inv_scale, found_inf, grad_norm) and, for 8-bit state, its absmaxes (one row per state kept,
+// inv_scale, found_inf, grad_norm) and, for codes, their absmaxes (one row per state kept,
 // one column per block); raises before anything is touched. With `staging`, tensors whose
 // layout the kernels cannot walk are replaced by staged copies (core::Staging); without, only
 // checks.

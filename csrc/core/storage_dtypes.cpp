@@ -2,7 +2,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <array>
+#include <vector>
 
 namespace fused_amp::core {
 
@@ -34,12 +36,13 @@ const auto& state_dtypes() {
   return dtypes;
 }
 
-// The entry of `table`, whose dtypes are `dtypes`, that has `dtype`; null where none has.
+// The entry of `table`, whose dtypes are `dtypes`, that has `dtype` and, where given, holds
+// `bits` per element; null where none has.
 template <size_t N>
 const StorageKind* entry_with(const StorageKind (&table)[N], const std::array<at::ScalarType, N>& dtypes,
-                              at::ScalarType dtype) {
+                              at::ScalarType dtype, int bits = 0) {
   for (size_t i = 0; i < N; ++i) {
-    if (dtypes[i] == dtype) return &table[i];
+    if (dtypes[i] == dtype && (bits == 0 || table[i].bits == bits)) return &table[i];
   }
   return nullptr;
 }
@@ -51,17 +54,24 @@ MasterKind master_kind_of(at::ScalarType dtype) {
   return entry ? static_cast<MasterKind>(entry->kind) : MasterKind::None;
 }
 
-bool state_kind_of(at::ScalarType dtype, StateKind* kind) {
-  const StorageKind* entry = entry_with(kStateKinds, state_dtypes(), dtype);
+bool state_kind_of(const at::Tensor& state, const at::Tensor& param, StateKind* kind) {
+  // 4-bit codes: a 1-D tensor of half the param's elements (shaped so, it is nothing else but a
+  // one-element param's 8-bit codes)
+  const bool halved = state.sizes() != param.sizes() && state.dim() == 1 && state.numel() == (param.numel() + 1) / 2;
+  const StorageKind* entry = entry_with(kStateKinds, state_dtypes(), state.scalar_type(), halved ? 4 : 0);
   if (entry) *kind = static_cast<StateKind>(entry->kind);
   return entry != nullptr;
 }
 
 std::string state_dtype_names() {
   std::string names;
-  for (size_t i = 0; i < state_dtypes().size(); ++i) {
-    names += (i == 0 ? "" : (i + 1 == state_dtypes().size() ? " or " : ", "));
-    names += c10::toString(state_dtypes()[i]);
+  std::vector<at::ScalarType> distinct;  // (8- and 4-bit codes are both Byte)
+  for (const at::ScalarType dtype : state_dtypes()) {
+    if (std::find(distinct.begin(), distinct.end(), dtype) == distinct.end()) distinct.push_back(dtype);
+  }
+  for (size_t i = 0; i < distinct.size(); ++i) {
+    names += (i == 0 ? "" : (i + 1 == distinct.size() ? " or " : ", "));
+    names += c10::toString(distinct[i]);
   }
   return names;
 }

@@ -104,22 +104,23 @@ template <typename T>
 UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t e, bool write_grads,
                         uint32_t round_key, uint32_t* amax_bits) {
   // dtypes are validated: skip data_ptr<T>()'s check, a measurable cost with many small tensors
-  auto at_b = [&](const std::vector<at::Tensor>& list, size_t bytes) -> void* {
+  // (b is even where elements take 4 bits: a block's first)
+  auto at_b = [&](const std::vector<at::Tensor>& list, int64_t bits) -> void* {
     return list.empty() || !list[t].defined() ? nullptr
-                                               : static_cast<char*>(list[t].data_ptr()) + b * bytes;
+                                               : static_cast<char*>(list[t].data_ptr()) + b * bits / 8;
   };
-  const size_t state_bytes = state_storage(s.state_kind(t)).bytes;
+  const int64_t state_bits = state_storage(s.state_kind(t)).bits;
   const MasterKind master = s.master_kind(t);
   const bool quantized = s.is_quantized(t);
   UpdateRange<T> r{static_cast<T*>(s.params[t].data_ptr()) + b,
                     static_cast<T*>(s.grads[t].data_ptr()) + b,
                     master,
-                    at_b(s.masters, master_bytes(master)),
+                    at_b(s.masters, 8 * master_bytes(master)),
                     {},
                     quantized ? static_cast<float*>(s.absmaxes[t].data_ptr()) : nullptr,
                     quantized ? s.absmaxes[t].stride(0) : 0, e - b, b, round_key,
                     s.rounding_seed.has_value(), s.stochastic_codes, write_grads};
-  for (int k = 0; k < ops::kMaxStates; ++k) r.state[k] = at_b(s.states[k], state_bytes);
+  for (int k = 0; k < ops::kMaxStates; ++k) r.state[k] = at_b(s.states[k], state_bits);
   if (!s.outputs.empty()) r.output = static_cast<c10::BFloat16*>(s.outputs[t].data_ptr()) + b;
   r.amax_bits = amax_bits;
   if (!s.float8_weights.empty() && s.float8_weights[t].defined()) {
@@ -144,8 +145,8 @@ void update_all(const core::StepTensors& s, float grad_mult, const std::vector<C
   const bool w = s.write_grads && grad_mult != 1.f;
   parallel_over(core::flat_offsets(numels_of(s.params)), [&](size_t t, int64_t b, int64_t e) {
     const int st = static_cast<int>(s.state_kind(t));
-    // a quant block (of 8-bit state) or MX block belongs to the range that holds its first element
-    const int64_t block = s.is_quantized(t) ? ops::kQuantBlock : s.is_mx(t) ? ops::kMxBlock : 1;
+    // a block of codes or an MX block belongs to the range that holds its first element
+    const int64_t block = s.is_quantized(t) ? state_storage(s.state_kind(t)).block : s.is_mx(t) ? ops::kMxBlock : 1;
     if (block > 1) {
       const int64_t n = s.params[t].numel();
       b = std::min(n, round_up_to(b, block));

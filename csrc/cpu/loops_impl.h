@@ -20,6 +20,7 @@
 #include "ops/float8.h"
 #include "ops/grad_norm.h"
 #include "ops/quantize.h"
+#include "ops/quantize4.h"
 #include "ops/rounding.h"
 #include "ops/unscale.h"
 
@@ -35,9 +36,12 @@ namespace {
 template <class Opt>
 constexpr Loops::Step step_loops() {
   using BF16 = c10::BFloat16;
-  return {{step_range<Opt, float, float>, step_range<Opt, float, BF16>, step_range_q8<Opt, float>},
-          {step_range<Opt, c10::Half, float>, step_range<Opt, c10::Half, BF16>, step_range_q8<Opt, c10::Half>},
-          {step_range<Opt, BF16, float>, step_range<Opt, BF16, BF16>, step_range_q8<Opt, BF16>}};
+  return {{step_range<Opt, float, float>, step_range<Opt, float, BF16>, step_range_codes<Opt, float, Codes8>,
+           step_range_codes<Opt, float, Codes4>},
+          {step_range<Opt, c10::Half, float>, step_range<Opt, c10::Half, BF16>,
+           step_range_codes<Opt, c10::Half, Codes8>, step_range_codes<Opt, c10::Half, Codes4>},
+          {step_range<Opt, BF16, float>, step_range<Opt, BF16, BF16>, step_range_codes<Opt, BF16, Codes8>,
+           step_range_codes<Opt, BF16, Codes4>}};
 }
 
 template <class... Opts>

@@ -1,8 +1,10 @@
-// 8-bit blockwise state on the CPU (ops/quantize.h), a storage kind around the fp32-state step
-// loops: each block of a range is dequantized into stack buffers, stepped by the fp32-state loop
-// exactly as fp32 state would be (so, from the same dequantized state, the masters are bitwise
-// those of the fp32-state step), and quantized again with the block's new absmax. Part of
-// cpu/loops_impl.h (included once per instruction set, after the step loops).
+// Blockwise codes on the CPU, 8-bit (ops/quantize.h) and 4-bit (ops/quantize4.h): storage kinds
+// around the fp32-state step loops. Each block of a range is dequantized into stack buffers,
+// stepped by the fp32-state loop exactly as fp32 state would be (so, from the same dequantized
+// state, the masters are bitwise those of the fp32-state step), and quantized again with the
+// block's new absmax. A code kind (Codes8, Codes4 below) says how its blocks are read and
+// written; the rest is one seam. Part of cpu/loops_impl.h (included once per instruction set,
+// after the step loops).
 
 // A state's codes as a vector of floats and back, with the ISA's widening and narrowing
 // instructions (GCC's vector conversions between 8- and 32-bit lanes go lane by lane).
@@ -192,7 +194,134 @@ void quantize_block(const float* x, int64_t n, uint8_t* codes, float* absmax_out
   code_block<kSigned, false>(x, n, inv, nullptr, codes);
 }
 
-// One quantized state of a range: its codes, its absmax per block (from the range's first
+// 8-bit codes: a byte per element, the closed-form maps of ops/quantize.h, rounded to nearest or
+// stochastically.
+struct Codes8 {
+  static constexpr int64_t kBlock = ops::kQuantBlock;
+  static uint8_t* at(uint8_t* codes, int64_t i) { return codes + i; }
+  static void dequantize(const uint8_t* codes, float absmax, int64_t n, bool is_signed, float* out) {
+    (is_signed ? dequantize_block<true> : dequantize_block<false>)(codes, absmax, n, out);
+  }
+  static void quantize(const float* x, int64_t n, uint8_t* codes, float* absmax, const uint32_t* random,
+                       bool is_signed) {
+    (is_signed ? quantize_block<true> : quantize_block<false>)(x, n, codes, absmax, random);
+  }
+};
+
+// 4-bit codes: two to a byte, torchao's maps (ops/quantize4.h), rounded to nearest. A block's
+// entries times its absmax are computed once per block, so each element is a table read, as on
+// the CUDA side (the same products); a value's code counts the midpoints it reaches, in lanes.
+struct Codes4 {
+  static constexpr int64_t kBlock = ops::kQuant4Block;
+  struct Map {
+    float entry[16];
+    float mid[15];
+  };
+  static const Map& map(bool is_signed) {
+    static const std::array<Map, 2> maps = [] {
+      std::array<Map, 2> m{};
+      for (int s = 0; s < 2; ++s) {
+        for (uint32_t c = 0; c < 16; ++c) m[s].entry[c] = ops::map4_entry(c, s == 1);
+        for (uint32_t c = 0; c < 15; ++c) m[s].mid[c] = ops::map4_mid(c, s == 1);
+      }
+      return m;
+    }();
+    return maps[is_signed];
+  }
+  static uint8_t* at(uint8_t* codes, int64_t i) { return codes + i / 2; }  // (i is even: a block's first)
+
+  static void dequantize(const uint8_t* codes, float absmax, int64_t n, bool is_signed, float* out) {
+    alignas(64) float value[16];
+    for (int c = 0; c < 16; ++c) value[c] = map(is_signed).entry[c] * absmax;
+    int64_t i = 0;
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+    // each byte's two halves, in element order, widened to lane indices into the 16 values
+    const auto indices = [](__m128i bytes) {
+      const __m128i low4 = _mm_set1_epi8(15);
+      return _mm_unpacklo_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), low4), _mm_and_si128(bytes, low4));
+    };
+#if defined(CPU_CAPABILITY_AVX512)
+    const __m512 table = _mm512_load_ps(value);
+    for (; i + 16 <= n; i += 16) {
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes + i / 2));
+      _mm512_storeu_ps(out + i, _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(indices(bytes)), table));
+    }
+#else
+    const __m256 low = _mm256_load_ps(value), high = _mm256_load_ps(value + 8);
+    for (; i + 8 <= n; i += 8) {
+      int32_t four;
+      std::memcpy(&four, codes + i / 2, sizeof four);
+      const __m256i index = _mm256_cvtepu8_epi32(indices(_mm_cvtsi32_si128(four)));
+      // index bit 3 picks the high eight: moved to the sign bit, blendv's selector
+      const __m256 pick = _mm256_castsi256_ps(_mm256_slli_epi32(index, 28));
+      _mm256_storeu_ps(out + i, _mm256_blendv_ps(_mm256_permutevar8x32_ps(low, index),
+                                                 _mm256_permutevar8x32_ps(high, index), pick));
+    }
+#endif
+#endif
+    for (; i < n; ++i) out[i] = value[ops::nibble_of(codes[i / 2], i)];
+  }
+
+  static void quantize(const float* x, int64_t n, uint8_t* codes, float* absmax_out, const uint32_t*, bool is_signed) {
+    const float absmax = block_absmax(x, n);
+    *absmax_out = ops::stored_absmax4(absmax);
+    alignas(64) int32_t code[kBlock];
+    int64_t i = 0;
+    if (ops::codes4_block(absmax)) {
+      const Map& m = map(is_signed);
+      const float inv = 1.f / absmax;
+#if defined(CPU_CAPABILITY_AVX512)
+      alignas(64) float mid16[16];  // the midpoints, +inf beyond the last
+      std::memcpy(mid16, m.mid, sizeof m.mid);
+      mid16[15] = std::numeric_limits<float>::infinity();
+      const __m512 mids = _mm512_load_ps(mid16);
+#endif
+      for (; i + kLanes <= n; i += kLanes) {
+        F32 unit;
+        std::memcpy(&unit, x + i, sizeof unit);
+        unit *= inv;
+        I32 c{};
+        if (is_signed) {
+#if defined(CPU_CAPABILITY_AVX512)
+          // the midpoints reached, by a branch-free binary search: 4 table reads of the sorted
+          // midpoints (+inf beyond the last) instead of 15 compares
+          const __m512 u = _mm512_loadu_ps(x + i) * _mm512_set1_ps(inv);
+          __m512i found = _mm512_setzero_si512();
+          for (int step = 8; step > 0; step /= 2) {
+            const __m512 mid = _mm512_permutexvar_ps(_mm512_add_epi32(found, _mm512_set1_epi32(step - 1)), mids);
+            found = _mm512_mask_add_epi32(found, _mm512_cmp_ps_mask(u, mid, _CMP_GE_OQ), found,
+                                          _mm512_set1_epi32(step));
+          }
+          std::memcpy(&c, &found, sizeof c);
+#else
+#pragma GCC unroll 15
+          for (int j = 0; j < 15; ++j) c -= unit >= m.mid[j];  // (a true lane compares as -1)
+#endif
+        } else {
+          c = ops::unsigned4_code_of_whole(__builtin_convertvector(unit * 32.f, I32));
+        }
+        std::memcpy(code + i, &c, sizeof c);
+      }
+      for (; i < n; ++i) code[i] = static_cast<int32_t>(ops::code4_of_unit(x[i] * inv, is_signed));
+    } else {
+      for (; i < n; ++i) code[i] = static_cast<int32_t>(ops::zero_code4(is_signed));
+    }
+    i = 0;
+#if defined(CPU_CAPABILITY_AVX512)
+    // 16 codes to bytes, each pair of bytes (even, odd) to one: even << 4 | odd
+    for (; i + 16 <= n; i += 16) {
+      const __m128i bytes = _mm512_cvtepi32_epi8(_mm512_load_si512(code + i));
+      const __m128i pairs = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(bytes, _mm_set1_epi16(0xff)), 4),
+                                         _mm_srli_epi16(bytes, 8));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i / 2), _mm_packus_epi16(pairs, pairs));
+    }
+#endif
+    for (; i + 1 < n; i += 2) codes[i / 2] = ops::byte_of(code[i], code[i + 1]);
+    if (i < n) codes[i / 2] = ops::byte_of(code[i], 0u);
+  }
+};
+
+// One quantized state of a range: its codes and its absmax per block (from the range's first
 // block), whether its map is the signed one, and the range's state that holds it.
 struct QuantizedState {
   uint8_t* codes;
@@ -201,66 +330,64 @@ struct QuantizedState {
   int slot;
 };
 
-// Quant blocks stepped per call of the fp32-state loop: its buffers (3 states of 4 blocks, 12 KB,
-// and 4 KB of random bits)
-// stay in L1, and the call's fixed cost is spread over 1,024 elements.
-constexpr int64_t kBlocksPerStep = 4;
-constexpr int64_t kStepElements = kBlocksPerStep * ops::kQuantBlock;
+// Elements stepped per call of the fp32-state loop: its buffers (3 states of 1,024 elements, 12
+// KB, and 4 KB of random bits) stay in L1, and the call's fixed cost is spread over 1,024
+// elements (4 blocks of 8-bit codes, 8 of 4-bit).
+constexpr int64_t kStepElements = 1024;
+static_assert(kStepElements % Codes8::kBlock == 0 && kStepElements % Codes4::kBlock == 0, "parts of whole blocks");
 
 // The blocks of state s in its elements [b, b + n) to fp32 values, and back.
-inline void dequantize_blocks(const QuantizedState& s, int64_t b, int64_t n, float* out) {
-  const auto block = s.is_signed ? dequantize_block<true> : dequantize_block<false>;
-  for (int64_t q = 0; q < n; q += ops::kQuantBlock) {
-    block(s.codes + b + q, s.absmax[(b + q) / ops::kQuantBlock], std::min(ops::kQuantBlock, n - q), out + q);
+template <class Codes>
+void dequantize_blocks(const QuantizedState& s, int64_t b, int64_t n, float* out) {
+  for (int64_t q = 0; q < n; q += Codes::kBlock) {
+    Codes::dequantize(Codes::at(s.codes, b + q), s.absmax[(b + q) / Codes::kBlock], std::min(Codes::kBlock, n - q),
+                      s.is_signed, out + q);
   }
 }
 
-// With `random` (the random bits of elements [b, b + n)) the codes round stochastically.
-inline void quantize_blocks(const QuantizedState& s, int64_t b, int64_t n, const float* x, const uint32_t* random) {
-  const auto block = s.is_signed ? quantize_block<true> : quantize_block<false>;
-  for (int64_t q = 0; q < n; q += ops::kQuantBlock) {
-    block(x + q, std::min(ops::kQuantBlock, n - q), s.codes + b + q, s.absmax + (b + q) / ops::kQuantBlock,
-          random ? random + q : nullptr);
+// With `random` (the random bits of elements [b, b + n)) 8-bit codes round stochastically.
+template <class Codes>
+void quantize_blocks(const QuantizedState& s, int64_t b, int64_t n, const float* x, const uint32_t* random) {
+  for (int64_t q = 0; q < n; q += Codes::kBlock) {
+    Codes::quantize(x + q, std::min(Codes::kBlock, n - q), Codes::at(s.codes, b + q), s.absmax + (b + q) / Codes::kBlock,
+                    random ? random + q : nullptr, s.is_signed);
   }
 }
 
 // Runs `fp32_step(sub)` over r in parts of kStepElements, where sub is the part of r with its
 // quantized states (the `count` of `states`) replaced by fp32 buffers holding their dequantized
-// values. r.first is a multiple of kQuantBlock: cpu_ops.cpp gives each block to one range.
-template <typename T, class Fp32Step>
+// values. r.first is a multiple of Codes::kBlock: cpu_ops.cpp gives each block to one range.
+template <class Codes, typename T, class Fp32Step>
 void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, int count, Fp32Step&& fp32_step) {
   alignas(64) float buffers[ops::kMaxStates][kStepElements];
   alignas(64) uint32_t random[kStepElements];  // stochastic codes: the random bits of the part's elements
+  const bool stochastic = r.stochastic_codes && count > 0 && std::is_same_v<Codes, Codes8>;
   for (int64_t b = 0; b < r.n; b += kStepElements) {
     const int64_t n = std::min<int64_t>(kStepElements, r.n - b);
     UpdateRange<T> sub = part_of(r, b, n);
     sub.may_stream = false;
     for (int k = 0; k < count; ++k) {
-      dequantize_blocks(states[k], b, n, buffers[k]);
+      dequantize_blocks<Codes>(states[k], b, n, buffers[k]);
       sub.state[states[k].slot] = buffers[k];
     }
     fp32_step(sub);
-    if (r.stochastic_codes && count > 0) fill_rounding_bits(r.round_key, r.first + b, n, random);
-    for (int k = 0; k < count; ++k) quantize_blocks(states[k], b, n, buffers[k], r.stochastic_codes ? random : nullptr);
+    if (stochastic) fill_rounding_bits(r.round_key, r.first + b, n, random);
+    for (int k = 0; k < count; ++k) quantize_blocks<Codes>(states[k], b, n, buffers[k], stochastic ? random : nullptr);
   }
 }
 
-// The quantized state of r's state[slot], with its absmax row.
-template <typename T>
-QuantizedState quantized_state(const UpdateRange<T>& r, int slot, int row, bool is_signed) {
-  return {static_cast<uint8_t*>(r.state[slot]), r.absmax + row * r.absmax_row_stride + r.first / ops::kQuantBlock,
-          is_signed, slot};
-}
-
-// An optimizer's step over 8-bit state: the states it keeps take the absmax rows 0, 1, ... in
-// state order, each with its descriptor's map.
-template <class Opt, typename T>
-void step_range_q8(const UpdateRange<T>& r, const void* coeffs) {
+// An optimizer's step over codes: the states it keeps take the absmax rows 0, 1, ... in state
+// order, each with its descriptor's map.
+template <class Opt, typename T, class Codes>
+void step_range_codes(const UpdateRange<T>& r, const void* coeffs) {
   const auto& c = *static_cast<const typename Opt::Coeffs*>(coeffs);
   QuantizedState states[Opt::kStates];
   int count = 0;
   for (int k = 0; k < Opt::kStates; ++k) {
-    if (Opt::has_state(c, k)) states[count] = quantized_state(r, k, count, Opt::kStateInfo[k].is_signed), ++count;
+    if (!Opt::has_state(c, k)) continue;
+    states[count] = {static_cast<uint8_t*>(r.state[k]), r.absmax + count * r.absmax_row_stride + r.first / Codes::kBlock,
+                     Opt::kStateInfo[k].is_signed, k};
+    ++count;
   }
-  quantized_blocks(r, states, count, [&](const UpdateRange<T>& sub) { step_range<Opt, T, float>(sub, coeffs); });
+  quantized_blocks<Codes>(r, states, count, [&](const UpdateRange<T>& sub) { step_range<Opt, T, float>(sub, coeffs); });
 }

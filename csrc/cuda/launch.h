@@ -79,8 +79,8 @@ struct StepKind {
 // Lists per tensor of an optimizer step: param, grad, master, the optimizer's kStates states
 // (ops/optimizer.h), step, and its scalar state if it keeps one (master: the output of an
 // optimizer that writes no param). All params share the kind's
-// dtypes; master, the states not kept and SGD's step without momentum are null. With 8-bit state
-// one list more follows: the tensor's absmaxes, one row of ops::quant_blocks(numel) per state
+// dtypes; master, the states not kept and SGD's step without momentum are null. With codes (8- or
+// 4-bit state) one list more follows: the tensor's absmaxes, one row of its blocks per state
 // kept, in state order. Then (after the absmaxes) the tensor's amax slot, null unless the step's
 // weight amax is asked for (fp8 scaling): a zeroed uint32 into which the kernels max the
 // ops::magnitude_bits of every param element they write. Last the fp8 weight's three lists, null
@@ -91,9 +91,9 @@ enum StepList { kParam = 0, kGrad, kMasterList, kFirstState };
 // The step count's list of an optimizer with `states` states (its scalar state's is the next).
 constexpr int step_list(int states) { return kFirstState + states; }
 // The lists of an optimizer with `states` states and `scalars` (0 or 1) scalar states, less the
-// absmaxes' (the last, with 8-bit state).
+// absmaxes' (the last, with codes).
 constexpr int step_lists(int states, int scalars) { return step_list(states) + 1 + scalars; }
-// The amax slot's list: the last, after the absmaxes' with 8-bit state (`quantized`).
+// The amax slot's list: the last, after the absmaxes' with codes (`quantized`).
 constexpr int amax_list(int states, int scalars, bool quantized) { return step_lists(states, scalars) + quantized; }
 // The fp8 weight's codes' list (its scale's and the inverse's are the next two, the last of all).
 constexpr int float8_list(int states, int scalars, bool quantized) {

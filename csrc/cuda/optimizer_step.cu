@@ -15,8 +15,8 @@ template <class Opt, typename param_t, MasterKind kMasterKind, typename state_t>
 struct StepFunctor {
   static constexpr int K = Opt::kStates;
   static constexpr int kLists = step_lists(K, kScalars<Opt>);
-  static constexpr int kAmaxList = amax_list(K, kScalars<Opt>, std::is_same_v<state_t, uint8_t>);
-  static constexpr int kFloat8List = float8_list(K, kScalars<Opt>, std::is_same_v<state_t, uint8_t>);
+  static constexpr int kAmaxList = amax_list(K, kScalars<Opt>, kCodes<state_t>);
+  static constexpr int kFloat8List = float8_list(K, kScalars<Opt>, kCodes<state_t>);
   typename Opt::Hyper h;
   StepScalars s;
   StateSpec<K> spec;  // the lists of the states kept, their maps and rounding bits (from the host)
@@ -132,7 +132,7 @@ void step(int optimizer, const StepKind& kind, const std::vector<TensorPtrs>& te
       }
       multi_tensor_apply<2>(scalars, AdvanceFunctor<Opt>{h, s.found_inf}, stream);
     }
-    const int inverse = float8_list(Opt::kStates, kScalars<Opt>, kind.state == StateKind::Codes8) + 2;
+    const int inverse = float8_list(Opt::kStates, kScalars<Opt>, is_quantized(kind.state)) + 2;
     std::vector<TensorPtrs> inverses;
     for (const TensorPtrs& t : tensors) {
       if (t.p[inverse - 1] && t.p[inverse]) inverses.push_back(TensorPtrs{{t.p[inverse - 1], t.p[inverse]}, 1});

@@ -241,10 +241,10 @@ static_assert(TileShape::kChunk % ops::kMxBlock == 0 && TileShape::kThreads % 32
               "MX blocks lie within a chunk, and whole warps run a chunk");
 
 // Runs f over tensors with kLists pointers each (launch.h's StepList, through the amax slot's) for
-// state_t's storage kind: 8-bit state in tiles of whole quant blocks.
+// state_t's storage kind: codes in tiles of whole quant blocks.
 template <int kLists, typename state_t, class Functor>
 void apply_step(const std::vector<TensorPtrs>& tensors, const Functor& f, cudaStream_t stream) {
-  if constexpr (std::is_same_v<state_t, uint8_t>) {
+  if constexpr (kCodes<state_t>) {
     multi_tensor_apply<kLists, false, TileShape>(tensors, f, stream);
   } else {
     multi_tensor_apply<kLists, false, StepShape>(tensors, f, stream);
@@ -256,7 +256,8 @@ template <class F>
 void dispatch_state(StateKind state, const F& f) {
   switch (state) {
     case StateKind::BFloat16: return f.template run<__nv_bfloat16>();
-    case StateKind::Codes8: return f.template run<uint8_t>();
+    case StateKind::Codes8: return f.template run<Codes8>();
+    case StateKind::Codes4: return f.template run<Codes4>();
     case StateKind::Fp32: return f.template run<float>();
   }
 }

@@ -5,7 +5,8 @@
 // the kILP elements at ix on st[state][j]:
 // - fp32 or bf16 tensors (StepStates<float or __nv_bfloat16, kStates>): elementwise, bf16
 //   rounded to nearest even or stochastically;
-// - 8-bit blockwise codes (StepStates<uint8_t, kStates>, ops/quantize.h): the threads of a block
+// - blockwise codes, 8-bit (StepStates<Codes8, kStates>, ops/quantize.h) or 4-bit (Codes4,
+//   ops/quantize4.h): the threads of a block
 //   step tiles of TileShape::kThreads * kILP elements, whole quant blocks each; a quant block's new
 //   absmax is a reduction over the threads that hold its elements, then each thread codes its
 //   own. A thread's elements are contiguous (never strided across quant blocks), and chunks are
@@ -15,6 +16,7 @@
 
 #include "cuda/multi_tensor_apply.cuh"
 #include "ops/quantize.h"
+#include "ops/quantize4.h"
 #include "ops/rounding.h"
 
 namespace fused_amp::cuda {
@@ -105,38 +107,25 @@ struct StepStates {
   }
 };
 
-// 8-bit codes: the chunk's codes of each state and the absmax of its first quant block (one row
-// per state after another in the absmax list: row r of a tensor of numel elements starts at
-// r * ops::quant_blocks(numel)).
-template <int kStates>
-struct StepStates<uint8_t, kStates> {
-  uint8_t* codes[kStates];  // null: absent
-  float* absmax[kStates];
-  bool is_signed[kStates];
-  bool read;
-
-  FA_DEVICE bool aligned() const { return all_aligned(codes); }
-  // a thread's kILP elements lie in one quant block (ix.base is a multiple of kILP)
-  FA_DEVICE void load(float (&st)[kStates][kILP], const IlpIndex& ix) const {
+// The code kinds, as a thread reads and writes the codes of its kILP contiguous elements (which
+// lie in one quant block: ix.base is a multiple of kILP): 8-bit (ops/quantize.h), to nearest or
+// stochastically, and 4-bit (ops/quantize4.h), two to a byte, to nearest. Their values are
+// those of the CPU loops (cpu/quantized_state.h): the same products, the same rounding.
+struct Codes8 {
+  static constexpr int64_t kBlock = ops::kQuantBlock;
+  static constexpr int kBits = 8;
+  FA_DEVICE static void values(float (&v)[kILP], const uint8_t* codes, const IlpIndex& ix, float absmax,
+                               bool is_signed) {
+    uint8_t c[kILP];
+    load_ilp(c, codes, ix);
 #pragma unroll
-    for (int k = 0; k < kStates; ++k) {
-      uint8_t c[kILP] = {};
-      float a = 0.f;
-      if (codes[k] && read && ix.base < ix.n) {
-        load_ilp(c, codes[k], ix);
-        a = absmax[k][ix.base / ops::kQuantBlock];
-      }
-#pragma unroll
-      for (int j = 0; j < kILP; ++j) {
-        st[k][j] = is_signed[k] ? ops::dequantize_signed(static_cast<float>(static_cast<int8_t>(c[j])), a)
-                                : ops::dequantize_unsigned(static_cast<float>(c[j]), a);
-      }
+    for (int j = 0; j < kILP; ++j) {
+      v[j] = is_signed ? ops::dequantize_signed(static_cast<float>(static_cast<int8_t>(c[j])), absmax)
+                       : ops::dequantize_unsigned(static_cast<float>(c[j]), absmax);
     }
   }
-  // The codes of a thread's elements, given their quant block's new absmax (ops/quantize.h):
-  // to nearest, or stochastically with the state's half of each element's random bits.
-  FA_DEVICE void store_codes(int k, const float (&x)[kILP], float block_absmax, const IlpIndex& ix,
-                             const StepRounding& rounding) const {
+  FA_DEVICE static void store(uint8_t* codes, const float (&x)[kILP], float block_absmax, const IlpIndex& ix,
+                              bool is_signed, const StepRounding& rounding) {
     uint8_t c[kILP] = {};
     if (ops::codes_block(block_absmax)) {
       const float inv = 1.f / block_absmax;
@@ -145,18 +134,83 @@ struct StepStates<uint8_t, kStates> {
       if (stochastic) rounding.bits(random, ix);  // (24-bit masters may round stochastically alone)
 #pragma unroll
       for (int j = 0; j < kILP; ++j) {
-        const float r = static_cast<float>(ops::code_random15(random[j], is_signed[k]));
-        const float code = is_signed[k] ? (stochastic ? ops::quantize_signed_stochastic(x[j], inv, r)
-                                                      : ops::quantize_signed(x[j], inv))
-                                        : (stochastic ? ops::quantize_unsigned_stochastic(x[j], inv, r)
-                                                      : ops::quantize_unsigned(x[j], inv));
+        const float r = static_cast<float>(ops::code_random15(random[j], is_signed));
+        const float code = is_signed ? (stochastic ? ops::quantize_signed_stochastic(x[j], inv, r)
+                                                   : ops::quantize_signed(x[j], inv))
+                                     : (stochastic ? ops::quantize_unsigned_stochastic(x[j], inv, r)
+                                                   : ops::quantize_unsigned(x[j], inv));
         c[j] = static_cast<uint8_t>(static_cast<int>(code));  // modulo 256: an int8 code's bits
       }
     }
-    store_ilp(codes[k], c, ix);
-    if (ix.base % ops::kQuantBlock == 0) absmax[k][ix.base / ops::kQuantBlock] = ops::stored_absmax(block_absmax);
+    store_ilp(codes, c, ix);
+  }
+  FA_DEVICE static float stored_absmax(float a) { return ops::stored_absmax(a); }
+};
+
+struct Codes4 {
+  static constexpr int64_t kBlock = ops::kQuant4Block;
+  static constexpr int kBits = 4;
+  static_assert(kILP % 2 == 0, "a thread's elements are whole bytes of 4-bit codes");
+  FA_DEVICE static void values(float (&v)[kILP], const uint8_t* codes, const IlpIndex& ix, float absmax,
+                               bool is_signed) {
+#pragma unroll
+    for (int j = 0; j < kILP; ++j) {
+      const int64_t i = ix.base + j;
+      v[j] = i < ix.n ? ops::map4_entry(ops::nibble_of(codes[i / 2], i), is_signed) * absmax : 0.f;
+    }
+  }
+  FA_DEVICE static void store(uint8_t* codes, const float (&x)[kILP], float block_absmax, const IlpIndex& ix,
+                              bool is_signed, const StepRounding&) {
+    uint32_t c[kILP];
+    const bool coded = ops::codes4_block(block_absmax);
+    const float inv = coded ? 1.f / block_absmax : 0.f;
+#pragma unroll
+    for (int j = 0; j < kILP; ++j) c[j] = coded ? ops::code4_of_unit(x[j] * inv, is_signed) : ops::zero_code4(is_signed);
+#pragma unroll
+    for (int j = 0; j < kILP; j += 2) {
+      const int64_t i = ix.base + j;
+      if (i < ix.n) codes[i / 2] = ops::byte_of(c[j], i + 1 < ix.n ? c[j + 1] : 0u);
+    }
+  }
+  FA_DEVICE static float stored_absmax(float a) { return ops::stored_absmax4(a); }
+};
+
+template <typename state_t>
+constexpr bool kCodes = std::is_same_v<state_t, Codes8> || std::is_same_v<state_t, Codes4>;
+
+// Codes: the chunk's codes of each state (from the chunk's first element) and the absmax of its
+// first quant block (one row per state after another in the absmax list: row r of a tensor of
+// numel elements starts at r * its blocks).
+template <class Codes, int kStates>
+struct CodeStates {
+  uint8_t* codes[kStates];  // null: absent
+  float* absmax[kStates];
+  bool is_signed[kStates];
+  bool read;
+
+  FA_DEVICE bool aligned() const { return all_aligned(codes); }
+  FA_DEVICE void load(float (&st)[kStates][kILP], const IlpIndex& ix) const {
+#pragma unroll
+    for (int k = 0; k < kStates; ++k) {
+      if (codes[k] && read && ix.base < ix.n) {
+        Codes::values(st[k], codes[k], ix, absmax[k][ix.base / Codes::kBlock], is_signed[k]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kILP; ++j) st[k][j] = 0.f;
+      }
+    }
+  }
+  // The codes of a thread's elements, given their quant block's new absmax.
+  FA_DEVICE void store_codes(int k, const float (&x)[kILP], float block_absmax, const IlpIndex& ix,
+                             const StepRounding& rounding) const {
+    Codes::store(codes[k], x, block_absmax, ix, is_signed[k], rounding);
+    if (ix.base % Codes::kBlock == 0) absmax[k][ix.base / Codes::kBlock] = Codes::stored_absmax(block_absmax);
   }
 };
+template <int kStates>
+struct StepStates<Codes8, kStates> : CodeStates<Codes8, kStates> {};
+template <int kStates>
+struct StepStates<Codes4, kStates> : CodeStates<Codes4, kStates> {};
 
 template <typename state_t, int kStates, class Meta>
 FA_DEVICE StepStates<state_t, kStates> step_states(const Meta& meta, int t, int64_t start,
@@ -166,14 +220,15 @@ FA_DEVICE StepStates<state_t, kStates> step_states(const Meta& meta, int t, int6
 #pragma unroll
   for (int k = 0; k < kStates; ++k) {
     const void* list = spec.list[k] < 0 ? nullptr : meta.ptr[spec.list[k]][t];
-    if constexpr (std::is_same_v<state_t, uint8_t>) {
-      s.codes[k] = list_at<uint8_t>(list, start);
+    if constexpr (kCodes<state_t>) {
+      constexpr int64_t kBlock = state_t::kBlock;
+      s.codes[k] = list_at<uint8_t>(list, start * state_t::kBits / 8);  // (start: a block's first)
       s.is_signed[k] = spec.is_signed[k];
       // the states present take absmax rows 0, 1, ... in list order
       int row = 0;
       for (int i = 0; i < k; ++i) row += spec.list[i] >= 0;
       s.absmax[k] = list_at<float>(meta.ptr[absmax_list][t],
-                                   row * ops::quant_blocks(meta.numel[t]) + start / ops::kQuantBlock);
+                                   row * ((meta.numel[t] + kBlock - 1) / kBlock) + start / kBlock);
     } else {
       s.p[k] = list_at<state_t>(list, start);
       s.high_bits[k] = spec.high_bits[k];
@@ -201,9 +256,12 @@ FA_DEVICE IlpIndex tile_index(int64_t tile, int thread, int64_t n, bool aligned)
   return IlpIndex{base, 1, n, aligned && base + kILP <= n};
 }
 
-constexpr int kThreadsPerQuantBlock = static_cast<int>(ops::kQuantBlock / kILP);
-static_assert(TileShape::kThreads % kThreadsPerQuantBlock == 0, "a tile holds whole quant blocks");
-static_assert(TileShape::kChunk % ops::kQuantBlock == 0, "a chunk holds whole quant blocks");
+template <class Codes>
+constexpr int kThreadsPerQuantBlock = static_cast<int>(Codes::kBlock / kILP);
+static_assert(TileShape::kThreads % kThreadsPerQuantBlock<Codes8> == 0 && TileShape::kThreads % kThreadsPerQuantBlock<Codes4> == 0,
+              "a tile holds whole quant blocks");
+static_assert(TileShape::kChunk % Codes8::kBlock == 0 && TileShape::kChunk % Codes4::kBlock == 0,
+              "a chunk holds whole quant blocks");
 
 // Calls body(ix, st) for this thread's elements of every tile of the chunk's n elements, with
 // the states loaded before and stored after. With 8-bit codes every thread of the block runs
@@ -211,7 +269,7 @@ static_assert(TileShape::kChunk % ops::kQuantBlock == 0, "a chunk holds whole qu
 template <typename state_t, int kStates, class Body>
 FA_DEVICE void for_each_step_ilp(int64_t n, bool aligned, const StepStates<state_t, kStates>& states,
                                  const StepRounding& rounding, Body&& body) {
-  if constexpr (!std::is_same_v<state_t, uint8_t>) {
+  if constexpr (!kCodes<state_t>) {
     for_each_ilp(n, aligned && states.aligned(), [&](const IlpIndex& ix) {
       float st[kStates][kILP];
       states.load(st, ix);
@@ -223,8 +281,8 @@ FA_DEVICE void for_each_step_ilp(int64_t n, bool aligned, const StepStates<state
     const bool vec = aligned && states.aligned();
     // each warp's absmax per state, by tile parity: a tile's writes never meet the reads of the
     // tile before, so one barrier per tile suffices
-    constexpr int kWarps = TileShape::kThreads / 32, kWarpsPerQuantBlock = kThreadsPerQuantBlock / 32;
-    static_assert(kThreadsPerQuantBlock % 32 == 0, "a quant block is whole warps");
+    constexpr int kWarps = TileShape::kThreads / 32, kWarpsPerQuantBlock = kThreadsPerQuantBlock<state_t> / 32;
+    static_assert(kThreadsPerQuantBlock<state_t> % 32 == 0, "a quant block is whole warps");
     FA_SHARED(warp_absmax, float[2][kStates][kWarps]);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int parity = 0;

@@ -33,7 +33,9 @@ def check_loadable(optimizer, state_dict, name: str) -> Tuple[List[Dict], Mappin
     clip options: the checkpoint's, or this optimizer's where it has none, as a torch.optim
     checkpoint or one from before they were group options), and the state to load: the
     checkpoint's, with the 8-bit codes of a compact one (``state_dict(compact=True)``) as the
-    fp32 moments they hold (quantized again, they give the same codes: the resume is exact)."""
+    fp32 moments they hold (quantized again, they give the same codes: the resume is exact).
+    4-bit codes are kept as they are where the param keeps 4-bit state: torchao's signed map
+    has no -1, so a block whose largest magnitude is negative would not quantize back to them."""
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"{name}: expected a state dict (a dict), got {type(state_dict).__name__}")
     for key in ("state", "param_groups"):
@@ -63,21 +65,29 @@ def check_loadable(optimizer, state_dict, name: str) -> Tuple[List[Dict], Mappin
             continue  # torch keeps state of params it does not know, unused
         p, options = owners[saved_id]
         _check_param_state(optimizer, p, options, entry, f"{name}: state[{saved_id!r}]")
-        if _quantize.ABSMAX in entry:
-            expanded[saved_id] = _fp32_entry(entry, optimizer._state_keys_for(options))
+        if _quantize.ABSMAX in entry and not _keeps_codes(p, options, entry, optimizer._state_keys_for(options)):
+            expanded[saved_id] = _fp32_entry(p, entry, optimizer._state_keys_for(options))
     return loaded, ({**saved_state, **expanded} if expanded else saved_state)
 
 
 def _codes_held(entry, moments) -> List[str]:
-    """The moments a compact entry holds as 8-bit codes: one absmax row each, in this order."""
+    """The moments a compact entry holds as codes: one absmax row each, in this order."""
     return [k for k in moments if isinstance(entry.get(k), torch.Tensor) and entry[k].dtype == torch.uint8]
 
 
-def _fp32_entry(entry, moments):
+def _keeps_codes(p, options, entry, moments) -> bool:
+    """Whether a compact entry's codes load as they are: 4-bit codes, for a param that keeps
+    4-bit state (not a DTensor: those are refused earlier)."""
+    held = _codes_held(entry, moments)
+    return (bool(held) and options["state_dtype"] == torch.uint4 and _memory.quantized(p, options)
+            and all(_quantize.packed(entry[k], p) for k in held))
+
+
+def _fp32_entry(p, entry, moments):
     out = {k: v for k, v in entry.items() if k != _quantize.ABSMAX}
     absmax = entry[_quantize.ABSMAX]
     for row, key in enumerate(_codes_held(entry, moments)):
-        out[key] = _quantize.dequantize(entry[key], absmax[row], key in _memory.SIGNED_STATES)
+        out[key] = _quantize.dequantize(entry[key], absmax[row], key in _memory.SIGNED_STATES, p.detach())
     return out
 
 
@@ -92,17 +102,18 @@ def _dense(t: torch.Tensor) -> bool:
 
 
 def _check_compact_state(p, moments, entry, where):
-    """A compact 8-bit entry: uint8 codes under the moments' names, shaped as the param and
-    dense, and ``state_absmax`` with one row of block absmaxes (finite, >= 0) per code tensor."""
+    """A compact entry of codes: uint8 codes under the moments' names, all 8-bit (shaped as the
+    param and dense) or all 4-bit (1-D, two per byte), and ``state_absmax`` with one row of block
+    absmaxes (finite, >= 0) per code tensor."""
     absmax, what = entry[_quantize.ABSMAX], f"{where}[{_quantize.ABSMAX!r}]"
     if _grad_norm.DTensor is not None and isinstance(p, _grad_norm.DTensor):
-        raise ValueError(f"{what}: a compact 8-bit checkpoint holds each rank's own absmax rows and "
+        raise ValueError(f"{what}: a compact checkpoint of codes holds each rank's own absmax rows and "
                          "cannot be resharded; save DTensor (FSDP2) params with state_dict() (fp32 moments)")
     for key in moments:
         value = entry.get(key)
         if isinstance(value, torch.Tensor) and value.dtype != torch.uint8:
             raise TypeError(f"{where}[{key!r}] has dtype {value.dtype}; beside {_quantize.ABSMAX!r} "
-                            "the moments are 8-bit codes (torch.uint8)")
+                            "the moments are 8- or 4-bit codes (torch.uint8)")
     held = _codes_held(entry, moments)
     if not held:
         raise ValueError(f"{what} is given but no moment holds uint8 codes")
@@ -110,14 +121,22 @@ def _check_compact_state(p, moments, entry, where):
         raise TypeError(f"{what} is a {type(absmax).__name__}, not a tensor")
     if absmax.dtype != torch.float32:
         raise TypeError(f"{what} has dtype {absmax.dtype}, expected torch.float32")
-    shape = (len(held), _quantize.blocks_of(p.numel()))
+    four = [_quantize.packed(entry[key], p) for key in held]
+    if any(four) != all(four):
+        raise ValueError(f"{where}: the codes of {', '.join(held)} mix 4-bit (1-D, two per byte) and 8-bit ones")
+    block = _quantize.QUANT4_BLOCK if four[0] else _quantize.QUANT_BLOCK
+    shape = (len(held), _quantize.blocks_of(p.numel(), block))
     if tuple(absmax.shape) != shape:
         raise ValueError(f"{what} has shape {tuple(absmax.shape)}, expected {shape} (one row per "
-                         f"code tensor ({', '.join(held)}), one absmax per block of {_quantize.QUANT_BLOCK})")
+                         f"code tensor ({', '.join(held)}), one absmax per block of {block})")
     if not bool(torch.isfinite(absmax).all()) or bool((absmax < 0).any()):
         raise ValueError(f"{what} holds inf, NaN or negative values (each is a block's largest |value|)")
     for key in held:
         codes = entry[key]
+        if four[0]:
+            if not codes.is_contiguous():
+                raise ValueError(f"{where}[{key!r}]: 4-bit codes must be contiguous")
+            continue
         if codes.shape != p.shape:
             raise ValueError(f"{where}[{key!r}] has shape {tuple(codes.shape)}, the param {tuple(p.shape)}")
         if not _dense(codes):

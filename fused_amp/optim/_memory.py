@@ -1,6 +1,6 @@
 """The memory modes: where the fp32 value of a half param lives (``master_weights``) and the
 dtype of the optimizer state (``state_dtype``: fp32, bf16 with optional stochastic rounding, or
-8-bit blockwise codes, fused_amp/optim/_quantize.py)."""
+8- or 4-bit blockwise codes, fused_amp/optim/_quantize.py)."""
 from typing import Optional, Tuple
 
 import torch
@@ -19,7 +19,8 @@ MASTER_KEYS = tuple(kind["key"] for kind in MASTER_KINDS.values())  # a param ho
 # the keys of the masters a bf16 param is part of; checkpoints hold them as fp32 masters
 REMAINDER_KEYS = tuple(kind["key"] for kind in MASTER_KINDS.values() if kind["bf16_params"])
 MASTER_WEIGHTS = (True, False) + tuple(MASTER_KINDS)
-STATE_KINDS = {getattr(torch, kind["dtype"]): kind for kind in ops.storage_kinds()["states"]}
+# the state kinds by their option, the state_dtype (torch.uint4: 4-bit codes, held in uint8 tensors)
+STATE_KINDS = {getattr(torch, kind["option"]): kind for kind in ops.storage_kinds()["states"]}
 STATE_DTYPES = tuple(STATE_KINDS)
 # the 8-bit map of each state, from the optimizers' table (csrc/optimizers.h): signed for moments,
 # unsigned for second moments and sums
@@ -38,6 +39,11 @@ def master_kind(group) -> Optional[str]:
 def rounded_master(master_weights) -> bool:
     """Whether the master kind holds the fp32 value rounded (24-bit masters)."""
     return isinstance(master_weights, str) and MASTER_KINDS[master_weights]["rounds"]
+
+
+# the state kinds that round stochastically with stochastic_rounding=True (4-bit codes round to
+# nearest: their maps are not uniform, csrc/ops/quantize4.h)
+_STOCHASTIC_STATES = (torch.bfloat16, torch.uint8)
 
 
 def rounded_state(state_dtype) -> bool:
@@ -67,14 +73,14 @@ def check_memory_options(name: str, master_weights, state_dtype, stochastic_roun
     if not isinstance(master_weights, (bool, str)):
         raise TypeError(f"{name}: master_weights must be {choices}, got {type(master_weights).__name__}")
     if state_dtype not in STATE_DTYPES:
-        raise ValueError(f"{name}: state_dtype must be torch.float32, torch.bfloat16 or torch.uint8 "
-                         f"(8-bit codes), got {state_dtype}")
+        raise ValueError(f"{name}: state_dtype must be torch.float32, torch.bfloat16, torch.uint8 "
+                         f"(8-bit codes) or torch.uint4 (4-bit codes), got {state_dtype}")
     if isinstance(min_8bit_size, bool) or not isinstance(min_8bit_size, int) or min_8bit_size < 0:
         raise ValueError(f"{name}: min_8bit_size must be an int >= 0, got {min_8bit_size!r}")
     if stochastic_rounding is not None and not isinstance(stochastic_rounding, bool):
         raise TypeError(f"{name}: stochastic_rounding must be True, False or None, "
                         f"got {type(stochastic_rounding).__name__}")
-    if stochastic_rounding and not rounded_state(state_dtype) and not rounded_master(master_weights):
+    if stochastic_rounding and state_dtype not in _STOCHASTIC_STATES and not rounded_master(master_weights):
         raise ValueError(f"{name}: stochastic_rounding=True rounds bf16 state, 8-bit codes and 24-bit "
                          f"masters; it needs state_dtype=torch.bfloat16 or torch.uint8 or "
                          f"master_weights='remainder8', got state_dtype={state_dtype} and "
@@ -88,17 +94,17 @@ def check_memory_options(name: str, master_weights, state_dtype, stochastic_roun
 
 def check_group_params(name: str, group, index: int):
     """master_weights="remainder" keeps the master in a bf16 param's low half: bf16 params only.
-    8-bit state has CPU and CUDA kernels."""
-    if group["state_dtype"] == torch.uint8:
+    Codes (8- and 4-bit state) have CPU and CUDA kernels."""
+    if group["state_dtype"] in _quantize.CODE_DTYPES:
         for i, p in enumerate(group["params"]):
             where = f"param {i} of group {index}"
             if p.device.type not in ("cpu", "cuda") and quantized(p, group):
-                raise ValueError(f"{name}: state_dtype=torch.uint8 has CPU and CUDA kernels only; {where} "
-                                 f"is on {p.device}")
+                raise ValueError(f"{name}: state_dtype={group['state_dtype']} has CPU and CUDA kernels only; "
+                                 f"{where} is on {p.device}")
     kind = master_kind(group)
     if kind is None or not MASTER_KINDS[kind]["bf16_params"]:
         return
-    bits = 8 * MASTER_KINDS[kind]["bytes"]
+    bits = MASTER_KINDS[kind]["bits"]
     for i, p in enumerate(group["params"]):
         if p.dtype != torch.bfloat16:
             raise ValueError(f"{name}: master_weights={kind!r} needs bfloat16 params (the master is "
@@ -231,25 +237,35 @@ def bring_master(p: torch.Tensor, group, state) -> None:
 # ---- 8-bit state: which params have it, and bringing a param's state to its group's form ----
 
 def quantized(p: torch.Tensor, group) -> bool:
-    """Whether p's state is 8-bit codes: the group says uint8 and p is not small (a DTensor by
-    its whole size, so that every rank decides alike)."""
-    return group["state_dtype"] == torch.uint8 and p.numel() >= group["min_8bit_size"]
+    """Whether p's state is codes: the group says uint8 or uint4 and p is not small (a DTensor by
+    its whole size, so that every rank decides alike). 4-bit codes of a single element would
+    read as 8-bit ones, so a param, or a rank's shard, of one element keeps fp32 state."""
+    return (group["state_dtype"] in _quantize.CODE_DTYPES and p.numel() >= group["min_8bit_size"]
+            and (group["state_dtype"] == torch.uint8 or local_shard(p).numel() > 1))
 
 
 # A DTensor param (FSDP2) has its state quantized shard by shard: the blocks of a rank's codes
-# are those of its local shard (no block spans two shards), the codes are DTensors placed as the
-# param, and the absmax rows are the rank's own (a plain tensor: shards may differ in size).
+# are those of its local shard (no block spans two shards), 8-bit codes are DTensors placed as
+# the param, 4-bit codes (1-D) and the absmax rows are the rank's own plain tensors (shards may
+# differ in size).
 
-def _absmax_shape(p: torch.Tensor, rows: int) -> Tuple[int, int]:
-    return rows, _quantize.blocks_of(local_shard(p).numel())
+def _absmax_shape(p: torch.Tensor, rows: int, state_dtype) -> Tuple[int, int]:
+    return rows, _quantize.blocks_of(local_shard(p).numel(), _quantize.block_of(state_dtype))
 
 
-def _quantize_states(values, p: torch.Tensor, signed):
-    codes, absmax = _quantize.quantize_states([local_shard(v) for v in values], local_shard(p.detach()), signed)
-    if DTensor is not None and isinstance(p, DTensor):
+def _quantize_states(values, p: torch.Tensor, signed, state_dtype):
+    codes, absmax = _quantize.quantize_states([local_shard(v) for v in values], local_shard(p.detach()), signed,
+                                              state_dtype)
+    if DTensor is not None and isinstance(p, DTensor) and state_dtype == torch.uint8:
         codes = [DTensor.from_local(c, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
                  for c in codes]
     return codes, absmax
+
+
+def _held_codes(codes: torch.Tensor, p: torch.Tensor):
+    """The state_dtype of codes held for p: torch.uint4 where they are 4-bit (1-D, of p's local
+    shard), torch.uint8 otherwise."""
+    return torch.uint4 if _quantize.packed(codes, local_shard(p)) else torch.uint8
 
 
 def _fp32_values(p, state, keys):
@@ -263,9 +279,10 @@ def _fp32_values(p, state, keys):
             values.append(torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format))
         elif value.dtype == torch.uint8:
             if absmax is None or row >= absmax.shape[0]:
-                raise ValueError(f"state[{key!r}] holds 8-bit codes but no absmax row for them")
+                raise ValueError(f"state[{key!r}] holds codes but no absmax row for them")
             signed = key in SIGNED_STATES
-            values.append(_on_locals(lambda c, a=absmax[row], s=signed: _quantize.dequantize(c, a, s), p, value))
+            values.append(_on_locals(lambda c, q, a=absmax[row], s=signed: _quantize.dequantize(c, a, s, q),
+                                     p, value, p.detach()))
         else:
             values.append(value.float())
     return values
@@ -273,7 +290,7 @@ def _fp32_values(p, state, keys):
 
 def bring_state(name: str, p: torch.Tensor, group, state, keys, initial=None) -> None:
     """Create the moments ``keys`` a param's step needs, in its group's form: ``state_dtype``
-    tensors shaped like p (zeros, or ``initial[key]``), or for 8-bit state uint8 codes with
+    tensors shaped like p (zeros, or ``initial[key]``), or for 8- or 4-bit state uint8 codes with
     ``state["state_absmax"]`` (one row per key). State in another form (fp32 moments from a
     checkpoint, codes after a change of ``state_dtype`` or of ``amsgrad``) is converted; a float
     state in the other float dtype is refused, as before."""
@@ -281,22 +298,28 @@ def bring_state(name: str, p: torch.Tensor, group, state, keys, initial=None) ->
     if keys and quantized(p, group):
         codes = [state.get(k) for k in keys]
         absmax = state.get(_quantize.ABSMAX)
+        state_dtype = group["state_dtype"]
         if all(c is None for c in codes) and absmax is None:  # new: each state its initial value
-            coded = [_quantize.constant_code(initial.get(k, 0), k in SIGNED_STATES) for k in keys]
-            state.update({k: torch.full_like(p, code, dtype=torch.uint8, memory_format=torch.preserve_format)
-                          for k, (code, _) in zip(keys, coded)})
+            coded = [_quantize.constant_code(initial.get(k, 0), k in SIGNED_STATES, state_dtype) for k in keys]
+            if state_dtype == torch.uint4:
+                n = local_shard(p).numel()
+                state.update({k: _quantize.codes4_full(code, n, p.device) for k, (code, _) in zip(keys, coded)})
+            else:
+                state.update({k: torch.full_like(p, code, dtype=torch.uint8, memory_format=torch.preserve_format)
+                              for k, (code, _) in zip(keys, coded)})
             rows = torch.tensor([a for _, a in coded], dtype=torch.float32, device=p.device)
-            state[_quantize.ABSMAX] = rows[:, None].expand(_absmax_shape(p, len(keys))).contiguous()
+            state[_quantize.ABSMAX] = rows[:, None].expand(_absmax_shape(p, len(keys), state_dtype)).contiguous()
             return
-        if (all(c is not None and c.dtype == torch.uint8 for c in codes) and absmax is not None
-                and absmax.shape == _absmax_shape(p, len(keys))):
+        if (all(c is not None and c.dtype == torch.uint8 and _held_codes(c, p) == state_dtype for c in codes)
+                and absmax is not None and absmax.shape == _absmax_shape(p, len(keys), state_dtype)):
             return
         values = _fp32_values(p, state, keys)
-        new_codes, state[_quantize.ABSMAX] = _quantize_states(values, p, [k in SIGNED_STATES for k in keys])
+        new_codes, state[_quantize.ABSMAX] = _quantize_states(values, p, [k in SIGNED_STATES for k in keys],
+                                                              state_dtype)
         state.update(zip(keys, new_codes))
         return
-    state_dtype = torch.float32 if group["state_dtype"] == torch.uint8 else group["state_dtype"]
-    if _quantize.ABSMAX in state:  # codes left from 8-bit state: fp32 values again
+    state_dtype = torch.float32 if group["state_dtype"] in _quantize.CODE_DTYPES else group["state_dtype"]
+    if _quantize.ABSMAX in state:  # codes left from 8- or 4-bit state: fp32 values again
         held = [k for k in keys if k in state]
         for key, value in zip(held, _fp32_values(p, state, held)):
             state[key] = value.to(state_dtype)
@@ -311,7 +334,7 @@ def bring_state(name: str, p: torch.Tensor, group, state, keys, initial=None) ->
 
 
 def unpacked_state(p: torch.Tensor, state, keys):
-    """A copy of a param's state with 8-bit codes as fp32 values (for ``state_dict``), or the
+    """A copy of a param's state with codes as fp32 values (for ``state_dict``), or the
     state itself when it has none."""
     if _quantize.ABSMAX not in state:
         return state

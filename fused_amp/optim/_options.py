@@ -38,12 +38,16 @@ _OPTION_DOCS = {
     ``stochastic_rounding`` says. With False, half params are updated in place (fp32
     math, rounded each step).""",
     "state_dtype": r"""state_dtype (torch.dtype): dtype of {states}: torch.float32 (default),
-    torch.bfloat16 (math in fp32, stored rounded) or torch.uint8: 8-bit codes in blocks of
+    torch.bfloat16 (math in fp32, stored rounded), torch.uint8: 8-bit codes in blocks of
     256 elements with one fp32 absmax :math:`a` per block (``state["state_absmax"]``), a code
     :math:`c` holding {maps}, rounded to the nearest code after each step (or stochastically,
-    as ``stochastic_rounding`` says).""",
-    "min_8bit_size": r"""min_8bit_size (int): with ``state_dtype=torch.uint8``, params with fewer elements keep
-    fp32 state (default: 4096).""",
+    as ``stochastic_rounding`` says), or torch.uint4: 4-bit codes in torchao's ``AdamW4bit``
+    scheme, two to a byte of a 1-D uint8 tensor, in blocks of 128 elements with one fp32
+    absmax each, the first moment on torchao's signed dynamic map, the second on
+    :math:`(c+1)/16`, always rounded to the nearest code.""",
+    "min_8bit_size": r"""min_8bit_size (int): with ``state_dtype=torch.uint8`` or ``torch.uint4``, params with
+    fewer elements keep fp32 state (default: 4096; a one-element param always does with 4-bit
+    state).""",
     "stochastic_rounding": r"""stochastic_rounding (bool, optional): round what is stored in fewer than 32 bits (bf16
     state, 8-bit codes, 24-bit masters) stochastically (True) or to nearest (False).
     Default None: {rounding_default}. A code rounds up with the probability that makes its

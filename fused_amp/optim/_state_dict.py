@@ -101,10 +101,12 @@ class TorchStateDict:
             state = self.state[p]
             group = group_of[id(p)]
             moments = self._state_keys_for(group)
-            moment_dtype = torch.float32 if group["state_dtype"] == torch.uint8 else group["state_dtype"]
+            moment_dtype = torch.float32 if group["state_dtype"] in _quantize.CODE_DTYPES else group["state_dtype"]
             for key, value in saved_state[saved_id].items():
                 if isinstance(value, torch.Tensor):
-                    dtype = moment_dtype if key in moments else torch.float32
+                    # (4-bit codes of a compact checkpoint load as they are: _checkpoint._keeps_codes)
+                    dtype = (torch.uint8 if value.dtype == torch.uint8 else moment_dtype) if key in moments \
+                        else torch.float32
                     state[key] = _state_like(value, p, dtype)
             self._complete_loaded_state(p, state)
             if _memory.quantized(p, group):  # fp32 moments to codes now, not at the next step

@@ -28,9 +28,9 @@ StepKind step_kind(const int* kind) {
   return {static_cast<Dtype>(kind[0]), static_cast<MasterKind>(kind[1]), static_cast<StateKind>(kind[2])};
 }
 
-// An optimizer's lists per tensor: with 8-bit state its absmaxes follow, then kind[3] lists of
+// An optimizer's lists per tensor: with codes (8- or 4-bit state) their absmaxes follow, then kind[3] lists of
 // launch.h's last four: 1, the amax slot; 4, the amax slot, the fp8 codes, their scale and its inverse.
-int lists_of(int lists, const int* kind) { return lists + (static_cast<StateKind>(kind[2]) == StateKind::Codes8) + kind[3]; }
+int lists_of(int lists, const int* kind) { return lists + fused_amp::is_quantized(static_cast<StateKind>(kind[2])) + kind[3]; }
 
 }  // namespace
 
