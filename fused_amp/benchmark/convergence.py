@@ -70,6 +70,11 @@ def _torchao_8bit(params, lr):
     return AdamW8bit(params, lr=lr, weight_decay=0.0)
 
 
+def _torchao_4bit(params, lr):
+    from torchao.optim import AdamW4bit
+    return AdamW4bit(params, lr=lr, weight_decay=0.0)
+
+
 def _torchao_sr(params, lr):
     from torchao.optim import _AdamW
     return _AdamW(params, lr=lr, weight_decay=0.0, bf16_stochastic_round=True)
@@ -87,15 +92,19 @@ MODES: Dict[str, Callable] = {
     "remainder + 8-bit state": _fused(master_weights="remainder", state_dtype=torch.uint8),
     "24-bit masters": _fused(master_weights="remainder8"),
     "24-bit masters + 8-bit state": _fused(master_weights="remainder8", state_dtype=torch.uint8),
+    "4-bit state": _fused(state_dtype=torch.uint4),
+    "remainder + 4-bit state": _fused(master_weights="remainder", state_dtype=torch.uint4),
+    "24-bit masters + 4-bit state": _fused(master_weights="remainder8", state_dtype=torch.uint4),
     "plain bf16 (no masters)": _fused(master_weights=False),
     "torch-optimi Kahan AdamW": _optimi_kahan,
     "torchao bf16 SR AdamW": _torchao_sr,
     "bitsandbytes AdamW8bit (bf16 weights)": _bnb_8bit,
     "torchao AdamW8bit (bf16 weights)": _torchao_8bit,
+    "torchao AdamW4bit (bf16 weights)": _torchao_4bit,
 }
 OPTIONAL = {"torch-optimi Kahan AdamW": "optimi", "torchao bf16 SR AdamW": "torchao",
             "bitsandbytes AdamW8bit (bf16 weights)": "bitsandbytes",
-            "torchao AdamW8bit (bf16 weights)": "torchao"}
+            "torchao AdamW8bit (bf16 weights)": "torchao", "torchao AdamW4bit (bf16 weights)": "torchao"}
 
 
 def available(mode: str, optional: Dict[str, str] = OPTIONAL) -> bool:

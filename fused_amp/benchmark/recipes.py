@@ -25,7 +25,7 @@ class Recipe(NamedTuple):
     op: str  # roofline operation: the bytes the step must move (roofline.py)
     holds: float  # bytes held per param (weights, grads, optimizer state), for the fit check
     masters: str  # what the update is applied to: one of MASTERS
-    state: str = "fp32"  # the optimizer state's storage: fp32, bf16 or 8-bit
+    state: str = "fp32"  # the optimizer state's storage: fp32, bf16, 8-bit or 4-bit
     module: Optional[str] = None  # an outside anchor's package: skipped when not installed
 
 
@@ -65,6 +65,11 @@ def _torchao_adam8bit(params):
     return AdamW8bit(params, lr=1e-3, weight_decay=0.0)
 
 
+def _torchao_adam4bit(params):
+    from torchao.optim import AdamW4bit
+    return AdamW4bit(params, lr=1e-3, weight_decay=0.0)
+
+
 # what each recipe applies the update to, and whether that keeps every update (exact)
 MASTERS = {"fp32 weights": True, "fp32": True, "bf16 + remainder": True, "bf16 + 8 bits": False, "none": False}
 REMAINDER8 = dict(master_weights="remainder8", rounding_seed=0)
@@ -92,12 +97,19 @@ RECIPES: Dict[str, Recipe] = {
     "fused_amp[24-bit masters]": Recipe(False, _fused(**REMAINDER8), "adam_24bit", 13, "bf16 + 8 bits"),
     "fused_amp[24-bit masters + 8-bit state]": Recipe(
         False, _fused(**REMAINDER8, state_dtype=torch.uint8), "adam_24bit_8bit_state", 7, "bf16 + 8 bits", "8-bit"),
+    "fused_amp[remainder + 4-bit state]": Recipe(
+        False, _fused(master_weights="remainder", state_dtype=torch.uint4), "adam_remainder_4bit_state", 7.06,
+        "bf16 + remainder", "4-bit"),
+    "fused_amp[24-bit masters + 4-bit state]": Recipe(
+        False, _fused(**REMAINDER8, state_dtype=torch.uint4), "adam_24bit_4bit_state", 6.06, "bf16 + 8 bits", "4-bit"),
     # the outside anchors: their Adam on fp32 weights (no masters) under torch's GradScaler, as
     # their users run it
     "bitsandbytes[Adam8bit]": Recipe(True, _anchor(_bnb_adam8bit), "adam_8bit_state", 10, "fp32 weights",
                                      "8-bit", "bitsandbytes"),
     "torchao[AdamW8bit]": Recipe(True, _anchor(_torchao_adam8bit), "adam_8bit_state", 10, "fp32 weights",
                                  "8-bit", "torchao"),
+    "torchao[AdamW4bit]": Recipe(True, _anchor(_torchao_adam4bit), "adam_4bit_state", 9.06, "fp32 weights",
+                                 "4-bit", "torchao"),
     "deepspeed[Adam]": Recipe(True, _anchor(_deepspeed_adam), "adam", 16, "fp32 weights", "fp32", "deepspeed"),
 }
 ANCHORS = tuple(name for name, r in RECIPES.items() if r.module)

@@ -46,6 +46,12 @@ BYTES_PER_PARAM = {
     #   24-bit masters (master_weights="remainder8"): read g 2, p 2, byte 1, m 1, v 1; write p 2,
     #   byte 1, m 1, v 1
     ("adam_24bit_8bit_state", "bfloat16"): 12,
+    # 4-bit state (two codes per byte; the fp32 absmax of 2 states per 128 elements adds 1/16 B):
+    #   with the remainder: read g 2, p 2, remainder 2, m 0.5, v 0.5; write p 2, remainder 2, m 0.5,
+    #   v 0.5
+    ("adam_remainder_4bit_state", "bfloat16"): 12,
+    #   24-bit masters: read g 2, p 2, byte 1, m 0.5, v 0.5; write p 2, byte 1, m 0.5, v 0.5
+    ("adam_24bit_4bit_state", "bfloat16"): 10,
     #   24-bit masters, fp32 state: read g 2, p 2, byte 1, m 4, v 4; write p 2, byte 1, m 4, v 4
     ("adam_24bit", "bfloat16"): 24,
     #   no masters (master_weights=False): read g 2, p 2, m 4, v 4; write p 2, m 4, v 4
@@ -56,6 +62,9 @@ BYTES_PER_PARAM = {
     #   fp32 params without masters (bitsandbytes', torchao's 8-bit Adam): read g 4, p 4, m 1, v 1;
     #   write p 4, m 1, v 1
     ("adam_8bit_state", "float32"): 16,
+    #   the same with 4-bit state (torchao's AdamW4bit): read g 4, p 4, m 0.5, v 0.5; write p 4,
+    #   m 0.5, v 0.5
+    ("adam_4bit_state", "float32"): 14,
 }
 
 
@@ -63,6 +72,7 @@ def bytes_per_param(op: str, dtype: str) -> int:
     """Roofline bytes per parameter of ``op`` ("unscale", "adam", "adamw", "sgd", "adam_clip",
     and the memory modes "adam_remainder", "adam_bf16_state", "adam_remainder_bf16_state",
     "adam_8bit_state", "adam_remainder_8bit_state", "adam_24bit", "adam_24bit_8bit_state",
+    "adam_remainder_4bit_state", "adam_24bit_4bit_state", "adam_4bit_state",
     "adam_no_masters", and torch's Adam on half params "adam_half")."""
     return BYTES_PER_PARAM[("adam" if op == "adamw" else op, dtype)]
 

@@ -8,7 +8,8 @@ grads, 4 + 4 for fp32), which every timed step also moves."""
 from fused_amp.benchmark import convergence, harness, recipes, workloads
 
 # every way of keeping Adam's state on bf16 params (recipes.py), with fused_amp on fp32 params (the
-# same 28 bytes as fp32 masters, without the conversions) and the outside anchors with 8-bit state
+# same 28 bytes as fp32 masters, without the conversions) and the outside anchors with 8- and
+# 4-bit state
 MODES = [name for name in recipes.RECIPES if name not in ("torch_bf16", "fused_amp[no masters]")]
 CONVERGENCE_STEPS = 1500
 _converged = {}  # the losses do not change between repeats of the plan: trained once per process
