@@ -8,7 +8,8 @@ The marker .ci/submission holds two lines, which the submitter updates once per 
     counter = <that commit's counter + 1>
 
     python3 tools/ci_select.py check [--local]  # the marker is current (CI's first step;
-                                              # --local: and names this checkout's start)
+                                              # --local: and names this checkout's start, or
+                                              # for a checkout that lived on, a commit after it)
     python3 tools/ci_select.py mark [COMMIT]  # write it (COMMIT: default, the checkout's start)
     python3 tools/ci_select.py changed        # the files changed since last_ci_passed
     python3 tools/ci_select.py sanitize-share TEST...  # what the sanitizers run of those tests
@@ -234,9 +235,14 @@ def main(argv):
         m = marker()
         print(f"submission {m['counter']}, after {m['last_ci_passed'][:10]}: rotation share "
               f"{m['counter'] % ROTATION} of {ROTATION}; {len(changed())} files changed")
-        if "--local" in args and git("rev-parse", m["last_ci_passed"]).strip() != checkout_start():
+        named, start = git("rev-parse", m["last_ci_passed"]).strip(), checkout_start()
+        # (a checkout that lives on across sessions starts before the last landing, which
+        # `make ci-mark COMMIT=...` names: a commit after the start)
+        lived_on = named != start and subprocess.run(["git", "merge-base", "--is-ancestor", start, named],
+                                                     cwd=ROOT).returncode == 0
+        if "--local" in args and named != start and not lived_on:
             print(f"{MARKER} names {m['last_ci_passed'][:10]}, this checkout started from "
-                  f"{checkout_start()[:10]}: run `make ci-mark` unless the last stop did not land")
+                  f"{start[:10]}: run `make ci-mark` unless the last stop did not land")
             return 1
         return 0
     if what == "mark":
