@@ -159,3 +159,21 @@ def test_a_compact_checkpoint_holds_the_codes_and_resumes_bit_for_bit():
     signed = dequantize(compact["state"][1]["exp_avg"], compact["state"][1][ABSMAX][0], True, q.detach())
     assert_bitwise_equal(eight.state_dict()["state"][1]["exp_avg"],
                          dequantize(*quantize(signed, q, True), True))
+
+
+def test_a_block_too_small_to_code_keeps_the_zero_code():
+    """The kernels write a block whose absmax is below FLT_MIN as absmax 0 with the zero code in
+    every element (the signed map's 7, the unsigned map's 0), the last byte of an odd element
+    count 0 in its low half."""
+    p = torch.nn.Parameter(torch.randn(301))  # blocks 0-127, 128-255 and 256-300 (45 elements)
+    opt = AdamW([p], state_dtype=torch.uint4, min_8bit_size=0)
+    grad = torch.randn(301)
+    grad[128:] = 0
+    p.grad = grad
+    opt.step()
+    state = opt.state[p]
+    assert_bitwise_equal(state[ABSMAX][:, 1:], torch.zeros(2, 2))
+    for key, pair in (("exp_avg", 0x77), ("exp_avg_sq", 0x00)):
+        expected = torch.full((87,), pair, dtype=torch.uint8)
+        expected[-1] = pair & 0xF0
+        assert_bitwise_equal(state[key][64:], expected, key)

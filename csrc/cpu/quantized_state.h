@@ -199,11 +199,11 @@ void quantize_block(const float* x, int64_t n, uint8_t* codes, float* absmax_out
 struct Codes8 {
   static constexpr int64_t kBlock = ops::kQuantBlock;
   static uint8_t* at(uint8_t* codes, int64_t i) { return codes + i; }
-  static void dequantize(const uint8_t* codes, float absmax, int64_t n, bool is_signed, float* out) {
+  void dequantize(const uint8_t* codes, float absmax, int64_t n, bool is_signed, float* out) const {
     (is_signed ? dequantize_block<true> : dequantize_block<false>)(codes, absmax, n, out);
   }
-  static void quantize(const float* x, int64_t n, uint8_t* codes, float* absmax, const uint32_t* random,
-                       bool is_signed) {
+  void quantize(const float* x, int64_t n, uint8_t* codes, float* absmax, const uint32_t* random,
+                bool is_signed) const {
     (is_signed ? quantize_block<true> : quantize_block<false>)(x, n, codes, absmax, random);
   }
 };
@@ -217,20 +217,17 @@ struct Codes4 {
     float entry[16];
     float mid[15];
   };
-  static const Map& map(bool is_signed) {
-    static const std::array<Map, 2> maps = [] {
-      std::array<Map, 2> m{};
-      for (int s = 0; s < 2; ++s) {
-        for (uint32_t c = 0; c < 16; ++c) m[s].entry[c] = ops::map4_entry(c, s == 1);
-        for (uint32_t c = 0; c < 15; ++c) m[s].mid[c] = ops::map4_mid(c, s == 1);
-      }
-      return m;
-    }();
-    return maps[is_signed];
+  Map maps[2];  // unsigned, signed: built once per range, not per block
+  Codes4() {
+    for (int s = 0; s < 2; ++s) {
+      for (uint32_t c = 0; c < 16; ++c) maps[s].entry[c] = ops::map4_entry(c, s == 1);
+      for (uint32_t c = 0; c < 15; ++c) maps[s].mid[c] = ops::map4_mid(c, s == 1);
+    }
   }
+  const Map& map(bool is_signed) const { return maps[is_signed]; }
   static uint8_t* at(uint8_t* codes, int64_t i) { return codes + i / 2; }  // (i is even: a block's first)
 
-  static void dequantize(const uint8_t* codes, float absmax, int64_t n, bool is_signed, float* out) {
+  void dequantize(const uint8_t* codes, float absmax, int64_t n, bool is_signed, float* out) const {
     alignas(64) float value[16];
     for (int c = 0; c < 16; ++c) value[c] = map(is_signed).entry[c] * absmax;
     int64_t i = 0;
@@ -262,50 +259,52 @@ struct Codes4 {
     for (; i < n; ++i) out[i] = value[ops::nibble_of(codes[i / 2], i)];
   }
 
-  static void quantize(const float* x, int64_t n, uint8_t* codes, float* absmax_out, const uint32_t*, bool is_signed) {
+  void quantize(const float* x, int64_t n, uint8_t* codes, float* absmax_out, const uint32_t*, bool is_signed) const {
     const float absmax = block_absmax(x, n);
     *absmax_out = ops::stored_absmax4(absmax);
+    if (!ops::codes4_block(absmax)) {  // every element the zero code
+      const uint32_t zero = ops::zero_code4(is_signed);
+      std::memset(codes, ops::byte_of(zero, zero), n / 2);
+      if (n % 2) codes[n / 2] = ops::byte_of(zero, 0u);
+      return;
+    }
     alignas(64) int32_t code[kBlock];
     int64_t i = 0;
-    if (ops::codes4_block(absmax)) {
-      const Map& m = map(is_signed);
-      const float inv = 1.f / absmax;
+    const Map& m = map(is_signed);
+    const float inv = 1.f / absmax;
 #if defined(CPU_CAPABILITY_AVX512)
-      alignas(64) float mid16[16];  // the midpoints, +inf beyond the last
-      std::memcpy(mid16, m.mid, sizeof m.mid);
-      mid16[15] = std::numeric_limits<float>::infinity();
-      const __m512 mids = _mm512_load_ps(mid16);
+    alignas(64) float mid16[16];  // the midpoints, +inf beyond the last
+    std::memcpy(mid16, m.mid, sizeof m.mid);
+    mid16[15] = std::numeric_limits<float>::infinity();
+    const __m512 mids = _mm512_load_ps(mid16);
 #endif
-      for (; i + kLanes <= n; i += kLanes) {
-        F32 unit;
-        std::memcpy(&unit, x + i, sizeof unit);
-        unit *= inv;
-        I32 c{};
-        if (is_signed) {
+    for (; i + kLanes <= n; i += kLanes) {
+      F32 unit;
+      std::memcpy(&unit, x + i, sizeof unit);
+      unit *= inv;
+      I32 c{};
+      if (is_signed) {
 #if defined(CPU_CAPABILITY_AVX512)
-          // the midpoints reached, by a branch-free binary search: 4 table reads of the sorted
-          // midpoints (+inf beyond the last) instead of 15 compares
-          const __m512 u = _mm512_loadu_ps(x + i) * _mm512_set1_ps(inv);
-          __m512i found = _mm512_setzero_si512();
-          for (int step = 8; step > 0; step /= 2) {
-            const __m512 mid = _mm512_permutexvar_ps(_mm512_add_epi32(found, _mm512_set1_epi32(step - 1)), mids);
-            found = _mm512_mask_add_epi32(found, _mm512_cmp_ps_mask(u, mid, _CMP_GE_OQ), found,
-                                          _mm512_set1_epi32(step));
-          }
-          std::memcpy(&c, &found, sizeof c);
+        // the midpoints reached, by a branch-free binary search: 4 table reads of the sorted
+        // midpoints (+inf beyond the last) instead of 15 compares
+        const __m512 u = _mm512_loadu_ps(x + i) * _mm512_set1_ps(inv);
+        __m512i found = _mm512_setzero_si512();
+        for (int step = 8; step > 0; step /= 2) {
+          const __m512 mid = _mm512_permutexvar_ps(_mm512_add_epi32(found, _mm512_set1_epi32(step - 1)), mids);
+          found = _mm512_mask_add_epi32(found, _mm512_cmp_ps_mask(u, mid, _CMP_GE_OQ), found,
+                                        _mm512_set1_epi32(step));
+        }
+        std::memcpy(&c, &found, sizeof c);
 #else
 #pragma GCC unroll 15
-          for (int j = 0; j < 15; ++j) c -= unit >= m.mid[j];  // (a true lane compares as -1)
+        for (int j = 0; j < 15; ++j) c -= unit >= m.mid[j];  // (a true lane compares as -1)
 #endif
-        } else {
-          c = ops::unsigned4_code_of_whole(__builtin_convertvector(unit * 32.f, I32));
-        }
-        std::memcpy(code + i, &c, sizeof c);
+      } else {
+        c = ops::unsigned4_code_of_whole(__builtin_convertvector(unit * 32.f, I32));
       }
-      for (; i < n; ++i) code[i] = static_cast<int32_t>(ops::code4_of_unit(x[i] * inv, is_signed));
-    } else {
-      for (; i < n; ++i) code[i] = static_cast<int32_t>(ops::zero_code4(is_signed));
+      std::memcpy(code + i, &c, sizeof c);
     }
+    for (; i < n; ++i) code[i] = static_cast<int32_t>(ops::code4_of_unit(x[i] * inv, is_signed));
     i = 0;
 #if defined(CPU_CAPABILITY_AVX512)
     // 16 codes to bytes, each pair of bytes (even, odd) to one: even << 4 | odd
@@ -338,18 +337,19 @@ static_assert(kStepElements % Codes8::kBlock == 0 && kStepElements % Codes4::kBl
 
 // The blocks of state s in its elements [b, b + n) to fp32 values, and back.
 template <class Codes>
-void dequantize_blocks(const QuantizedState& s, int64_t b, int64_t n, float* out) {
+void dequantize_blocks(const Codes& kind, const QuantizedState& s, int64_t b, int64_t n, float* out) {
   for (int64_t q = 0; q < n; q += Codes::kBlock) {
-    Codes::dequantize(Codes::at(s.codes, b + q), s.absmax[(b + q) / Codes::kBlock], std::min(Codes::kBlock, n - q),
+    kind.dequantize(Codes::at(s.codes, b + q), s.absmax[(b + q) / Codes::kBlock], std::min(Codes::kBlock, n - q),
                       s.is_signed, out + q);
   }
 }
 
 // With `random` (the random bits of elements [b, b + n)) 8-bit codes round stochastically.
 template <class Codes>
-void quantize_blocks(const QuantizedState& s, int64_t b, int64_t n, const float* x, const uint32_t* random) {
+void quantize_blocks(const Codes& kind, const QuantizedState& s, int64_t b, int64_t n, const float* x,
+                     const uint32_t* random) {
   for (int64_t q = 0; q < n; q += Codes::kBlock) {
-    Codes::quantize(x + q, std::min(Codes::kBlock, n - q), Codes::at(s.codes, b + q), s.absmax + (b + q) / Codes::kBlock,
+    kind.quantize(x + q, std::min(Codes::kBlock, n - q), Codes::at(s.codes, b + q), s.absmax + (b + q) / Codes::kBlock,
                     random ? random + q : nullptr, s.is_signed);
   }
 }
@@ -362,17 +362,18 @@ void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, int
   alignas(64) float buffers[ops::kMaxStates][kStepElements];
   alignas(64) uint32_t random[kStepElements];  // stochastic codes: the random bits of the part's elements
   const bool stochastic = r.stochastic_codes && count > 0 && std::is_same_v<Codes, Codes8>;
+  const Codes kind;
   for (int64_t b = 0; b < r.n; b += kStepElements) {
     const int64_t n = std::min<int64_t>(kStepElements, r.n - b);
     UpdateRange<T> sub = part_of(r, b, n);
     sub.may_stream = false;
     for (int k = 0; k < count; ++k) {
-      dequantize_blocks<Codes>(states[k], b, n, buffers[k]);
+      dequantize_blocks(kind, states[k], b, n, buffers[k]);
       sub.state[states[k].slot] = buffers[k];
     }
     fp32_step(sub);
     if (stochastic) fill_rounding_bits(r.round_key, r.first + b, n, random);
-    for (int k = 0; k < count; ++k) quantize_blocks<Codes>(states[k], b, n, buffers[k], stochastic ? random : nullptr);
+    for (int k = 0; k < count; ++k) quantize_blocks(kind, states[k], b, n, buffers[k], stochastic ? random : nullptr);
   }
 }
 

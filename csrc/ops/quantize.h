@@ -104,6 +104,4 @@ FA_HD B code_random15(B bits, bool is_signed) { return (is_signed ? bits & 0xfff
 FA_HD bool codes_block(float absmax) { return absmax >= FLT_MIN && absmax <= FLT_MAX; }
 FA_HD float stored_absmax(float absmax) { return absmax < FLT_MIN ? 0.f : absmax; }
 
-FA_HD int64_t quant_blocks(int64_t n) { return (n + kQuantBlock - 1) / kQuantBlock; }
-
 }  // namespace fused_amp::ops

@@ -44,12 +44,12 @@ FA_HD float map4_mid(uint32_t c, bool is_signed) {
 
 // The unsigned map's code of unit, from t = unit * 32 (exact): unit reaches the midpoint
 // (2c + 3) / 32 of entries c and c + 1 when the integer part k of t does, so the midpoints reached
-// number (k - 1) / 2, rounded down, at least 0 and at most 15. I = int32_t, or a vector of them.
+// number (k - 1) / 2, rounded down, and at least 0 (at most 15: unit = x * (1 / absmax) is at most
+// 1 + 2^-23, so k <= 32). I = int32_t, or a vector of them.
 template <typename I>
 FA_HD I unsigned4_code_of_whole(I k) {
   const I c = (k - 1) >> 1;
-  const I low = c & ~(c >> 31);               // max(c, 0), branch-free (lanes too)
-  return low - ((low - 15) & ~((low - 15) >> 31));  // min(low, 15): low - max(low - 15, 0)
+  return c & ~(c >> 31);  // max(c, 0), branch-free (lanes too)
 }
 
 // The code of unit = x * (1 / absmax): how many midpoints it reaches (a midpoint itself codes to
