@@ -10,8 +10,9 @@
 //     (no -1: the map is torchao's, asymmetric);
 //   unsigned states (exp_avg_sq, ...): 1/16, 2/16, ..., 1 (no 0: a second moment never reads 0,
 //     which bounds each update, as in ops/quantize.h).
-// x codes to the entry nearest to x / absmax (torchao's rounding: the upper one at a tie), always
-// to nearest: the maps are not uniform, so stochastic rounding is left to 8-bit codes. A block
+// x codes to the entry nearest to x * (1 / absmax) (torchao divides; the upper entry at a tie, as
+// torchao's), always to nearest: the maps are not uniform, so stochastic rounding is left to
+// 8-bit codes. A block
 // whose absmax is below FLT_MIN is stored as absmax 0 and its zero code; one whose absmax is inf
 // or NaN as absmax NaN, so that it reads back as NaN.
 #include <cfloat>
