@@ -25,19 +25,19 @@ void check_packed_codes(const char* op, const char* name, size_t i, const at::Te
                    ", expected Byte (the 4-bit codes of the first state list)");
 }
 
-// A state list: tensors of a state kind (storage_kinds.h) for the params; with `first` (the op's
-// first state list, already checked) each tensor is of the first list's kind for its param.
+// A state list: tensors of a state kind (storage_kinds.h) for the params. The op's first state
+// list decides each param's kind (`kinds`); with `first` (that list, already checked) each tensor
+// is of the first list's kind for its param.
 void check_states(const char* op, const char* name, at::TensorList list, at::TensorList params,
-                  std::vector<at::Tensor>& out, const std::vector<at::Tensor>* first) {
+                  std::vector<at::Tensor>& out, const std::vector<at::Tensor>* first, std::vector<StateKind>& kinds) {
   const bool follows_first = first && !first->empty();
   for (size_t i = 0; i < list.size(); ++i) {
-    StateKind kind = StateKind::Fp32;
-    const bool known = list[i].defined() && state_kind_of(list[i], params[i], &kind);
-    TORCH_CHECK_TYPE(follows_first || known || !list[i].defined(), op, ": ", name, "[", i, "] has dtype ",
-                     list[i].scalar_type(), ", expected ", state_dtype_names(),
-                     " (the state dtypes; Byte: 8- or 4-bit codes)");
-    if (follows_first) state_kind_of((*first)[i], params[i], &kind);
-    if (kind == StateKind::Codes4 && list[i].defined()) {
+    if (!follows_first) {
+      const bool known = list[i].defined() && state_kind_of(list[i], params[i], &kinds[i]);
+      TORCH_CHECK_TYPE(known || !list[i].defined(), op, ": ", name, "[", i, "] has dtype ", list[i].scalar_type(),
+                       ", expected ", state_dtype_names(), " (the state dtypes; Byte: 8- or 4-bit codes)");
+    }
+    if (kinds[i] == StateKind::Codes4 && list[i].defined()) {
       check_packed_codes(op, name, i, list[i], params[i]);
     } else {
       const at::ScalarType dtype = follows_first ? (*first)[i].scalar_type()
@@ -48,13 +48,13 @@ void check_states(const char* op, const char* name, at::TensorList list, at::Ten
   out = list.vec();
 }
 
-// The absmax of each param with 8- or 4-bit state: fp32, contiguous, (state rows, blocks); none
-// for other params.
 // Whether a tensor of a list whose entries may be absent (master_params, state_absmaxes) is
 // given: a list of tensors holds no None (torch.compile's functionalization refuses written lists
 // with Nones), so an empty tensor stands for none.
 bool given_tensor(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
 
+// The absmax of each param with 8- or 4-bit state: fp32, contiguous, (state rows, blocks); none
+// for other params.
 void check_absmaxes(const char* op, at::TensorList absmaxes, StepTensors& s) {
   const size_t n = s.params.size();
   check_length(op, "state_absmaxes", absmaxes.size(), n, true);
@@ -108,10 +108,11 @@ void check_state_lists(const char* op, const StateLists& st, at::TensorList para
   TORCH_CHECK_VALUE(st.list.size() == kept * n, op, ": states has ", st.list.size(), " tensors, expected ",
                     kept, " lists of ", n, " (one tensor per param", kept ? ": " : "", names, ")");
   const std::vector<at::Tensor>* first = nullptr;
+  if (kept > 0) s.state_kinds.assign(n, StateKind::Fp32);
   int j = 0;
   for (int k = 0; k < st.count; ++k) {
     if (!(st.mask >> k & 1u)) continue;
-    check_states(op, st.info[k].name, st.list.slice(j++ * n, n), params, s.states[k], first);
+    check_states(op, st.info[k].name, st.list.slice(j++ * n, n), params, s.states[k], first, s.state_kinds);
     first = &s.states[k];
   }
 }

@@ -65,17 +65,11 @@ struct StepTensors {
   MasterKind master_kind(size_t i) const {
     return masters.empty() || !masters[i].defined() ? MasterKind::None : master_kind_of(masters[i].scalar_type());
   }
-  // How param i's state is held (all of it one way); fp32 when it has none (SGD without momentum).
-  StateKind state_kind(size_t i) const {
-    StateKind kind = StateKind::Fp32;
-    for (const auto& list : states) {
-      if (!list.empty()) {
-        state_kind_of(list[i], params[i], &kind);
-        break;
-      }
-    }
-    return kind;
-  }
+  // How each param's state is held (all of it one way), decided once by validation from the first
+  // state list kept (storage_dtypes.h); empty where the step keeps no state.
+  std::vector<StateKind> state_kinds;
+  // fp32 when it has none (SGD without momentum)
+  StateKind state_kind(size_t i) const { return state_kinds.empty() ? StateKind::Fp32 : state_kinds[i]; }
   bool is_quantized(size_t i) const { return !absmaxes.empty() && absmaxes[i].defined(); }
 };
 
