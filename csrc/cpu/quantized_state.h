@@ -213,15 +213,16 @@ struct Codes8 {
 // the CUDA side (the same products); a value's code counts the midpoints it reaches, in lanes.
 struct Codes4 {
   static constexpr int64_t kBlock = ops::kQuant4Block;
-  struct Map {
+  struct alignas(64) Map {
     float entry[16];
-    float mid[15];
+    float mid[16];  // the midpoints of neighbouring entries, +inf beyond the last
   };
   Map maps[2];  // unsigned, signed: built once per range, not per block
   Codes4() {
     for (int s = 0; s < 2; ++s) {
       for (uint32_t c = 0; c < 16; ++c) maps[s].entry[c] = ops::map4_entry(c, s == 1);
       for (uint32_t c = 0; c < 15; ++c) maps[s].mid[c] = ops::map4_mid(c, s == 1);
+      maps[s].mid[15] = std::numeric_limits<float>::infinity();
     }
   }
   const Map& map(bool is_signed) const { return maps[is_signed]; }
@@ -273,10 +274,7 @@ struct Codes4 {
     const Map& m = map(is_signed);
     const float inv = 1.f / absmax;
 #if defined(CPU_CAPABILITY_AVX512)
-    alignas(64) float mid16[16];  // the midpoints, +inf beyond the last
-    std::memcpy(mid16, m.mid, sizeof m.mid);
-    mid16[15] = std::numeric_limits<float>::infinity();
-    const __m512 mids = _mm512_load_ps(mid16);
+    const __m512 mids = _mm512_load_ps(m.mid);
 #endif
     for (; i + kLanes <= n; i += kLanes) {
       F32 unit;
@@ -286,7 +284,7 @@ struct Codes4 {
       if (is_signed) {
 #if defined(CPU_CAPABILITY_AVX512)
         // the midpoints reached, by a branch-free binary search: 4 table reads of the sorted
-        // midpoints (+inf beyond the last) instead of 15 compares
+        // midpoints instead of 15 compares
         const __m512 u = _mm512_loadu_ps(x + i) * _mm512_set1_ps(inv);
         __m512i found = _mm512_setzero_si512();
         for (int step = 8; step > 0; step /= 2) {
