@@ -14,10 +14,15 @@ from typing import Sequence, Tuple
 
 import torch
 
+from fused_amp import ops
+
 ABSMAX = "state_absmax"
-QUANT_BLOCK = 256
-QUANT4_BLOCK = 128  # torchao's AdamW4bit
-CODE_DTYPES = (torch.uint8, torch.uint4)  # the state_dtype values held as codes
+# the state_dtype values held as codes and their blocks, from the storage kinds' table
+# (csrc/storage_kinds.h): 256 for 8-bit codes, 128 (torchao's AdamW4bit's) for 4-bit ones
+_BLOCKS = {getattr(torch, kind["option"]): kind["block"] for kind in ops.storage_kinds()["states"] if kind["block"]}
+CODE_DTYPES = tuple(_BLOCKS)
+QUANT_BLOCK = _BLOCKS[torch.uint8]
+QUANT4_BLOCK = _BLOCKS[torch.uint4]
 MIN_8BIT_SIZE = 4096  # params with fewer elements keep fp32 state (bitsandbytes' and torchao's default too)
 # the 4-bit maps (csrc/ops/quantize4.h): torchao's create_dynamic_map(True, 3, 4) as fp32, and
 # 1/16, ..., 1
@@ -26,6 +31,15 @@ _SIGNED4 = [float.fromhex(h) for h in (
     "-0x1.6872b0p-8", "0x0p0", "0x1.6872b0p-8", "0x1.0a3d72p-5", "0x1.3d70a4p-4", "0x1.b33332p-3", "0x1.cp-2",
     "0x1.533334p-1", "0x1.c66666p-1", "0x1p0")]
 _UNSIGNED4 = [(c + 1) / 16 for c in range(16)]
+
+
+def _f32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+# each map's midpoints of neighbouring entries, as the kernels compute them: the fp32 sum halved
+_MIDS4 = {signed: [_f32((e[c] + e[c + 1]) * 0.5) for c in range(15)]
+          for signed, e in ((True, _SIGNED4), (False, _UNSIGNED4))}
 _ZERO4 = {True: 7, False: 0}  # the code a block below FLT_MIN keeps: the signed map's 0, the unsigned map's lowest
 _SIGNED_LEVELS = 127.0
 _UNSIGNED_LEVELS = 255.0
@@ -39,7 +53,7 @@ def blocks_of(numel: int, block: int = QUANT_BLOCK) -> int:
 
 def block_of(state_dtype) -> int:
     """The elements per absmax of a state_dtype held as codes."""
-    return QUANT4_BLOCK if state_dtype == torch.uint4 else QUANT_BLOCK
+    return _BLOCKS[state_dtype]
 
 
 def packed(codes: torch.Tensor, like: torch.Tensor) -> bool:
@@ -139,14 +153,13 @@ def _absmax_and_inverse(x: torch.Tensor):
 
 
 def _quantize4(values: torch.Tensor, like: torch.Tensor, signed: bool):
-    """(codes, absmax) of fp32 ``values`` as 4-bit codes of ``like``'s elements: each unit x / absmax
-    to the entry whose midpoints with its neighbours bracket it."""
+    """(codes, absmax) of fp32 ``values`` as 4-bit codes of ``like``'s elements: each unit
+    x * (1 / absmax) to the entry whose midpoints with its neighbours bracket it."""
     staged = _staged(values, like)
     n = staged.numel()
     x = _blocks(_memory_order(staged), QUANT4_BLOCK)
     absmax, coded, inv = _absmax_and_inverse(x)
-    entries = torch.tensor(_SIGNED4 if signed else _UNSIGNED4, dtype=torch.float32, device=x.device)
-    mids = (entries[:-1] + entries[1:]) * 0.5
+    mids = torch.tensor(_MIDS4[signed], dtype=torch.float32, device=x.device)
     unit = x * inv
     c = (unit.unsqueeze(-1) >= mids).sum(-1)
     c = torch.where(coded, c, torch.full_like(c, _ZERO4[signed])).reshape(-1)[:n]
@@ -156,10 +169,6 @@ def _quantize4(values: torch.Tensor, like: torch.Tensor, signed: bool):
     stored = torch.where(absmax < _FLT_MIN, torch.zeros_like(absmax),
                          torch.where(coded, absmax, torch.full_like(absmax, float("nan"))))
     return codes, stored.reshape(-1)
-
-
-def _f32(x: float) -> float:
-    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def constant_code(value: float, signed: bool, state_dtype=torch.uint8) -> Tuple[int, float]:
@@ -173,9 +182,8 @@ def constant_code(value: float, signed: bool, state_dtype=torch.uint8) -> Tuple[
     if state_dtype == torch.uint4:
         if not _FLT_MIN <= a <= _FLT_MAX:  # zero, or inf or NaN: the zero code, absmax 0 or NaN
             return _ZERO4[signed] * 17, (0.0 if a < _FLT_MIN else float("nan"))
-        entries = _SIGNED4 if signed else _UNSIGNED4
         unit = _f32(v * _f32(1.0 / a))  # (exact products of fp32 in double, rounded once)
-        code = sum(unit >= _f32((entries[c] + entries[c + 1]) * 0.5) for c in range(15))
+        code = sum(unit >= mid for mid in _MIDS4[signed])
         return code * 17, a
     if a < _FLT_MIN:  # zero (or an fp32 denormal): absmax 0, code 0
         return 0, 0.0
