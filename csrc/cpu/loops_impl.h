@@ -30,17 +30,18 @@ namespace {
 // the loops, by concern; each file is a part of this one
 #include "cpu/vec_bits.h"
 #include "cpu/unscale_loops.h"
+#include "cpu/storage_traits.h"
 #include "cpu/step_loops.h"
 #include "cpu/quantized_state.h"
 
 template <class Opt>
 constexpr Loops::Step step_loops() {
   using BF16 = c10::BFloat16;
-  return {{step_range<Opt, float, float>, step_range<Opt, float, BF16>, step_range_codes<Opt, float, Codes8>,
+  return {{step_range<Opt, float, Fp32State>, step_range<Opt, float, BF16State>, step_range_codes<Opt, float, Codes8>,
            step_range_codes<Opt, float, Codes4>},
-          {step_range<Opt, c10::Half, float>, step_range<Opt, c10::Half, BF16>,
+          {step_range<Opt, c10::Half, Fp32State>, step_range<Opt, c10::Half, BF16State>,
            step_range_codes<Opt, c10::Half, Codes8>, step_range_codes<Opt, c10::Half, Codes4>},
-          {step_range<Opt, BF16, float>, step_range<Opt, BF16, BF16>, step_range_codes<Opt, BF16, Codes8>,
+          {step_range<Opt, BF16, Fp32State>, step_range<Opt, BF16, BF16State>, step_range_codes<Opt, BF16, Codes8>,
            step_range_codes<Opt, BF16, Codes4>}};
 }
 

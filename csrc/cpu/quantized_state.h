@@ -198,6 +198,7 @@ void quantize_block(const float* x, int64_t n, uint8_t* codes, float* absmax_out
 // stochastically.
 struct Codes8 {
   static constexpr int64_t kBlock = ops::kQuantBlock;
+  static constexpr bool kStochastic = true;  // rounds stochastically with stochastic_codes
   static uint8_t* at(uint8_t* codes, int64_t i) { return codes + i; }
   void dequantize(const uint8_t* codes, float absmax, int64_t n, bool is_signed, float* out) const {
     (is_signed ? dequantize_block<true> : dequantize_block<false>)(codes, absmax, n, out);
@@ -213,6 +214,7 @@ struct Codes8 {
 // the CUDA side (the same products); a value's code counts the midpoints it reaches, in lanes.
 struct Codes4 {
   static constexpr int64_t kBlock = ops::kQuant4Block;
+  static constexpr bool kStochastic = false;
   struct alignas(64) Map {
     float entry[16];
     float mid[16];  // the midpoints of neighbouring entries, +inf beyond the last
@@ -359,7 +361,7 @@ template <class Codes, typename T, class Fp32Step>
 void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, int count, Fp32Step&& fp32_step) {
   alignas(64) float buffers[ops::kMaxStates][kStepElements];
   alignas(64) uint32_t random[kStepElements];  // stochastic codes: the random bits of the part's elements
-  const bool stochastic = r.stochastic_codes && count > 0 && std::is_same_v<Codes, Codes8>;
+  const bool stochastic = r.stochastic_codes && count > 0 && Codes::kStochastic;
   const Codes kind;
   for (int64_t b = 0; b < r.n; b += kStepElements) {
     const int64_t n = std::min<int64_t>(kStepElements, r.n - b);
@@ -388,5 +390,5 @@ void step_range_codes(const UpdateRange<T>& r, const void* coeffs) {
                      Opt::kStateInfo[k].is_signed, k};
     ++count;
   }
-  quantized_blocks<Codes>(r, states, count, [&](const UpdateRange<T>& sub) { step_range<Opt, T, float>(sub, coeffs); });
+  quantized_blocks<Codes>(r, states, count, [&](const UpdateRange<T>& sub) { step_range<Opt, T, Fp32State>(sub, coeffs); });
 }

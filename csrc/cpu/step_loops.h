@@ -1,113 +1,8 @@
-// The optimizer step loops (every optimizer of optimizers.h) over one range, for fp32 and bf16 state: the fp32 value
-// of the param and its storage (load_value/store_value), the state's storage (store_state2),
-// the vector and scalar paths of one range. Part of cpu/loops_impl.h.
+// The optimizer step loops (every optimizer of optimizers.h) over one range, for element-wise
+// state: the vector and scalar paths of one range, and the fp8 copies cast after it. The param's
+// fp32 value and the state are loaded and stored through their kinds (cpu/storage_traits.h:
+// load_value/store_value, S::load/S::store). Part of cpu/loops_impl.h.
 // ---- the step loops ----------------------------------------------------------------------
-
-// The fp32 value of the parameter: the master, or the param joined with its remainder (16 or 8
-// bits), or the param itself.
-template <typename T>
-FA_VECTOR_HELPER void load_value(const UpdateRange<T>& r, int64_t i, VecF& a, VecF& b) {
-  if (r.master_kind == MasterKind::Fp32) return load2(master_at<float>(r, i), a, b);
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (r.master_kind == MasterKind::Remainder) {
-      return load_master_of(r.param + i, master_at<c10::BFloat16>(r, i), a, b);
-    }
-    if (r.master_kind == MasterKind::Remainder8) return load_master24_of(r.param + i, master_at<uint8_t>(r, i), a, b);
-  }
-  load2(r.param + i, a, b);
-}
-
-// Half params that have an fp32 master are written by the step but not read: AVX2/AVX-512
-// builds store them with streaming stores, which skip reading in the lines they overwrite (2 of
-// the 30 bytes per parameter an Adam step would move). These stores need the vector's
-// alignment, so the elements before it take the scalar path.
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-template <typename T>
-constexpr bool kCanStream = !std::is_same_v<T, float>;
-template <typename T>
-FA_VECTOR_HELPER void stream_store2(T* p, const VecF& a, const VecF& b) {
-#if defined(CPU_CAPABILITY_AVX512)
-  using Words = __m512i;
-#else
-  using Words = __m256i;
-#endif
-  Words words;
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    const I16 bf16 = words_of(nearest_bf16_of(a), nearest_bf16_of(b));
-    std::memcpy(&words, &bf16, sizeof words);
-  } else {
-    words = at::vec::convert_from_float<T>(a, b);
-  }
-#if defined(CPU_CAPABILITY_AVX512)
-  _mm512_stream_si512(reinterpret_cast<Words*>(p), words);
-#else
-  _mm256_stream_si256(reinterpret_cast<Words*>(p), words);
-#endif
-}
-inline void stream_fence() { _mm_sfence(); }
-#else
-template <typename T>
-constexpr bool kCanStream = false;
-template <typename T>
-FA_VECTOR_HELPER void stream_store2(T*, const VecF&, const VecF&) {}
-inline void stream_fence() {}
-#endif
-
-// The addends that round the values of the vector at i to 24-bit masters: to nearest even, or
-// stochastically (8 random bits per element, of ops::master_rounding_key).
-template <typename T>
-FA_VECTOR_HELPER void master24_addends(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b,
-                                       U32& add_a, U32& add_b) {
-  if (r.stochastic) {
-    rounding_bits2(ops::master_rounding_key(r.round_key), r.first + i, add_a, add_b);
-    add_a &= 0xffu;
-    add_b &= 0xffu;
-  } else {
-    add_a = ops::nearest_24_addend<U32>(bits_of(a));
-    add_b = ops::nearest_24_addend<U32>(bits_of(b));
-  }
-}
-
-// amax: the largest ops::magnitude_bits so far of the values rounded to params, lane by lane.
-FA_VECTOR_HELPER void max_magnitude(U32& amax, const U32& bits) {
-  const U32 m = bits & 0x7fffffffu;
-  amax = m > amax ? m : amax;
-}
-FA_VECTOR_HELPER uint32_t max_lane(const U32& v) {
-  uint32_t m = 0;
-  for (int j = 0; j < kLanes; ++j) m = std::max(m, v[j]);
-  return m;
-}
-
-// Stores the fp32 values (a, b) as the param (and its master or remainder) and maxes into
-// `amax` the magnitudes of what the param is rounded from (a 24-bit master: its rounded value).
-template <typename T>
-FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream,
-                                  U32& amax) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (r.master_kind == MasterKind::Remainder8) {
-      U32 add_a, add_b;
-      master24_addends(r, i, a, b, add_a, add_b);
-      const U32 m_a = ops::round_bits_to_24<U32>(bits_of(a), add_a);
-      const U32 m_b = ops::round_bits_to_24<U32>(bits_of(b), add_b);
-      max_magnitude(amax, m_a);
-      max_magnitude(amax, m_b);
-      return store_master24_as(r.param + i, master_at<uint8_t>(r, i), m_a, m_b);
-    }
-  }
-  max_magnitude(amax, bits_of(a));
-  max_magnitude(amax, bits_of(b));
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (r.master_kind == MasterKind::Remainder) {
-      return store_master_as(r.param + i, master_at<c10::BFloat16>(r, i), a, b);
-    }
-  }
-  if (r.master_kind == MasterKind::Fp32) store2(master_at<float>(r, i), a, b);
-  if constexpr (kCanStream<T>) {
-    if (stream) return stream_store2(r.param + i, a, b);
-  }
-  store2(r.param + i, a, b);
-}
 
 // The grad as the GradScaler leaves it after a step: unscaled, in its own dtype.
 template <typename T>
@@ -120,75 +15,11 @@ FA_VECTOR_HELPER void store_unscaled_grad(const UpdateRange<T>& r, int64_t i, co
   store2(r.grad + i, g0 * VecF(inv_scale), g1 * VecF(inv_scale));
 }
 
-// A state vector pair to its storage: fp32 as it is, bf16 rounded to nearest even (torch's
-// conversion) or, with `random` (16 random bits per lane), stochastically.
-template <typename S>
-FA_VECTOR_HELPER void store_state2(S* p, const VecF& a, const VecF& b, const U32* random) {
-  if constexpr (std::is_same_v<S, c10::BFloat16>) {
-    if (random) return store_exact_bf16(p, round_to_bf16(a, random[0]), round_to_bf16(b, random[1]));
-  }
-  store2(p, a, b);
-}
-
 template <typename T>
 inline float grad_at(const UpdateRange<T>& r, int64_t i, float inv_scale) {
   const float g = static_cast<float>(r.grad[i]);
   if (r.write_grad) r.grad[i] = static_cast<T>(g * inv_scale);
   return g;
-}
-
-template <typename T>
-inline float value_at(const UpdateRange<T>& r, int64_t i) {
-  if (r.master_kind == MasterKind::Fp32) return *master_at<float>(r, i);
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (r.master_kind == MasterKind::Remainder) {
-      return ops::float_of(ops::master_of(r.param[i].x, master_at<c10::BFloat16>(r, i)->x));
-    }
-    if (r.master_kind == MasterKind::Remainder8) {
-      return ops::float_of(ops::master24_of(r.param[i].x, *master_at<uint8_t>(r, i)));
-    }
-  }
-  return static_cast<float>(r.param[i]);
-}
-
-// Stores v as the param (and its master or remainder); returns the ops::magnitude_bits of what
-// the param is rounded from (a 24-bit master: its rounded value).
-template <typename T>
-inline uint32_t set_value_at(const UpdateRange<T>& r, int64_t i, float v) {
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    if (r.master_kind == MasterKind::Remainder) {
-      r.param[i].x = ops::param_bits_of_master(ops::bits_of(v));
-      master_at<c10::BFloat16>(r, i)->x = ops::remainder_of_master(ops::bits_of(v));
-      return ops::magnitude_bits(v);
-    }
-    if (r.master_kind == MasterKind::Remainder8) {
-      const uint32_t b = ops::bits_of(v);
-      const uint32_t addend = r.stochastic
-                                  ? ops::rounding_bits(ops::master_rounding_key(r.round_key), r.first + i) & 0xffu
-                                  : ops::nearest_24_addend(b);
-      const uint32_t m = ops::round_bits_to_24(b, addend);
-      r.param[i].x = ops::param_bits_of_master(m);
-      *master_at<uint8_t>(r, i) = ops::remainder8_of_master(m);
-      return m & 0x7fffffffu;
-    }
-  }
-  if (r.master_kind == MasterKind::Fp32) *master_at<float>(r, i) = v;
-  r.param[i] = static_cast<T>(v);
-  return ops::magnitude_bits(v);
-}
-
-template <typename S>
-inline float state_at(const S* p, int64_t i) {
-  return static_cast<float>(p[i]);
-}
-
-// One state element to its storage (see store_state2); `random16` is used only when stochastic.
-template <typename S>
-inline void set_state_at(S* p, int64_t i, float v, bool stochastic, uint32_t random16) {
-  if constexpr (std::is_same_v<S, c10::BFloat16>) {
-    if (stochastic) v = ops::stochastic_round_bf16(v, random16);
-  }
-  p[i] = static_cast<S>(v);
 }
 
 // The random bits of the vector at i, split for the two states: [0, 1] the low 16 bits of each
@@ -211,7 +42,7 @@ FA_VECTOR_HELPER const U32* vector_rounding_bits(const UpdateRange<T>& r, int64_
 template <typename T, class VectorLoop, class ScalarStep>
 uint32_t update_range(const UpdateRange<T>& r, VectorLoop&& vector_loop, ScalarStep&& scalar_step) {
   // (an fp8 copy reads the params back: they must stay in cache)
-  const bool stream = kCanStream<T> && r.master_kind == MasterKind::Fp32 && r.may_stream && !r.float8;
+  const bool stream = streams(r);
   int64_t i = 0;
   uint32_t amax = 0;
   if (stream) {
@@ -261,7 +92,7 @@ FA_VECTOR_LOOP uint32_t step_vectors(const UpdateRange<T> r, const C c, int64_t 
 #pragma GCC unroll 4
     for (int k = 0; k < K; ++k) {
       s0[k] = s1[k] = VecF(0.f);
-      if (Opt::has_state(c, k) && read) load2(static_cast<S*>(r.state[k]) + i, s0[k], s1[k]);
+      if (Opt::has_state(c, k) && read) S::load(r.state[k], i, s0[k], s1[k]);
     }
     store_unscaled_grad(r, i, g0, g1, c.inv_scale, shift);
     Opt::update(p0, g0, s0, c);
@@ -277,8 +108,7 @@ FA_VECTOR_LOOP uint32_t step_vectors(const UpdateRange<T> r, const C c, int64_t 
 #pragma GCC unroll 4
     for (int k = 0; k < K; ++k) {
       if (!Opt::has_state(c, k)) continue;
-      store_state2(static_cast<S*>(r.state[k]) + i, s0[k], s1[k],
-                   random && Opt::kStateInfo[k].high_bits ? random + 2 : random);
+      S::store(r.state[k], i, s0[k], s1[k], random && Opt::kStateInfo[k].high_bits ? random + 2 : random);
     }
   }
   // (the lanes' maximum only where it is asked for: 8-bit state runs this once per quant block)
@@ -294,7 +124,7 @@ void step_range_with(const UpdateRange<T>& r, const C& c) {
         const bool read = Opt::reads_states(c);
         float p = Opt::kWritesOutput ? 0.f : value_at(r, i), st[K];
         for (int k = 0; k < K; ++k) {
-          st[k] = Opt::has_state(c, k) && read ? state_at(static_cast<S*>(r.state[k]), i) : 0.f;
+          st[k] = Opt::has_state(c, k) && read ? S::load1(r.state[k], i) : 0.f;
         }
         Opt::update(p, grad_at(r, i, c.inv_scale), st, c);
         uint32_t written = 0;
@@ -306,8 +136,7 @@ void step_range_with(const UpdateRange<T>& r, const C& c) {
         const uint32_t bits = r.stochastic ? ops::rounding_bits(r.round_key, r.first + i) : 0u;
         for (int k = 0; k < K; ++k) {
           if (!Opt::has_state(c, k)) continue;
-          set_state_at(static_cast<S*>(r.state[k]), i, st[k], r.stochastic,
-                       Opt::kStateInfo[k].high_bits ? bits >> 16 : bits & 0xffffu);
+          S::store1(r.state[k], i, st[k], r.stochastic, Opt::kStateInfo[k].high_bits ? bits >> 16 : bits & 0xffffu);
         }
         return written;
       });
@@ -385,7 +214,7 @@ void step_range(const UpdateRange<T>& r, const void* coeffs) {
   for (int64_t b = 0; b < r.n; b += kFloat8Part) {
     UpdateRange<T> part = part_of(r, b, std::min(kFloat8Part, r.n - b));
     for (void*& state : part.state) {
-      if (state) state = static_cast<S*>(state) + b;
+      if (state) state = static_cast<char*>(state) + b * S::kBytes;
     }
     Opt::with_fixed_options(coeffs_of, [&](const auto& c) { step_range_with<Opt, T, S>(part, c); });
     if (r.mx_scales) {

@@ -1,5 +1,5 @@
 // The step of every optimizer of optimizers.h (its math: ops/<name>.h) for every param dtype,
-// master kind and state dtype (fp32, bf16, 8-bit), and the step counts' increment after it.
+// master kind and state kind (cuda/storage_traits.h), and the step counts' increment after it.
 #include "cuda/step.cuh"
 #include "optimizers.h"
 
@@ -11,7 +11,7 @@ namespace {
 template <class Opt>
 constexpr int kScalars = Opt::kScalarKey != nullptr;
 
-template <class Opt, typename param_t, MasterKind kMasterKind, typename state_t>
+template <class Opt, typename param_t, class Master, typename state_t>
 struct StepFunctor {
   static constexpr int K = Opt::kStates;
   static constexpr int kLists = step_lists(K, kScalars<Opt>);
@@ -29,7 +29,7 @@ struct StepFunctor {
     const float scalar = kScalars<Opt> ? *static_cast<const float*>(meta.ptr[step_list(K) + 1][t]) : 1.f;
     const typename Opt::Coeffs c = Opt::coeffs(h, lr_of(s), {step, scalar}, grad_mult_of(s));
     const auto pa =
-        param_access<param_t, kMasterKind>(meta, t, start, s.write_grads && c.inv_scale != 1.f, kFloat8List);
+        param_access<param_t, Master>(meta, t, start, s.write_grads && c.inv_scale != 1.f, kFloat8List);
     const StepRounding rounding = rounding_of(s, step + 1.f, start);
     StateSpec<K> kept = spec;
     kept.read = Opt::reads_states(c);
@@ -63,10 +63,9 @@ struct OptimizerLaunch {
   const StepScalars& s;
   StateSpec<Opt::kStates> spec;
   cudaStream_t stream;
-  template <typename param_t, MasterKind kMasterKind, typename state_t>
+  template <typename param_t, class Master, typename state_t>
   void run() const {
-    constexpr MasterKind kKind = Opt::kWritesOutput ? MasterKind::Output : kMasterKind;
-    using Functor = StepFunctor<Opt, param_t, kKind, state_t>;
+    using Functor = StepFunctor<Opt, param_t, std::conditional_t<Opt::kWritesOutput, Output, Master>, state_t>;
     static_assert(Functor::kFloat8List + 3 <= kMaxLists,
                   "every list of the optimizer (absmaxes, amax, fp8 copy, scale, inverse) fits TensorPtrs");
     // (every list: a delayed scale's inverse is written by InverseFunctor, an MX copy's scales here)
@@ -124,7 +123,7 @@ void step(int optimizer, const StepKind& kind, const std::vector<TensorPtrs>& te
       spec.high_bits[k] = Opt::kStateInfo[k].high_bits;
     }
     const OptimizerLaunch<Opt> launch{tensors, h, s, spec, stream};
-    dispatch_state(kind.state, ParamDispatch<OptimizerLaunch<Opt>>{kind, launch});
+    with_state_kind(kind.state, ParamDispatch<OptimizerLaunch<Opt>>{kind, launch});
     if constexpr (kScalars<Opt> != 0) {
       std::vector<TensorPtrs> scalars(tensors.size());
       for (size_t i = 0; i < tensors.size(); ++i) {

@@ -61,53 +61,23 @@ FA_DEVICE void mx_factors(const float (&w)[kILP], const IlpIndex& ix, uint8_t* s
 }
 
 // Everything the optimizers do around their math: pick the fp32 value of the param, write it
-// back (and say the largest |param| written), leave the grad unscaled.
-template <typename param_t, MasterKind kMasterKind>
+// back (and say the largest |param| written), leave the grad unscaled. Master is the param's
+// master kind (cuda/storage_traits.h); the fp8 or MX copy is cast from the params written.
+template <typename param_t, class Master>
 struct ParamAccess {
   param_t* param;
   param_t* grad;
-  void* master;     // float* (Fp32), uint16_t* (Remainder), uint8_t* (Remainder8), __nv_bfloat16* (Output)
+  void* master;     // Master::Elem*, null for InPlace
   bool write_grad;  // leave the grad as the step used it (unscaled, clipped), as torch's recipe does
   uint8_t* float8;  // the fp8 weight's e4m3 codes (ops/float8.h), of the params written times float8_scale
   float float8_scale;
   uint8_t* mx_scales;  // or, for an MX copy, by each block's e8m0 scale, written here
 
-  FA_DEVICE float* master_f() const { return static_cast<float*>(master); }
-  FA_DEVICE uint16_t* remainder() const { return static_cast<uint16_t*>(master); }
-  FA_DEVICE uint8_t* remainder8() const { return static_cast<uint8_t*>(master); }
-  FA_DEVICE __nv_bfloat16* output() const { return static_cast<__nv_bfloat16*>(master); }
-  FA_DEVICE uint16_t* param_bits() const { return reinterpret_cast<uint16_t*>(param); }
-
   FA_DEVICE bool aligned() const {
-    if (kMasterKind == MasterKind::Output) return is_aligned(grad) && is_aligned(output());
-    if (!is_aligned(param) || !is_aligned(grad) || (float8 && !is_aligned(float8))) return false;
-    if (kMasterKind == MasterKind::Fp32) return is_aligned(master_f());
-    if (kMasterKind == MasterKind::Remainder) return is_aligned(remainder());
-    if (kMasterKind == MasterKind::Remainder8) return is_aligned(remainder8());
-    return true;
+    return Master::aligned(param, master) && is_aligned(grad) && (!float8 || is_aligned(float8));
   }
   FA_DEVICE void load(float (&p)[kILP], float (&g)[kILP], const IlpIndex& ix) const {
-    if constexpr (kMasterKind == MasterKind::Fp32) {
-      load_ilp(p, master_f(), ix);
-    } else if constexpr (kMasterKind == MasterKind::Remainder) {
-      uint16_t hi[kILP], lo[kILP];
-      load_ilp(hi, param_bits(), ix);
-      load_ilp(lo, remainder(), ix);
-#pragma unroll
-      for (int j = 0; j < kILP; ++j) p[j] = ops::float_of(ops::master_of(hi[j], lo[j]));
-    } else if constexpr (kMasterKind == MasterKind::Remainder8) {
-      uint16_t hi[kILP];
-      uint8_t lo[kILP];
-      load_ilp(hi, param_bits(), ix);
-      load_ilp(lo, remainder8(), ix);
-#pragma unroll
-      for (int j = 0; j < kILP; ++j) p[j] = ops::float_of(ops::master24_of(hi[j], lo[j]));
-    } else if constexpr (kMasterKind == MasterKind::Output) {
-#pragma unroll
-      for (int j = 0; j < kILP; ++j) p[j] = 0.f;
-    } else {
-      load_ilp(p, param, ix);
-    }
+    Master::load(p, param, master, ix);
     load_ilp(g, grad, ix);
   }
   FA_DEVICE void store_unscaled_grad(const float (&g)[kILP], float inv_scale, const IlpIndex& ix) const {
@@ -117,50 +87,11 @@ struct ParamAccess {
     for (int j = 0; j < kILP; ++j) u[j] = g[j] * inv_scale;
     store_ilp(grad, u, ix);
   }
-  // The bf16 params of these bits, as fp32.
-  FA_DEVICE static void widen_bits(const uint16_t (&hi)[kILP], float (&w)[kILP]) {
-#pragma unroll
-    for (int j = 0; j < kILP; ++j) w[j] = ops::float_of(static_cast<uint32_t>(hi[j]) << 16);
-  }
   // Stores the values; returns the largest ops::magnitude_bits of the params written (0 for an
   // output, which is not a param).
   FA_DEVICE uint32_t store(const float (&p)[kILP], const IlpIndex& ix, const StepRounding& rounding) const {
     float written[kILP];
-    if constexpr (kMasterKind == MasterKind::Remainder) {
-      uint16_t hi[kILP], lo[kILP];
-#pragma unroll
-      for (int j = 0; j < kILP; ++j) {
-        hi[j] = ops::param_bits_of_master(ops::bits_of(p[j]));
-        lo[j] = ops::remainder_of_master(ops::bits_of(p[j]));
-      }
-      store_ilp(param_bits(), hi, ix);
-      store_ilp(remainder(), lo, ix);
-      widen_bits(hi, written);
-    } else if constexpr (kMasterKind == MasterKind::Remainder8) {
-      uint32_t random[kILP];
-      rounding.bits(random, ix, true);
-      uint16_t hi[kILP];
-      uint8_t lo[kILP];
-#pragma unroll
-      for (int j = 0; j < kILP; ++j) {
-        const uint32_t b = ops::bits_of(p[j]);
-        const uint32_t m =
-            ops::round_bits_to_24(b, rounding.stochastic ? random[j] & 0xffu : ops::nearest_24_addend(b));
-        hi[j] = ops::param_bits_of_master(m);
-        lo[j] = ops::remainder8_of_master(m);
-      }
-      store_ilp(param_bits(), hi, ix);
-      store_ilp(remainder8(), lo, ix);
-      widen_bits(hi, written);
-    } else if constexpr (kMasterKind == MasterKind::Output) {
-      store_ilp(output(), p, ix);  // rounded to nearest even, as torch's .bfloat16()
-      return 0;
-    } else {
-      if constexpr (kMasterKind == MasterKind::Fp32) store_ilp(master_f(), p, ix);
-      store_ilp(param, p, ix);
-#pragma unroll
-      for (int j = 0; j < kILP; ++j) written[j] = widen(from_float<param_t>(p[j]));
-    }
+    if (!Master::store(p, param, master, ix, rounding, written)) return 0;
     if (float8) {
       float factor[kILP];
       if (mx_scales) {
@@ -179,19 +110,14 @@ struct ParamAccess {
 };
 
 // (float8: the fp8 weight's list, launch.h's float8_list)
-template <typename param_t, MasterKind kMasterKind, class Meta>
-FA_DEVICE ParamAccess<param_t, kMasterKind> param_access(const Meta& meta, int t, int64_t start, bool write_grad,
-                                                     int float8) {
-  void* master = nullptr;
-  if (kMasterKind == MasterKind::Fp32) master = list_at<float>(meta.ptr[kMasterList][t], start);
-  if (kMasterKind == MasterKind::Remainder) master = list_at<uint16_t>(meta.ptr[kMasterList][t], start);
-  if (kMasterKind == MasterKind::Remainder8) master = list_at<uint8_t>(meta.ptr[kMasterList][t], start);
-  if (kMasterKind == MasterKind::Output) master = list_at<__nv_bfloat16>(meta.ptr[kMasterList][t], start);
+template <typename param_t, class Master, class Meta>
+FA_DEVICE ParamAccess<param_t, Master> param_access(const Meta& meta, int t, int64_t start, bool write_grad,
+                                                    int float8) {
   const float* const float8_scale = static_cast<const float*>(meta.ptr[float8 + 1][t]);
   uint8_t* const mx_scales = float8_scale ? nullptr : list_at<uint8_t>(meta.ptr[float8 + 2][t], start / ops::kMxBlock);
   return {list_at<param_t>(meta.ptr[kParam][t], start), list_at<param_t>(meta.ptr[kGrad][t], start),
-          master, write_grad, list_at<uint8_t>(meta.ptr[float8][t], start), float8_scale ? *float8_scale : 0.f,
-          mx_scales};
+          list_at<typename Master::Elem>(meta.ptr[kMasterList][t], start), write_grad,
+          list_at<uint8_t>(meta.ptr[float8][t], start), float8_scale ? *float8_scale : 0.f, mx_scales};
 }
 
 FA_DEVICE bool skip(const StepScalars& s) { return s.found_inf && *s.found_inf != 0.f; }
@@ -205,28 +131,16 @@ FA_DEVICE StepRounding rounding_of(const StepScalars& s, float step, int64_t sta
   return {s.stochastic, s.stochastic_codes, s.stochastic ? ops::rounding_key(s.rounding_seed, step) : 0u, start};
 }
 
-// Calls launch.run<param_t, kMasterKind, state_t>() for the runtime dtypes and master kind.
+// Calls launch.run<param_t, Master, state_t>() for the runtime param dtype and master kind.
 template <typename state_t, class Launch>
 void dispatch_param(Dtype dtype, MasterKind master, const Launch& launch) {
+  const auto with_dtype = [&]<typename param_t>() {
+    with_master_kind<param_t>(master, [&]<class Master>() { launch.template run<param_t, Master, state_t>(); });
+  };
   switch (dtype) {
-    case Dtype::Float: launch.template run<float, MasterKind::None, state_t>(); break;
-    case Dtype::Half:
-      master == MasterKind::None ? launch.template run<__half, MasterKind::None, state_t>()
-                                 : launch.template run<__half, MasterKind::Fp32, state_t>();
-      break;
-    case Dtype::BFloat16:
-      switch (master) {
-        case MasterKind::None: launch.template run<__nv_bfloat16, MasterKind::None, state_t>(); break;
-        case MasterKind::Fp32: launch.template run<__nv_bfloat16, MasterKind::Fp32, state_t>(); break;
-        case MasterKind::Remainder:
-          launch.template run<__nv_bfloat16, MasterKind::Remainder, state_t>();
-          break;
-        case MasterKind::Remainder8:
-          launch.template run<__nv_bfloat16, MasterKind::Remainder8, state_t>();
-          break;
-        case MasterKind::Output: throw std::invalid_argument("fused_amp: the host passes no Output master kind");
-      }
-      break;
+    case Dtype::Float: return with_dtype.template operator()<float>();
+    case Dtype::Half: return with_dtype.template operator()<__half>();
+    case Dtype::BFloat16: return with_dtype.template operator()<__nv_bfloat16>();
     case Dtype::Double: throw std::invalid_argument("fused_amp: float64 params are not supported");
   }
 }
@@ -244,22 +158,8 @@ static_assert(TileShape::kChunk % ops::kMxBlock == 0 && TileShape::kThreads % 32
 // state_t's storage kind: codes in tiles of whole quant blocks.
 template <int kLists, typename state_t, class Functor>
 void apply_step(const std::vector<TensorPtrs>& tensors, const Functor& f, cudaStream_t stream) {
-  if constexpr (kCodes<state_t>) {
-    multi_tensor_apply<kLists, false, TileShape>(tensors, f, stream);
-  } else {
-    multi_tensor_apply<kLists, false, StepShape>(tensors, f, stream);
-  }
-}
-
-// Calls f.template run<state_t>() for the runtime state kind.
-template <class F>
-void dispatch_state(StateKind state, const F& f) {
-  switch (state) {
-    case StateKind::BFloat16: return f.template run<__nv_bfloat16>();
-    case StateKind::Codes8: return f.template run<Codes8>();
-    case StateKind::Codes4: return f.template run<Codes4>();
-    case StateKind::Fp32: return f.template run<float>();
-  }
+  using Shape = std::conditional_t<kCodes<state_t>, TileShape, StepShape>;
+  multi_tensor_apply<kLists, false, Shape>(tensors, f, stream);
 }
 
 // The launches of one state dtype, for the runtime param dtype and master kind.

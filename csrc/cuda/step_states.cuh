@@ -1,12 +1,10 @@
 #pragma once
 // The optimizer state of a chunk, as the step kernels see it: up to kStates fp32 values per
-// element, loaded before the math and stored after it. Two storage kinds behind one loop,
-// `for_each_step_ilp(n, aligned, states, rounding, body)`, where body(ix, st) does the math of
-// the kILP elements at ix on st[state][j]:
-// - fp32 or bf16 tensors (StepStates<float or __nv_bfloat16, kStates>): elementwise, bf16
-//   rounded to nearest even or stochastically;
-// - blockwise codes, 8-bit (StepStates<Codes8, kStates>, ops/quantize.h) or 4-bit (Codes4,
-//   ops/quantize4.h): the threads of a block
+// element, loaded before the math and stored after it. Two families of state kinds
+// (cuda/storage_traits.cuh) behind one loop, `for_each_step_ilp(n, aligned, states, rounding,
+// body)`, where body(ix, st) does the math of the kILP elements at ix on st[state][j]:
+// - element-wise tensors (Fp32State, BF16State): each element loaded and stored by its kind;
+// - blockwise codes (Codes8, Codes4): the threads of a block
 //   step tiles of TileShape::kThreads * kILP elements, whole quant blocks each; a quant block's new
 //   absmax is a reduction over the threads that hold its elements, then each thread codes its
 //   own. A thread's elements are contiguous (never strided across quant blocks), and chunks are
@@ -14,10 +12,7 @@
 //   are those of the CPU loops (cpu/quantized_state.h) for any launch plan.
 #include <type_traits>
 
-#include "cuda/multi_tensor_apply.cuh"
-#include "ops/quantize.h"
-#include "ops/quantize4.h"
-#include "ops/rounding.h"
+#include "cuda/storage_traits.cuh"
 
 namespace fused_amp::cuda {
 
@@ -25,26 +20,6 @@ template <typename T>
 FA_DEVICE T* list_at(const void* const p, int64_t start) {
   return p ? static_cast<T*>(const_cast<void*>(p)) + start : nullptr;
 }
-
-// How a step rounds what it stores in fewer than 32 bits (bf16 state, 24-bit masters, and 8-bit
-// codes where `codes` says so): to nearest even, or stochastically with the random bits of
-// (key, element index) (ops/rounding.h). `start` is the chunk's first element in its tensor.
-struct StepRounding {
-  bool stochastic;
-  bool codes;
-  uint32_t key;
-  int64_t start;
-
-  // The random bits of the kILP elements at ix: [j] for element j, of `key` (the state's) or of
-  // ops::master_rounding_key(key) (the 24-bit masters').
-  FA_DEVICE void bits(uint32_t (&r)[kILP], const IlpIndex& ix, bool master = false) const {
-    const uint32_t k = master ? ops::master_rounding_key(key) : key;
-#pragma unroll
-    for (int j = 0; j < kILP; ++j) {
-      r[j] = stochastic ? ops::rounding_bits(k, start + ix.base + (ix.packed ? j : j * ix.stride)) : 0u;
-    }
-  }
-};
 
 // What a step kernel passes for its states: the lists that hold them (-1: absent), whether the
 // state's map is signed (8-bit) and which half of the random bits rounds it (bf16), and whether
@@ -67,9 +42,10 @@ FA_DEVICE bool all_aligned(T* const (&p)[kStates]) {
   return true;
 }
 
+// Element-wise state (Fp32State, BF16State): the chunk's tensors of each state.
 template <typename state_t, int kStates>
-struct StepStates {
-  state_t* p[kStates];  // null: absent
+struct ElementStates {
+  typename state_t::Elem* p[kStates];  // null: absent
   bool high_bits[kStates];
   bool read;
 
@@ -85,98 +61,16 @@ struct StepStates {
       }
     }
   }
-  // fp32 as they are; bf16 rounded to nearest even, or stochastically with the low or high 16
-  // random bits of each element (max_exp_avg_sq with exp_avg_sq's: equal fp32 values stay equal)
   FA_DEVICE void store(const float (&st)[kStates][kILP], const IlpIndex& ix, const StepRounding& rounding) const {
     uint32_t random[kILP];
-    if (std::is_same_v<state_t, __nv_bfloat16> && rounding.stochastic) rounding.bits(random, ix);
+    const bool stochastic = state_t::kRandom && rounding.stochastic;
+    if (stochastic) rounding.bits(random, ix);
 #pragma unroll
     for (int k = 0; k < kStates; ++k) {
-      if (!p[k]) continue;
-      if (std::is_same_v<state_t, __nv_bfloat16> && rounding.stochastic) {
-        float r[kILP];
-#pragma unroll
-        for (int j = 0; j < kILP; ++j) {
-          r[j] = ops::stochastic_round_bf16(st[k][j], high_bits[k] ? random[j] >> 16 : random[j] & 0xffffu);
-        }
-        store_ilp(p[k], r, ix);  // exact: the values are bf16 values already
-      } else {
-        store_ilp(p[k], st[k], ix);
-      }
+      if (p[k]) state_t::store(p[k], st[k], ix, stochastic ? random : nullptr, high_bits[k]);
     }
   }
 };
-
-// The code kinds, as a thread reads and writes the codes of its kILP contiguous elements (which
-// lie in one quant block: ix.base is a multiple of kILP): 8-bit (ops/quantize.h), to nearest or
-// stochastically, and 4-bit (ops/quantize4.h), two to a byte, to nearest. Their values are
-// those of the CPU loops (cpu/quantized_state.h): the same products, the same rounding.
-struct Codes8 {
-  static constexpr int64_t kBlock = ops::kQuantBlock;
-  static constexpr int kBits = 8;
-  FA_DEVICE static void values(float (&v)[kILP], const uint8_t* codes, const IlpIndex& ix, float absmax,
-                               bool is_signed) {
-    uint8_t c[kILP];
-    load_ilp(c, codes, ix);
-#pragma unroll
-    for (int j = 0; j < kILP; ++j) {
-      v[j] = is_signed ? ops::dequantize_signed(static_cast<float>(static_cast<int8_t>(c[j])), absmax)
-                       : ops::dequantize_unsigned(static_cast<float>(c[j]), absmax);
-    }
-  }
-  FA_DEVICE static void store(uint8_t* codes, const float (&x)[kILP], float block_absmax, const IlpIndex& ix,
-                              bool is_signed, const StepRounding& rounding) {
-    uint8_t c[kILP] = {};
-    if (ops::codes_block(block_absmax)) {
-      const float inv = 1.f / block_absmax;
-      const bool stochastic = rounding.stochastic && rounding.codes;
-      uint32_t random[kILP] = {};
-      if (stochastic) rounding.bits(random, ix);  // (24-bit masters may round stochastically alone)
-#pragma unroll
-      for (int j = 0; j < kILP; ++j) {
-        const float r = static_cast<float>(ops::code_random15(random[j], is_signed));
-        const float code = is_signed ? (stochastic ? ops::quantize_signed_stochastic(x[j], inv, r)
-                                                   : ops::quantize_signed(x[j], inv))
-                                     : (stochastic ? ops::quantize_unsigned_stochastic(x[j], inv, r)
-                                                   : ops::quantize_unsigned(x[j], inv));
-        c[j] = static_cast<uint8_t>(static_cast<int>(code));  // modulo 256: an int8 code's bits
-      }
-    }
-    store_ilp(codes, c, ix);
-  }
-  FA_DEVICE static float stored_absmax(float a) { return ops::stored_absmax(a); }
-};
-
-struct Codes4 {
-  static constexpr int64_t kBlock = ops::kQuant4Block;
-  static constexpr int kBits = 4;
-  static_assert(kILP % 2 == 0, "a thread's elements are whole bytes of 4-bit codes");
-  FA_DEVICE static void values(float (&v)[kILP], const uint8_t* codes, const IlpIndex& ix, float absmax,
-                               bool is_signed) {
-#pragma unroll
-    for (int j = 0; j < kILP; ++j) {
-      const int64_t i = ix.base + j;
-      v[j] = i < ix.n ? ops::map4_entry(ops::nibble_of(codes[i / 2], i), is_signed) * absmax : 0.f;
-    }
-  }
-  FA_DEVICE static void store(uint8_t* codes, const float (&x)[kILP], float block_absmax, const IlpIndex& ix,
-                              bool is_signed, const StepRounding&) {
-    uint32_t c[kILP];
-    const bool coded = ops::codes4_block(block_absmax);
-    const float inv = coded ? 1.f / block_absmax : 0.f;
-#pragma unroll
-    for (int j = 0; j < kILP; ++j) c[j] = coded ? ops::code4_of_unit(x[j] * inv, is_signed) : ops::zero_code4(is_signed);
-#pragma unroll
-    for (int j = 0; j < kILP; j += 2) {
-      const int64_t i = ix.base + j;
-      if (i < ix.n) codes[i / 2] = ops::byte_of(c[j], i + 1 < ix.n ? c[j + 1] : 0u);
-    }
-  }
-  FA_DEVICE static float stored_absmax(float a) { return ops::stored_absmax4(a); }
-};
-
-template <typename state_t>
-constexpr bool kCodes = std::is_same_v<state_t, Codes8> || std::is_same_v<state_t, Codes4>;
 
 // Codes: the chunk's codes of each state (from the chunk's first element) and the absmax of its
 // first quant block (one row per state after another in the absmax list: row r of a tensor of
@@ -207,10 +101,10 @@ struct CodeStates {
     if (ix.base % Codes::kBlock == 0) absmax[k][ix.base / Codes::kBlock] = Codes::stored_absmax(block_absmax);
   }
 };
-template <int kStates>
-struct StepStates<Codes8, kStates> : CodeStates<Codes8, kStates> {};
-template <int kStates>
-struct StepStates<Codes4, kStates> : CodeStates<Codes4, kStates> {};
+// The states of a chunk, as the state kind holds them.
+template <typename state_t, int kStates>
+struct StepStates
+    : std::conditional_t<kCodes<state_t>, CodeStates<state_t, kStates>, ElementStates<state_t, kStates>> {};
 
 template <typename state_t, int kStates, class Meta>
 FA_DEVICE StepStates<state_t, kStates> step_states(const Meta& meta, int t, int64_t start,
@@ -230,7 +124,7 @@ FA_DEVICE StepStates<state_t, kStates> step_states(const Meta& meta, int t, int6
       s.absmax[k] = list_at<float>(meta.ptr[absmax_list][t],
                                    row * ((meta.numel[t] + kBlock - 1) / kBlock) + start / kBlock);
     } else {
-      s.p[k] = list_at<state_t>(list, start);
+      s.p[k] = list_at<typename state_t::Elem>(list, start);
       s.high_bits[k] = spec.high_bits[k];
     }
   }
