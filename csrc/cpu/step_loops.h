@@ -1,7 +1,7 @@
 // The optimizer step loops (every optimizer of optimizers.h) over one range, for element-wise
 // state: the vector and scalar paths of one range, and the fp8 copies cast after it. The param's
 // fp32 value and the state are loaded and stored through their kinds (cpu/storage_traits.h:
-// load_value/store_value, S::load/S::store). Part of cpu/loops_impl.h.
+// Master::load/store, S::load/store). Part of cpu/loops_impl.h.
 // ---- the step loops ----------------------------------------------------------------------
 
 // The grad as the GradScaler leaves it after a step: unscaled, in its own dtype.
@@ -70,10 +70,11 @@ inline void max_into(uint32_t* slot, uint32_t amax) {
 // pointers and coefficients stay in registers instead of being reloaded for every vector.
 #define FA_VECTOR_LOOP __attribute__((noinline))
 
-// One optimizer's step (ops/optimizer.h) over the whole vectors of [begin, end). C is Opt::Coeffs,
-// or a type derived from it that fixes its options at compile time (Opt::with_fixed_options).
-// Returns the largest magnitude it rounded to a param (update_range).
-template <class Opt, typename T, typename S, typename C>
+// One optimizer's step (ops/optimizer.h) over the whole vectors of [begin, end), the param's value
+// held as Master says (cpu/storage_traits.h). C is Opt::Coeffs, or a type derived from it that
+// fixes its options at compile time (Opt::with_fixed_options). Returns the largest magnitude it
+// rounded to a param (update_range).
+template <class Opt, typename T, typename S, class Master, typename C>
 FA_VECTOR_LOOP uint32_t step_vectors(const UpdateRange<T> r, const C c, int64_t begin, int64_t end, bool stream) {
   constexpr int K = Opt::kStates;
   const ExponentShift shift = exponent_shift_of<T>(c.inv_scale, r.write_grad);
@@ -86,7 +87,7 @@ FA_VECTOR_LOOP uint32_t step_vectors(const UpdateRange<T> r, const C c, int64_t 
     if constexpr (Opt::kWritesOutput) {
       p0 = p1 = VecF(0.f);
     } else {
-      load_value(r, i, p0, p1);
+      Master::load(r, i, p0, p1);
     }
     load2(r.grad + i, g0, g1);
 #pragma GCC unroll 4
@@ -100,7 +101,7 @@ FA_VECTOR_LOOP uint32_t step_vectors(const UpdateRange<T> r, const C c, int64_t 
     if constexpr (Opt::kWritesOutput) {
       store2(r.output + i, p0, p1);  // rounded to nearest even, as torch's .bfloat16()
     } else {
-      store_value(r, i, p0, p1, stream, amax);
+      Master::store(r, i, p0, p1, stream, amax);
     }
     if (!keeps_state) continue;
     U32 bits[4];
@@ -119,7 +120,12 @@ template <class Opt, typename T, typename S, typename C>
 void step_range_with(const UpdateRange<T>& r, const C& c) {
   constexpr int K = Opt::kStates;
   const uint32_t amax = update_range(
-      r, [&](int64_t begin, int64_t end, bool stream) { return step_vectors<Opt, T, S>(r, c, begin, end, stream); },
+      r,
+      [&](int64_t begin, int64_t end, bool stream) {
+        return with_master_kind(r, [&]<class Master>(Master) {
+          return step_vectors<Opt, T, S, Master>(r, c, begin, end, stream);
+        });
+      },
       [&](int64_t i) {
         const bool read = Opt::reads_states(c);
         float p = Opt::kWritesOutput ? 0.f : value_at(r, i), st[K];

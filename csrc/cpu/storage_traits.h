@@ -4,13 +4,12 @@
 // these; no branch on a kind stands outside this file. The kinds' bits are ops/rounding.h's.
 // Two families:
 // - masters, where the fp32 value of a param lives (UpdateRange::master_kind, a runtime value:
-//   with_master_kind below picks the struct, a branch that predicts perfectly in a loop);
+//   with_master_kind below picks the struct once per range, and the vector loop is compiled
+//   per kind: a branch per vector cost AVX2's 24-bit masters 3-6% in tools/loop_bench.sh);
 // - element-wise state (fp32, bf16), the loops' template argument S. Codes, blockwise, are
 //   Codes8 and Codes4 in cpu/quantized_state.h: a seam around the fp32-state loop.
 // Part of cpu/loops_impl.h, after cpu/vec_bits.h.
 
-// The loops' lambdas over a kind, inlined as the helpers are (FA_VECTOR_HELPER).
-#define FA_VECTOR_LAMBDA __attribute__((always_inline))
 
 // amax: the largest ops::magnitude_bits so far of the values rounded to params, lane by lane.
 FA_VECTOR_HELPER void max_magnitude(U32& amax, const U32& bits) {
@@ -98,7 +97,7 @@ struct InPlace {
 // MasterKind::Fp32: an fp32 master; the param is its rounding to nearest even.
 struct Fp32Master {
   template <typename T>
-  static constexpr bool kHolds = true;
+  static constexpr bool kHolds = !std::is_same_v<T, float>;
   static constexpr bool kStreams = true;
   template <typename T>
   FA_VECTOR_HELPER static void load(const UpdateRange<T>& r, int64_t i, VecF& a, VecF& b) {
@@ -190,9 +189,11 @@ struct Remainder24 {
 // Calls f(Kind{}) with the struct of r's master kind (InPlace for a kind T's params cannot have:
 // validation refuses those before any loop runs).
 template <typename T, class F>
-FA_VECTOR_HELPER decltype(auto) with_master_kind(const UpdateRange<T>& r, F&& f) {
+decltype(auto) with_master_kind(const UpdateRange<T>& r, F&& f) {
   switch (r.master_kind) {
-    case MasterKind::Fp32: return f(Fp32Master{});
+    case MasterKind::Fp32:
+      if constexpr (Fp32Master::kHolds<T>) return f(Fp32Master{});
+      break;
     case MasterKind::Remainder:
       if constexpr (Remainder16::kHolds<T>) return f(Remainder16{});
       break;
@@ -204,16 +205,7 @@ FA_VECTOR_HELPER decltype(auto) with_master_kind(const UpdateRange<T>& r, F&& f)
   return f(InPlace{});
 }
 
-// The loops' calls: the fp32 value of the param, and its storage.
-template <typename T>
-FA_VECTOR_HELPER void load_value(const UpdateRange<T>& r, int64_t i, VecF& a, VecF& b) {
-  with_master_kind(r, [&](auto kind) FA_VECTOR_LAMBDA { kind.load(r, i, a, b); });
-}
-template <typename T>
-FA_VECTOR_HELPER void store_value(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream,
-                                  U32& amax) {
-  with_master_kind(r, [&](auto kind) FA_VECTOR_LAMBDA { kind.store(r, i, a, b, stream, amax); });
-}
+// One element's fp32 value, and its storage (the scalar path).
 template <typename T>
 inline float value_at(const UpdateRange<T>& r, int64_t i) {
   return with_master_kind(r, [&](auto kind) { return kind.value(r, i); });
