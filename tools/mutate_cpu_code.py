@@ -156,6 +156,7 @@ KEYWORDS = {"unscale.h": ["unscale", "non_finite"], "grad_norm.h": ["clip", "nor
             "quantize.h": ["uint8", "quant", "8bit"], "rounding.h": ["remainder", "stochastic", "bf16", "master24"],
             "lerp.h": ["adam", "nadam", "radam"], "common.h": ["adam"], "vec_bits.h": ["bf16", "remainder", "master24"],
             "quantize4.h": ["uint4", "state4"], "quantized_state.h": ["uint8", "uint4", "quant", "state4"], "step_loops.h": ["cast_of_the_params_it_wrote", "amax_is_found"],
+            "epilogues.h": ["cast_of_the_params_it_wrote", "mx_cast", "amax_is_found"],
             "storage_traits.h": ["remainder", "master24", "bf16", "stochastic"],
             "unscale_loops.h": ["unscale", "clip", "norm"]}
 

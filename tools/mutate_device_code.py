@@ -57,9 +57,9 @@ FIXED = [
     # (the threads past the end leave before the barrier, the others wait there)
     ("step_states.cuh", "      {|if (ix.base >= n) continue;}__syncthreads();\n      if (ix.base >= n) continue;\n",
      "tile barrier skipped by the threads past the chunk's end"),
-    ("step.cuh", "{((1u << kBlockLanes) - 1u) << (lane / kBlockLanes * kBlockLanes)|0xffffffffu}",
+    ("epilogues.cuh", "{((1u << kBlockLanes) - 1u) << (lane / kBlockLanes * kBlockLanes)|0xffffffffu}",
      "MX block's shuffle over the whole warp, not the block's lanes"),
-    ("step.cuh", "if (lane == 0) scales[{i|ix.base} / ops::kMxBlock]",
+    ("epilogues.cuh", "if (lane == 0) scales[{i|ix.base} / ops::kMxBlock]",
      "MX scales of the strided path's later elements written to its first element's block"),
 ]
 # Mutants of constants (constexpr): each gets a copy of csrc/ of its own.

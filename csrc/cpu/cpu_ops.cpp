@@ -122,13 +122,13 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
                     s.rounding_seed.has_value(), s.stochastic_codes, write_grads};
   for (int k = 0; k < ops::kMaxStates; ++k) r.state[k] = at_b(s.states[k], state_bits);
   if (!s.outputs.empty()) r.output = static_cast<c10::BFloat16*>(s.outputs[t].data_ptr()) + b;
-  r.amax_bits = amax_bits;
+  r.epilogues.amax_bits = amax_bits;
   if (!s.float8_weights.empty() && s.float8_weights[t].defined()) {
-    r.float8 = static_cast<uint8_t*>(s.float8_weights[t].data_ptr()) + b;
+    r.epilogues.float8 = static_cast<uint8_t*>(s.float8_weights[t].data_ptr()) + b;
     if (s.is_mx(t)) {
-      r.mx_scales = static_cast<uint8_t*>(s.float8_scales[t].data_ptr()) + b / ops::kMxBlock;
+      r.epilogues.mx_scales = static_cast<uint8_t*>(s.float8_scales[t].data_ptr()) + b / ops::kMxBlock;
     } else {
-      r.float8_scale = *s.float8_scales[t].data_ptr<float>();
+      r.epilogues.float8_scale = *s.float8_scales[t].data_ptr<float>();
     }
   }
   return r;
@@ -137,7 +137,7 @@ UpdateRange<T> range_of(const core::StepTensors& s, size_t t, int64_t b, int64_t
 // Runs the loop of each param's dtype and state dtype over every param, with that param's
 // coefficients (`coeffs[t]`, the loops' Coeffs) and rounding key (`round_keys[t]`). Grads
 // multiplied by 1 keep their value: they are written back only when `grad_mult` changes them.
-// With `amax_slots` (one per param, zero) the loops max into them what they round to params.
+// With `amax_slots` (one per param, zero) the loops max into them the |param| they write (as bits).
 template <class Coeffs>
 void update_all(const core::StepTensors& s, float grad_mult, const std::vector<Coeffs>& coeffs,
                 const std::vector<uint32_t>& round_keys, const Loops::Step& loops, uint32_t* amax_slots) {
@@ -172,22 +172,6 @@ std::vector<uint32_t> round_keys_of(const core::StepTensors& s) {
     keys[t] = ops::rounding_key(*s.rounding_seed, *s.steps[t].data_ptr<float>() + 1.f);
   }
   return keys;
-}
-
-// Param t's amax from the largest magnitude (ops::magnitude_bits) the loops rounded to it. Each
-// rounding to a param (to nearest even; a remainder's ties away from zero) is symmetric and
-// monotone in |value|, so the largest |param| written is the rounding of the largest |value|.
-float written_amax(const core::StepTensors& s, size_t t, uint32_t bits) {
-  const float v = ops::float_of(bits);
-  switch (s.params[t].scalar_type()) {
-    case at::kHalf: return static_cast<float>(c10::Half(v));
-    case at::kBFloat16:
-      if (const StorageKind* master = master_storage(s.master_kind(t)); master && master->bf16_params) {
-        return ops::float_of(static_cast<uint32_t>(ops::param_bits_of_master(bits)) << 16);
-      }
-      return static_cast<float>(c10::BFloat16(v));
-    default: return v;
-  }
 }
 
 void increment_steps(const core::StepTensors& s) {
@@ -283,7 +267,7 @@ void Device::step(const core::StepArgs& a) {
     update_all(s, mult, coeffs, round_keys_of(s), loops().step[Optimizers::index<Opt>()],
                amax.empty() ? nullptr : amax.data());
     float* const out = s.weight_amax ? s.weight_amax->data_ptr<float>() : nullptr;
-    for (size_t t = 0; t < amax.size(); ++t) out[t] = written_amax(s, t, amax[t]);
+    for (size_t t = 0; t < amax.size(); ++t) out[t] = ops::float_of(amax[t]);  // (the |param| written)
     for (size_t t = 0; t < s.float8_scale_invs.size(); ++t) {
       if (s.float8_scale_invs[t].defined()) {
         *s.float8_scale_invs[t].data_ptr<float>() = 1.f / *s.float8_scales[t].data_ptr<float>();

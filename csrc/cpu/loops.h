@@ -7,11 +7,31 @@
 
 #include <cstdint>
 
+#include "ops/float8.h"
 #include "ops/grad_norm.h"
 #include "storage_kinds.h"
 #include "optimizers.h"
 
 namespace fused_amp::cpu {
+
+// The step's epilogues: what it writes besides the params, each from the params as written, and
+// each asked for by its pointer (null where not). Pointers are offset to the range's start.
+struct Epilogues {
+  // the weight amax (fp8 scaling): the param's slot, into which each range maxes (atomically) the
+  // ops::magnitude_bits of the largest |param| it wrote
+  uint32_t* amax_bits = nullptr;
+  // an fp8 copy: its e4m3 codes, the cast of the params written times float8_scale
+  // (ops/float8.h), or with mx_scales each block's cast by its e8m0 scale, written there (one
+  // per ops::kMxBlock elements from the range's first)
+  uint8_t* float8 = nullptr;
+  float float8_scale = 0.f;
+  uint8_t* mx_scales = nullptr;
+  bool any() const { return amax_bits || float8; }
+  // the same from element b of the range (b starts an MX block where there are MX scales)
+  Epilogues from(int64_t b) const {
+    return {amax_bits, float8 ? float8 + b : nullptr, float8_scale, mx_scales ? mx_scales + b / ops::kMxBlock : nullptr};
+  }
+};
 
 // Pointers are already offset to the range start, whose index in its tensor is `first`. The
 // fp32 value of the param lives as `master_kind` says (storage_kinds.h): in `master`, an fp32
@@ -45,16 +65,8 @@ struct UpdateRange {
   bool may_stream = true;
   // an optimizer that writes no param (ops::Elementwise::kWritesOutput): its bf16 output
   c10::BFloat16* output = nullptr;
-  // where the step's weight amax is asked for (fp8 scaling): the param's slot, into which the
-  // range maxes (atomically) the ops::magnitude_bits of the largest fp32 value it rounded to a
-  // param (a 24-bit master's rounded value); cpu_ops.cpp rounds that to the param's dtype
-  uint32_t* amax_bits = nullptr;
-  // where an fp8 weight is asked for: its e4m3 codes, the cast of the param written times
-  // float8_scale (ops/float8.h), or with mx_scales each block's cast by its e8m0 scale, written
-  // there (one per ops::kMxBlock elements from the range's first); null otherwise
-  uint8_t* float8 = nullptr;
-  float float8_scale = 0.f;
-  uint8_t* mx_scales = nullptr;
+  // what the step writes besides the param, from the params it wrote (cpu/epilogues.h)
+  Epilogues epilogues;
 };
 
 // The master's elements of r from i, as master_kind's type (a remainder's int16 as raw bf16 bits).

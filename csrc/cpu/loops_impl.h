@@ -31,6 +31,7 @@ namespace {
 #include "cpu/vec_bits.h"
 #include "cpu/unscale_loops.h"
 #include "cpu/storage_traits.h"
+#include "cpu/epilogues.h"
 #include "cpu/step_loops.h"
 #include "cpu/quantized_state.h"
 

@@ -1,5 +1,5 @@
 // The optimizer step loops (every optimizer of optimizers.h) over one range, for element-wise
-// state: the vector and scalar paths of one range, and the fp8 copies cast after it. The param's
+// state: the vector and scalar paths of one range, and its epilogues (cpu/epilogues.h) after it. The param's
 // fp32 value and the state are loaded and stored through their kinds (cpu/storage_traits.h:
 // Master::load/store, S::load/store). Part of cpu/loops_impl.h.
 // ---- the step loops ----------------------------------------------------------------------
@@ -38,31 +38,21 @@ FA_VECTOR_HELPER const U32* vector_rounding_bits(const UpdateRange<T>& r, int64_
 // Runs vector_loop(begin, end, stream) over the whole vectors of the range and scalar_step(i)
 // over the elements before the first aligned vector (when streaming) and after the last whole
 // one. Both compute the same IEEE operations, so where an element falls does not change its
-// result. Both return the largest magnitude they rounded to a param; so does this.
+// result.
 template <typename T, class VectorLoop, class ScalarStep>
-uint32_t update_range(const UpdateRange<T>& r, VectorLoop&& vector_loop, ScalarStep&& scalar_step) {
-  // (an fp8 copy reads the params back: they must stay in cache)
+void update_range(const UpdateRange<T>& r, VectorLoop&& vector_loop, ScalarStep&& scalar_step) {
   const bool stream = streams(r);
   int64_t i = 0;
-  uint32_t amax = 0;
   if (stream) {
     constexpr int64_t kBytes = kStep<T> * sizeof(T);
     const int64_t misaligned = reinterpret_cast<uintptr_t>(r.param) % kBytes;
     const int64_t head = misaligned ? (kBytes - misaligned) / static_cast<int64_t>(sizeof(T)) : 0;
-    for (; i < std::min(head, r.n); ++i) amax = std::max(amax, scalar_step(i));
+    for (; i < std::min(head, r.n); ++i) scalar_step(i);
   }
   const int64_t vectors_end = i + (r.n - i) / kStep<T> * kStep<T>;
-  if (vectors_end > i) amax = std::max(amax, vector_loop(i, vectors_end, stream));
-  for (i = std::max(i, vectors_end); i < r.n; ++i) amax = std::max(amax, scalar_step(i));
+  if (vectors_end > i) vector_loop(i, vectors_end, stream);
+  for (i = std::max(i, vectors_end); i < r.n; ++i) scalar_step(i);
   if (stream) stream_fence();  // order the streaming stores before the threads join
-  return amax;
-}
-
-// The range's amax into its param's slot: other threads max theirs into it at the same time.
-inline void max_into(uint32_t* slot, uint32_t amax) {
-  uint32_t seen = __atomic_load_n(slot, __ATOMIC_RELAXED);
-  while (amax > seen && !__atomic_compare_exchange_n(slot, &seen, amax, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-  }
 }
 
 // The vector loops take the range and the coefficients by value, as their own copies: no store
@@ -72,16 +62,14 @@ inline void max_into(uint32_t* slot, uint32_t amax) {
 
 // One optimizer's step (ops/optimizer.h) over the whole vectors of [begin, end), the param's value
 // held as Master says (cpu/storage_traits.h). C is Opt::Coeffs, or a type derived from it that
-// fixes its options at compile time (Opt::with_fixed_options). Returns the largest magnitude it
-// rounded to a param (update_range).
+// fixes its options at compile time (Opt::with_fixed_options).
 template <class Opt, typename T, typename S, class Master, typename C>
-FA_VECTOR_LOOP uint32_t step_vectors(const UpdateRange<T> r, const C c, int64_t begin, int64_t end, bool stream) {
+FA_VECTOR_LOOP void step_vectors(const UpdateRange<T> r, const C c, int64_t begin, int64_t end, bool stream) {
   constexpr int K = Opt::kStates;
   const ExponentShift shift = exponent_shift_of<T>(c.inv_scale, r.write_grad);
   const bool read = Opt::reads_states(c);
   bool keeps_state = false;
   for (int k = 0; k < K; ++k) keeps_state |= Opt::has_state(c, k);
-  U32 amax{};
   for (int64_t i = begin; i < end; i += kStep<T>) {
     VecF p0, p1, g0, g1, s0[K], s1[K];
     if constexpr (Opt::kWritesOutput) {
@@ -101,7 +89,7 @@ FA_VECTOR_LOOP uint32_t step_vectors(const UpdateRange<T> r, const C c, int64_t 
     if constexpr (Opt::kWritesOutput) {
       store2(r.output + i, p0, p1);  // rounded to nearest even, as torch's .bfloat16()
     } else {
-      Master::store(r, i, p0, p1, stream, amax);
+      Master::store(r, i, p0, p1, stream);
     }
     if (!keeps_state) continue;
     U32 bits[4];
@@ -112,19 +100,15 @@ FA_VECTOR_LOOP uint32_t step_vectors(const UpdateRange<T> r, const C c, int64_t 
       S::store(r.state[k], i, s0[k], s1[k], random && Opt::kStateInfo[k].high_bits ? random + 2 : random);
     }
   }
-  // (the lanes' maximum only where it is asked for: 8-bit state runs this once per quant block)
-  return r.amax_bits ? max_lane(amax) : 0u;
 }
 
 template <class Opt, typename T, typename S, typename C>
 void step_range_with(const UpdateRange<T>& r, const C& c) {
   constexpr int K = Opt::kStates;
-  const uint32_t amax = update_range(
+  update_range(
       r,
       [&](int64_t begin, int64_t end, bool stream) {
-        return with_master_kind(r, [&]<class Master>(Master) {
-          return step_vectors<Opt, T, S, Master>(r, c, begin, end, stream);
-        });
+        with_master_kind(r, [&]<class Master>(Master) { step_vectors<Opt, T, S, Master>(r, c, begin, end, stream); });
       },
       [&](int64_t i) {
         const bool read = Opt::reads_states(c);
@@ -133,20 +117,17 @@ void step_range_with(const UpdateRange<T>& r, const C& c) {
           st[k] = Opt::has_state(c, k) && read ? S::load1(r.state[k], i) : 0.f;
         }
         Opt::update(p, grad_at(r, i, c.inv_scale), st, c);
-        uint32_t written = 0;
         if constexpr (Opt::kWritesOutput) {
           r.output[i] = static_cast<c10::BFloat16>(p);
         } else {
-          written = set_value_at(r, i, p);
+          set_value_at(r, i, p);
         }
         const uint32_t bits = r.stochastic ? ops::rounding_bits(r.round_key, r.first + i) : 0u;
         for (int k = 0; k < K; ++k) {
           if (!Opt::has_state(c, k)) continue;
           S::store1(r.state[k], i, st[k], r.stochastic, Opt::kStateInfo[k].high_bits ? bits >> 16 : bits & 0xffffu);
         }
-        return written;
       });
-  if (r.amax_bits) max_into(r.amax_bits, amax);
 }
 
 // The elements [b, b + n) of r: its pointers advanced, but the states' (the caller's to place).
@@ -157,76 +138,28 @@ UpdateRange<T> part_of(const UpdateRange<T>& r, int64_t b, int64_t n) {
   part.grad += b;
   if (part.master) part.master = static_cast<char*>(part.master) + b * master_bytes(part.master_kind);
   if (part.output) part.output += b;
-  if (part.float8) part.float8 += b;
-  if (part.mx_scales) part.mx_scales += b / ops::kMxBlock;  // (parts start on blocks)
+  part.epilogues = r.epilogues.from(b);  // (parts start on MX blocks)
   part.n = n;
   part.first = r.first + b;
   return part;
 }
 
-// The e4m3 codes (ops/float8.h) of the lanes of x (two vectors) times `scale`, to `out`.
-FA_VECTOR_HELPER void cast_float8_lanes(const VecF (&x)[2], uint8_t* out, float scale) {
-  U32 codes[2];
-  for (int h = 0; h < 2; ++h) {
-    const U32 b = bits_of(x[h] * VecF(scale));
-    const U32 mag = ops::e4m3_magnitude<U32>(b);
-    codes[h] = ops::e4m3_code<U32>(b, mag, bits_of(float_of(mag) + VecF(ops::kE4m3SubnormalBias)));
-  }
-  store_bytes(out, codes[0], codes[1]);
-}
-
-// The same of n params as written.
-template <typename T>
-void cast_float8(const T* param, uint8_t* out, int64_t n, float scale) {
-  int64_t i = 0;
-  for (; i + kStep<T> <= n; i += kStep<T>) {
-    VecF x[2];
-    load2(param + i, x[0], x[1]);
-    cast_float8_lanes(x, out + i, scale);
-  }
-  for (; i < n; ++i) out[i] = ops::e4m3_of_scaled(static_cast<float>(param[i]), scale);
-}
-
-// MX copies: each block of ops::kMxBlock params as written, cast by its e8m0 scale
-// (ops/float8.h), which goes to `scales`; n is whole blocks.
-template <typename T>
-void cast_mx(const T* param, uint8_t* out, uint8_t* scales, int64_t n) {
-  constexpr int kSteps = static_cast<int>(ops::kMxBlock / kStep<T>);  // (loaded once: 1 on AVX-512, 2 on AVX2)
-  static_assert(ops::kMxBlock % kStep<T> == 0, "a block is whole vector steps");
-  for (int64_t b = 0; b < n; b += ops::kMxBlock) {
-    VecF x[kSteps][2];
-    U32 amax{};
-    for (int s = 0; s < kSteps; ++s) {
-      load2(param + b + s * kStep<T>, x[s][0], x[s][1]);
-      max_magnitude(amax, bits_of(x[s][0]));
-      max_magnitude(amax, bits_of(x[s][1]));
-    }
-    const uint32_t code = ops::e8m0_of_amax(max_lane(amax));
-    scales[b / ops::kMxBlock] = static_cast<uint8_t>(code);
-    for (int s = 0; s < kSteps; ++s) cast_float8_lanes(x[s], out + b + s * kStep<T>, ops::mx_cast_factor(code));
-  }
-}
-
-// Params with an fp8 copy step in parts of this many elements, each cast right after it is
-// written, from cache (4-8 KB of params), so that the step loops themselves carry no cast.
-constexpr int64_t kFloat8Part = 2048;
-static_assert(kFloat8Part % ops::kMxBlock == 0, "an MX copy's parts start on its blocks");
-
-// The loop of the Loops table: `coeffs` points to an Opt::Coeffs.
+// The loop of the Loops table: `coeffs` points to an Opt::Coeffs. Where epilogues are asked for,
+// the range steps in parts of kEpiloguePart elements, each followed by the epilogues over its
+// params as written, from cache.
 template <class Opt, typename T, typename S>
 void step_range(const UpdateRange<T>& r, const void* coeffs) {
   const auto& coeffs_of = *static_cast<const typename Opt::Coeffs*>(coeffs);
-  if (!r.float8) return Opt::with_fixed_options(coeffs_of, [&](const auto& c) { step_range_with<Opt, T, S>(r, c); });
-  for (int64_t b = 0; b < r.n; b += kFloat8Part) {
-    UpdateRange<T> part = part_of(r, b, std::min(kFloat8Part, r.n - b));
+  const auto step = [&](const UpdateRange<T>& part) {
+    Opt::with_fixed_options(coeffs_of, [&](const auto& c) { step_range_with<Opt, T, S>(part, c); });
+  };
+  if (!r.epilogues.any()) return step(r);
+  for (int64_t b = 0; b < r.n; b += kEpiloguePart) {
+    UpdateRange<T> part = part_of(r, b, std::min(kEpiloguePart, r.n - b));
     for (void*& state : part.state) {
       if (state) state = static_cast<char*>(state) + b * S::kBytes;
     }
-    Opt::with_fixed_options(coeffs_of, [&](const auto& c) { step_range_with<Opt, T, S>(part, c); });
-    if (r.mx_scales) {
-      cast_mx(part.param, part.float8, part.mx_scales, part.n);
-    } else {
-      cast_float8(part.param, part.float8, part.n, r.float8_scale);
-    }
+    step(part);
+    run_epilogues(part.epilogues, part.param, part.n);
   }
 }

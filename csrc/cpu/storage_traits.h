@@ -11,17 +11,6 @@
 // Part of cpu/loops_impl.h, after cpu/vec_bits.h.
 
 
-// amax: the largest ops::magnitude_bits so far of the values rounded to params, lane by lane.
-FA_VECTOR_HELPER void max_magnitude(U32& amax, const U32& bits) {
-  const U32 m = bits & 0x7fffffffu;
-  amax = m > amax ? m : amax;
-}
-FA_VECTOR_HELPER uint32_t max_lane(const U32& v) {
-  uint32_t m = 0;
-  for (int j = 0; j < kLanes; ++j) m = std::max(m, v[j]);
-  return m;
-}
-
 // Half params that have an fp32 master are written by the step but not read: AVX2/AVX-512
 // builds store them with streaming stores, which skip reading in the lines they overwrite (2 of
 // the 30 bytes per parameter an Adam step would move). These stores need the vector's
@@ -60,9 +49,8 @@ inline void stream_fence() {}
 
 // ---- masters -------------------------------------------------------------------------------
 // Each master kind of params of dtype T: load (the fp32 values of the vector pair at i), store
-// (the values as the param and its master; maxes into `amax` the magnitudes the param is rounded
-// from), value and set_value (one element; set_value returns that magnitude), and kStreams (its
-// param is written, not read: streaming stores may write it). kHolds<T>: the param dtypes the
+// (the values as the param and its master), value and set_value (one element), and kStreams
+// (its param is written, not read: streaming stores may write it). kHolds<T>: the param dtypes the
 // kind is defined for.
 
 // MasterKind::None: the param is its own fp32 value (fp32 params, or half params with
@@ -76,10 +64,7 @@ struct InPlace {
     load2(r.param + i, a, b);
   }
   template <typename T>
-  FA_VECTOR_HELPER static void store(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream,
-                                     U32& amax) {
-    max_magnitude(amax, bits_of(a));
-    max_magnitude(amax, bits_of(b));
+  FA_VECTOR_HELPER static void store(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream) {
     if constexpr (kCanStream<T>) {
       if (stream) return stream_store2(r.param + i, a, b);
     }
@@ -88,10 +73,7 @@ struct InPlace {
   template <typename T>
   static float value(const UpdateRange<T>& r, int64_t i) { return static_cast<float>(r.param[i]); }
   template <typename T>
-  static uint32_t set_value(const UpdateRange<T>& r, int64_t i, float v) {
-    r.param[i] = static_cast<T>(v);
-    return ops::magnitude_bits(v);
-  }
+  static void set_value(const UpdateRange<T>& r, int64_t i, float v) { r.param[i] = static_cast<T>(v); }
 };
 
 // MasterKind::Fp32: an fp32 master; the param is its rounding to nearest even.
@@ -104,17 +86,16 @@ struct Fp32Master {
     load2(master_at<float>(r, i), a, b);
   }
   template <typename T>
-  FA_VECTOR_HELPER static void store(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream,
-                                     U32& amax) {
+  FA_VECTOR_HELPER static void store(const UpdateRange<T>& r, int64_t i, const VecF& a, const VecF& b, bool stream) {
     store2(master_at<float>(r, i), a, b);
-    InPlace::store(r, i, a, b, stream, amax);
+    InPlace::store(r, i, a, b, stream);
   }
   template <typename T>
   static float value(const UpdateRange<T>& r, int64_t i) { return *master_at<float>(r, i); }
   template <typename T>
-  static uint32_t set_value(const UpdateRange<T>& r, int64_t i, float v) {
+  static void set_value(const UpdateRange<T>& r, int64_t i, float v) {
     *master_at<float>(r, i) = v;
-    return InPlace::set_value(r, i, v);
+    InPlace::set_value(r, i, v);
   }
 };
 
@@ -127,19 +108,15 @@ struct Remainder16 {
   FA_VECTOR_HELPER static void load(const UpdateRange<BF16>& r, int64_t i, VecF& a, VecF& b) {
     load_master_of(r.param + i, master_at<BF16>(r, i), a, b);
   }
-  FA_VECTOR_HELPER static void store(const UpdateRange<BF16>& r, int64_t i, const VecF& a, const VecF& b, bool,
-                                     U32& amax) {
-    max_magnitude(amax, bits_of(a));
-    max_magnitude(amax, bits_of(b));
+  FA_VECTOR_HELPER static void store(const UpdateRange<BF16>& r, int64_t i, const VecF& a, const VecF& b, bool) {
     store_master_as(r.param + i, master_at<BF16>(r, i), a, b);
   }
   static float value(const UpdateRange<BF16>& r, int64_t i) {
     return ops::float_of(ops::master_of(r.param[i].x, master_at<BF16>(r, i)->x));
   }
-  static uint32_t set_value(const UpdateRange<BF16>& r, int64_t i, float v) {
+  static void set_value(const UpdateRange<BF16>& r, int64_t i, float v) {
     r.param[i].x = ops::param_bits_of_master(ops::bits_of(v));
     master_at<BF16>(r, i)->x = ops::remainder_of_master(ops::bits_of(v));
-    return ops::magnitude_bits(v);
   }
 };
 
@@ -154,8 +131,7 @@ struct Remainder24 {
   FA_VECTOR_HELPER static void load(const UpdateRange<BF16>& r, int64_t i, VecF& a, VecF& b) {
     load_master24_of(r.param + i, master_at<uint8_t>(r, i), a, b);
   }
-  FA_VECTOR_HELPER static void store(const UpdateRange<BF16>& r, int64_t i, const VecF& a, const VecF& b, bool,
-                                     U32& amax) {
+  FA_VECTOR_HELPER static void store(const UpdateRange<BF16>& r, int64_t i, const VecF& a, const VecF& b, bool) {
     U32 add_a, add_b;
     if (r.stochastic) {
       rounding_bits2(ops::master_rounding_key(r.round_key), r.first + i, add_a, add_b);
@@ -167,14 +143,12 @@ struct Remainder24 {
     }
     const U32 m_a = ops::round_bits_to_24<U32>(bits_of(a), add_a);
     const U32 m_b = ops::round_bits_to_24<U32>(bits_of(b), add_b);
-    max_magnitude(amax, m_a);
-    max_magnitude(amax, m_b);
     store_master24_as(r.param + i, master_at<uint8_t>(r, i), m_a, m_b);
   }
   static float value(const UpdateRange<BF16>& r, int64_t i) {
     return ops::float_of(ops::master24_of(r.param[i].x, *master_at<uint8_t>(r, i)));
   }
-  static uint32_t set_value(const UpdateRange<BF16>& r, int64_t i, float v) {
+  static void set_value(const UpdateRange<BF16>& r, int64_t i, float v) {
     const uint32_t b = ops::bits_of(v);
     const uint32_t addend = r.stochastic
                                 ? ops::rounding_bits(ops::master_rounding_key(r.round_key), r.first + i) & 0xffu
@@ -182,7 +156,6 @@ struct Remainder24 {
     const uint32_t m = ops::round_bits_to_24(b, addend);
     r.param[i].x = ops::param_bits_of_master(m);
     *master_at<uint8_t>(r, i) = ops::remainder8_of_master(m);
-    return m & 0x7fffffffu;
   }
 };
 
@@ -211,14 +184,14 @@ inline float value_at(const UpdateRange<T>& r, int64_t i) {
   return with_master_kind(r, [&](auto kind) { return kind.value(r, i); });
 }
 template <typename T>
-inline uint32_t set_value_at(const UpdateRange<T>& r, int64_t i, float v) {
-  return with_master_kind(r, [&](auto kind) { return kind.set_value(r, i, v); });
+inline void set_value_at(const UpdateRange<T>& r, int64_t i, float v) {
+  with_master_kind(r, [&](auto kind) { kind.set_value(r, i, v); });
 }
 // Whether r's params may take streaming stores: its kind writes them without reading, and
-// nothing reads them back in the step (an fp8 copy casts from cache).
+// nothing reads them back in the step (the epilogues read them from cache).
 template <typename T>
 bool streams(const UpdateRange<T>& r) {
-  return kCanStream<T> && r.may_stream && !r.float8 &&
+  return kCanStream<T> && r.may_stream && !r.epilogues.any() &&
          with_master_kind(r, [](auto kind) { return decltype(kind)::kStreams; });
 }
 

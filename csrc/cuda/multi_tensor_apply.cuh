@@ -174,6 +174,12 @@ struct IlpIndex {
   bool packed;
 };
 
+// A list's pointer for tensor t, from element `start` (null stays null: an absent tensor).
+template <typename T>
+FA_DEVICE T* list_at(const void* const p, int64_t start) {
+  return p ? static_cast<T*>(const_cast<void*>(p)) + start : nullptr;
+}
+
 template <typename T>
 FA_DEVICE bool is_aligned(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % sizeof(Pack<T>) == 0;

@@ -28,13 +28,12 @@ struct StepFunctor {
     const float step = step_ptr ? *step_ptr : 0.f;  // (SGD without momentum may count none)
     const float scalar = kScalars<Opt> ? *static_cast<const float*>(meta.ptr[step_list(K) + 1][t]) : 1.f;
     const typename Opt::Coeffs c = Opt::coeffs(h, lr_of(s), {step, scalar}, grad_mult_of(s));
-    const auto pa =
-        param_access<param_t, Master>(meta, t, start, s.write_grads && c.inv_scale != 1.f, kFloat8List);
+    auto pa = param_access<param_t, Master>(meta, t, start, s.write_grads && c.inv_scale != 1.f, kAmaxList,
+                                            kFloat8List);
     const StepRounding rounding = rounding_of(s, step + 1.f, start);
     StateSpec<K> kept = spec;
     kept.read = Opt::reads_states(c);
     const auto states = step_states<state_t, K>(meta, t, start, kept, kLists);
-    uint32_t amax = 0;
     for_each_step_ilp(n, pa.aligned(), states, rounding, [&](const IlpIndex& ix, float (&st)[K][kILP]) {
       float p[kILP], g[kILP];
       pa.load(p, g, ix);
@@ -48,10 +47,9 @@ struct StepFunctor {
 #pragma unroll
         for (int k = 0; k < K; ++k) st[k][j] = e[k];
       }
-      const uint32_t written = pa.store(p, ix, rounding);
-      amax = written > amax ? written : amax;
+      pa.store(p, ix, rounding);
     });
-    if (auto* const slot = static_cast<uint32_t*>(meta.ptr[kAmaxList][t])) warp_max_into(slot, amax);
+    pa.epilogues.finish();
   }
 };
 

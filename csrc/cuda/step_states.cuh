@@ -16,11 +16,6 @@
 
 namespace fused_amp::cuda {
 
-template <typename T>
-FA_DEVICE T* list_at(const void* const p, int64_t start) {
-  return p ? static_cast<T*>(const_cast<void*>(p)) + start : nullptr;
-}
-
 // What a step kernel passes for its states: the lists that hold them (-1: absent), whether the
 // state's map is signed (8-bit) and which half of the random bits rounds it (bf16), and whether
 // the step reads the old values at all (SGD's first step does not).
