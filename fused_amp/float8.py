@@ -87,7 +87,7 @@ class Float8Weights:
             self.update()
             self.data: List[torch.Tensor] = [_cast(p, self.scale[i]) for i, p in enumerate(self.params)]
             torch.reciprocal(self.scale, out=self.scale_inv)
-        optimizer.__dict__.setdefault("_float8_copies", []).append(self)
+        optimizer._attached.float8_copies.append(self)
         optimizer._forget_lists()
 
     def weight(self, param: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -180,7 +180,7 @@ class MXWeights:
         self.data: List[torch.Tensor] = [data for data, _ in casts]
         self.scales: List[torch.Tensor] = [scales for _, scales in casts]
         self._no_inverse = torch.empty(0, device=self.params[0].device)  # (an MX block scale is its own)
-        optimizer.__dict__.setdefault("_float8_copies", []).append(self)
+        optimizer._attached.float8_copies.append(self)
         optimizer._forget_lists()
 
     def weight(self, param: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -217,11 +217,11 @@ def _check(name: str, optimizer, params) -> None:
         raise TypeError(f"{name}: optimizer must be a fused_amp.optim optimizer, got {type(optimizer).__name__}")
     if type(optimizer).__name__ == "Muon":
         raise ValueError(f"{name}: Muon writes its 2-D params in a pass of its own, which writes no fp8 copy")
-    if optimizer.__dict__.get("_in_backward") is not None:
+    if optimizer._attached.in_backward is not None:
         raise ValueError(f"{name}: the optimizer steps in backward (step_in_backward), a bucket at a time, and "
                          "those steps write no fp8 copies")
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    taken = {id(p) for other in optimizer.__dict__.get("_float8_copies", []) for p in other.params}
+    taken = {id(p) for other in optimizer._attached.float8_copies for p in other.params}
     for i, p in enumerate(params):
         if id(p) not in held:
             raise ValueError(f"{name}: params[{i}] is not a param of the optimizer")

@@ -364,7 +364,7 @@ class GradScaler(torch.amp.GradScaler):
         # may replace them): the optimizer takes them instead of reading every .grad again
         if (handed and len(handed) == 1 and target is optimizer and hasattr(target, "_device_lists")
                 and not target._optimizer_step_pre_hooks and not _global_optimizer_pre_hooks):
-            target._scaler_grads = handed[0]
+            target._attached.scaler_grads = handed[0]
         try:
             if self._skip_on_host and found_inf.item() != 0:  # the one host sync of this mode
                 retval = None
@@ -375,7 +375,8 @@ class GradScaler(torch.amp.GradScaler):
         finally:
             del target.grad_scale
             del target.found_inf
-            target.__dict__.pop("_scaler_grads", None)
+            if hasattr(target, "_attached"):
+                target._attached.scaler_grads = None
         optimizer_state["stage"] = OptState.STEPPED
         return retval
 

@@ -172,3 +172,26 @@ def test_what_needs_every_grad_is_refused_before_anything_changes():
             h.remove()
     handle.remove()
     assert not all(torch.equal(p.detach(), b) for p, b in zip(params, before))  # the backward stepped
+
+
+def test_a_copy_of_an_optimizer_in_backward_steps_in_the_normal_loop():
+    """torch pickles an optimizer's defaults, state and groups only: a copy of one that steps in
+    backward is not in backward (no hook steps it), so its step() steps, as the original's
+    normal loop does once its handle is removed."""
+    import copy
+
+    model, ref_model = make_model(), make_model()
+    opt = fused_amp.optim.AdamW(model.parameters(), lr=1e-2)
+    ref = fused_amp.optim.AdamW(ref_model.parameters(), lr=1e-2)
+    handle = step_in_backward(opt)
+    twin = copy.deepcopy(opt)
+    handle.remove()
+    twin_params = [p for group in twin.param_groups for p in group["params"]]
+    for p, q in zip(twin_params, model.parameters()):
+        p.grad = torch.ones_like(q)
+    for q in ref_model.parameters():
+        q.grad = torch.ones_like(q)
+    twin.step()
+    ref.step()
+    for p, q in zip(twin_params, ref_model.parameters()):
+        assert_bitwise_equal(p.detach(), q.detach(), "param")

@@ -8,6 +8,7 @@ import torch
 
 from fused_amp import _scaling, ops
 from fused_amp.optim import _float8, _float8_copies, _memory, _quantize
+from fused_amp.optim._attached import Attached
 from fused_amp.optim._clipping import ClipGradNorm, ClipState
 from fused_amp.optim._declared import Declared
 from fused_amp.optim._grad_norm import check_clip_options, check_same_clip_options
@@ -58,6 +59,7 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
         check_clip_options(defaults["max_grad_norm"], defaults["grad_norm_type"])
         self._lists_cache: Dict[int, GroupLists] = {}  # by the group's index in param_groups
         self._clip = ClipState()
+        self._attached = Attached()
         super().__init__(params, dict(defaults, grad_norm_type=float(defaults["grad_norm_type"])))
 
     def add_param_group(self, param_group):
@@ -111,7 +113,7 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self.__dict__.get("_in_backward") is not None:  # the params stepped in backward (in_backward.py)
+        if self._attached.in_backward is not None:  # the params stepped in backward (in_backward.py)
             return loss
         self._fused_step()
         return loss
@@ -120,18 +122,18 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
     def _step_params(self, params) -> None:
         """One step of ``params`` only (those of them with grads), as :meth:`step` steps them:
         step_in_backward's, for the params whose grads have arrived."""
-        self._only = set(params)
+        self._attached.only = set(params)
         try:
             self._fused_step()
         finally:
-            self._only = None
+            self._attached.only = None
 
     @torch.no_grad()
     def _hand_over_after_backward(self) -> None:
         """When a backward that stepped its params in buckets (step_in_backward) ends: the
         torchao float8 scales of all the weights it stepped, in one hand-over (one all-reduce),
         as after a whole step. (Each weight is in one bucket's lists, with the amax its step wrote.)"""
-        stepped = self.__dict__.pop("_float8_stepped", None)
+        stepped, self._attached.float8_stepped = self._attached.float8_stepped, []
         if stepped:
             _float8.hand_over(stepped)
 
@@ -161,17 +163,18 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
         # Each op checks its arguments before it writes; with several ops (groups, devices),
         # all are checked before the first runs, so a bad grad anywhere changes nothing.
         try:
-            if self.__dict__.get("_only") is None:  # (a whole step, not some params in backward)
+            whole = self._attached.only is None  # (not a bucket of params in backward)
+            if whole:
                 _float8.check_asked(type(self).__name__, self.param_groups, [lists for _, lists, _ in calls])
             if len(calls) > 1:
                 for group, lists, scalars in calls:
                     self._update(group, lists, scalars, check_only=True)
             for group, lists, scalars in calls:
                 self._update(group, lists, scalars, check_only=False)
-            if self.__dict__.get("_only") is None:
+            if whole:
                 _float8.hand_over([lists for _, lists, _ in calls])
             else:  # a bucket in backward: every weight's scale is handed over when backward ends, at once
-                self.__dict__.setdefault("_float8_stepped", []).extend(
+                self._attached.float8_stepped.extend(
                     lists for _, lists, _ in calls if "float8_wrappers" in lists)
             _float8_copies.after_step(self, [lists for _, lists, _ in calls])
         finally:
@@ -182,7 +185,7 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As torch's; does nothing while the params step in backward (their grads are freed there)."""
-        if self.__dict__.get("_in_backward") is not None:
+        if self._attached.in_backward is not None:
             return
         self._clip.pending = None
         super().zero_grad(set_to_none)

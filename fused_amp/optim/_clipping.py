@@ -92,7 +92,7 @@ class ClipGradNorm:
         leaves the clipped grads in ``p.grad`` as torch does. ``foreach`` is accepted and
         ignored (one fused pass either way); ``zero_grad`` drops a clip not yet applied.
         """
-        if self.__dict__.get("_in_backward") is not None:
+        if self._attached.in_backward is not None:
             raise RuntimeError(f"clip_grad_norm_: {type(self).__name__} steps in backward (step_in_backward): each "
                                "param has stepped before the global norm of the grads could be known")
         scaler = _scaling.scaler_of(self)

@@ -3,7 +3,7 @@ lists that make the step write the fp8 copies (ops.step_'s ``float8_weights``,
 ``float8_scales``, ``float8_scale_invs``, ``float8_indices``) and the params' amaxes of delayed
 copies (``weight_amax``), and what follows the step: each amax into its copies' amax history,
 then their delayed scaling update (MX copies need neither). The copies register themselves on
-the optimizer (``_float8_copies``); nothing here imports them."""
+the optimizer (its ``_attached.float8_copies``); nothing here imports them."""
 from collections import defaultdict
 
 import torch
@@ -13,10 +13,10 @@ def plan(optimizer, lists) -> None:
     """Adds to a device's lists the copies of those of its params that have one; kept with the
     lists while they stay cached (the copies, scales and inverses are the same tensors every
     step)."""
-    registered = optimizer.__dict__.get("_float8_copies")
+    registered = optimizer._attached.float8_copies
     if not registered:
         return
-    if optimizer.__dict__.get("_only") is not None:
+    if optimizer._attached.only is not None:
         raise ValueError(f"{type(registered[0]).__name__}: the optimizer steps in backward (step_in_backward), a "
                          "bucket at a time, and those steps write no fp8 copies")
     # (position in the lists, its copies, its column there) of each param that has a copy
@@ -47,7 +47,7 @@ def plan(optimizer, lists) -> None:
 def after_step(optimizer, all_lists) -> None:
     """(Called under the step's no_grad.) Each copy's amax into row 0 of its history (0 where the step was skipped, which the
     update leaves alone), then the delayed scaling update of every set of copies."""
-    registered = optimizer.__dict__.get("_float8_copies")
+    registered = optimizer._attached.float8_copies
     if not registered:
         return
     for lists in all_lists:

@@ -170,14 +170,14 @@ class DeviceLists:
         """(grads, refs) of a group's params as ``local_grads`` gives them: from what the
         GradScaler's overflow check read just before this step, when it handed that over
         (``_scaler_grads``, set by GradScaler.step), else read now."""
-        handed = self.__dict__.get("_scaler_grads")
+        handed = self._attached.scaler_grads
         if handed is not None and not torch.compiler.is_compiling():
             start = sum(len(g["params"]) for g in self.param_groups[:index])
             mine = handed.params[start:start + len(params)]
             if len(mine) == len(params) and all(map(operator.is_, mine, params)):
                 return handed.grads[start:start + len(params)], handed.refs
         grads, _, _, _, refs, _ = local_grads(params)
-        only = self.__dict__.get("_only")
+        only = self._attached.only
         if only is not None:  # (_step_params)
             grads = [g if p in only else None for p, g in zip(params, grads)]
         return grads, refs
@@ -187,4 +187,4 @@ class DeviceLists:
         depends on the params alone, kept with the lists while they stay cached."""
 
     def _forget_lists(self):
-        self.__dict__.setdefault("_lists_cache", {}).clear()
+        self._lists_cache.clear()

@@ -6,6 +6,7 @@ from typing import Dict
 import torch
 
 from fused_amp.optim import _memory, _quantize
+from fused_amp.optim._attached import Attached
 from fused_amp.optim._checkpoint import check_loadable
 from fused_amp.optim._clipping import ClipState
 from fused_amp.optim._grad_norm import CLIP_OPTIONS, DTensor
@@ -122,11 +123,12 @@ class TorchStateDict:
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        self._forget_lists()
+        self._lists_cache = {}  # (torch pickles the defaults, state and groups only)
         # pickles from before the clip options moved into the groups hold them as attributes
         legacy = {key: self.__dict__.pop(key) for key in CLIP_OPTIONS if key in self.__dict__}
         clip_defaults = dict({"max_grad_norm": None, "grad_norm_type": 2.0}, **legacy)
         self._clip = ClipState()
+        self._attached = Attached()
         # options added in later versions (of torch or of ours) take torch's defaults for
         # checkpoints that lack them, as torch's optimizers do
         for group in [self.defaults] + self.param_groups:

@@ -31,7 +31,7 @@ class StepInBackward:
         self._accumulating = False
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready)
                        for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-        optimizer._in_backward = self
+        optimizer._attached.in_backward = self
         _active.add(self)
 
     def _grad_ready(self, p: torch.Tensor) -> None:
@@ -78,8 +78,8 @@ class StepInBackward:
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        if self._optimizer.__dict__.get("_in_backward") is self:
-            del self._optimizer._in_backward
+        if self._optimizer._attached.in_backward is self:
+            self._optimizer._attached.in_backward = None
         _active.discard(self)
 
 
@@ -124,7 +124,7 @@ def step_in_backward(optimizer: MasterWeightOptimizer, bucket_bytes: Optional[in
     if not isinstance(optimizer, MasterWeightOptimizer):
         raise TypeError(f"step_in_backward: {type(optimizer).__module__}.{type(optimizer).__qualname__} is not a "
                         "fused_amp.optim optimizer")
-    if optimizer.__dict__.get("_in_backward") is not None:
+    if optimizer._attached.in_backward is not None:
         raise RuntimeError(f"step_in_backward: this {name} already steps in backward (remove() its handle first)")
     if optimizer.max_grad_norm is not None:
         raise ValueError(f"step_in_backward: {name} has max_grad_norm={optimizer.max_grad_norm}; clipping by the "
