@@ -142,6 +142,10 @@ def torch_env_kept():
 
 def installed(module: str) -> bool:
     """Whether an outside package imports (installed, and loads on this machine)."""
+    if module == "deepspeed" and not torch.cuda.is_available():
+        # its accelerator named, not probed: finding no GPU, the probe logs a warning to stdout,
+        # a line in the middle of the report (the CPU is what it would pick)
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     try:
         with torch_env_kept():
             importlib.import_module(module)
