@@ -141,6 +141,12 @@ def test_the_launchers_refuse_the_dtypes_they_have_no_kernel_for(sim):
         sim.step("adam", 7, output_kind, 1, ptr_array([[t, t, None, t, t, None, found]]), numel_array([t]),
                  (ctypes.c_double * 4)(0.9, 0.99, 1e-8, 0.0), (ctypes.c_int * 3)(0, 0, 0),
                  ctypes.c_double(1e-3), None, None, None, 0, None, ctypes.c_float(0), 0, ctypes.c_int64(0), 0)
+    # a master kind the param's dtype cannot hold (a remainder of fp16 params): validation refuses it first
+    remainder_kind = (ctypes.c_int * 4)(DTYPE_CODE[torch.float16], MASTER_KIND["remainder"], STATE_KIND[torch.float32], 0)
+    with pytest.raises(EmulatorError, match="a master kind its param dtype cannot have"):
+        sim.step("adam", 7, remainder_kind, 1, ptr_array([[t, t, t, t, t, None, found]]), numel_array([t]),
+                 (ctypes.c_double * 4)(0.9, 0.99, 1e-8, 0.0), (ctypes.c_int * 3)(0, 0, 0),
+                 ctypes.c_double(1e-3), None, None, None, 0, None, ctypes.c_float(0), 0, ctypes.c_int64(0), 0)
     # cuda_ops.cpp passes the table index step_ resolved; the harness resolves the name as step_ does (-1: none)
     with pytest.raises(EmulatorError, match="no optimizer at index -1"):
         sim.step("adagrad2", 5, kind(torch.float32), 1, ptr_array([[t, t, None, t, found]]), numel_array([t]),

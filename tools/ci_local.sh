@@ -2,7 +2,8 @@
 # make ci-local: what CI checks that a change can break, before submitting it, in about 10
 # minutes on 2 cores (docs/development.md, "CI's budget"): the submission marker, the quick tier
 # (make test, a worker per core) and beside it, at a lower priority, the mutants of the changed
-# files (CPU and device) and the sanitizers over the changed files' tests
+# files (CPU and device), the emulation's line coverage where its files changed, and the
+# sanitizers over the changed files' tests
 # (FUSED_AMP_CI_SELECT=local: without CI's rotation, which covers the rest in any 3 consecutive
 # CI runs). Each part's log goes to ci-local-*.log; the table at the end says what passed and
 # how long each took.
@@ -25,6 +26,11 @@ part tests make test &
   export OMP_NUM_THREADS=1
   part cpu-mutants nice -n 10 .venv/bin/python tools/mutate_cpu_code.py
   part device-mutants nice -n 10 .venv/bin/python tools/mutate_device_code.py --jobs 1
+  # as CI: when a file it checks changed (a defensive line without its reason fails it)
+  if python3 tools/ci_select.py due emulation-coverage csrc/cuda/ csrc/ops/ tests/cuda_sim/ \
+      tests/test_cuda_sim.py tests/test_cuda_emulator.py tools/emulation_coverage.py > /dev/null; then
+    part emulation-coverage nice -n 10 .venv/bin/python tools/emulation_coverage.py
+  fi
   part sanitize nice -n 10 make sanitize
 } &
 wait
@@ -32,5 +38,5 @@ echo "| part (its log: ci-local-PART.log) | s | result |"
 echo "|---|---|---|"
 cat "$RESULTS"
 echo "| all | $((SECONDS - T0)) | |"
-grep -h -E "^(CPU|device) mutants:|^sanitizers:|passed|failed" ci-local-*.log | grep -v "^\." | tail -12
+grep -h -E "^(CPU|device) mutants:|^sanitizers:|passed|failed|NOT EXPLAINED" ci-local-*.log | grep -v "^\." | tail -12
 ! grep -q FAILED "$RESULTS"
