@@ -10,7 +10,7 @@
 constexpr int64_t kEpiloguePart = 2048;
 static_assert(kEpiloguePart % ops::kMxBlock == 0, "an MX copy's parts start on its blocks");
 
-// amax: the largest ops::magnitude_bits so far of the values, lane by lane.
+// amax: the largest ops::magnitude_bits so far of the values, lane by lane (an MX block's).
 FA_VECTOR_HELPER void max_magnitude(U32& amax, const U32& bits) {
   const U32 m = bits & 0x7fffffffu;
   amax = m > amax ? m : amax;
@@ -71,28 +71,15 @@ void cast_mx(const T* param, uint8_t* out, uint8_t* scales, int64_t n) {
   }
 }
 
-// The largest ops::magnitude_bits of n params (NaN above inf: a NaN param makes the amax NaN,
-// as torch's amax is).
-template <typename T>
-uint32_t param_amax(const T* param, int64_t n) {
-  U32 amax{};
-  int64_t i = 0;
-  for (; i + kStep<T> <= n; i += kStep<T>) {
-    VecF a, b;
-    load2(param + i, a, b);
-    max_magnitude(amax, bits_of(a));
-    max_magnitude(amax, bits_of(b));
-  }
-  uint32_t m = max_lane(amax);
-  for (; i < n; ++i) m = std::max(m, ops::magnitude_bits(static_cast<float>(param[i])));
-  return m;
-}
-
-// The weight amax (fp8 scaling), maxed into the param's slot.
+// The weight amax (fp8 scaling), maxed into the param's slot: the params' inf-norm (a NaN param
+// makes it NaN, as torch's amax is; its bits order above inf's).
 struct WeightAmax {
   static bool asked(const Epilogues& e) { return e.amax_bits; }
   template <typename T>
-  static void run(const Epilogues& e, const T* param, int64_t n) { max_into(e.amax_bits, param_amax(param, n)); }
+  static void run(const Epilogues& e, const T* param, int64_t n) {
+    const float amax = static_cast<float>(norm_range<T, ops::NormKind::Inf>(param, n, 1.f));
+    max_into(e.amax_bits, ops::magnitude_bits(amax));
+  }
 };
 
 // An fp8 copy with a per-tensor scale.
