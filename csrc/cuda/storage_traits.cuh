@@ -95,18 +95,35 @@ FA_DEVICE const uint16_t* bits_of_params(const __nv_bfloat16* param) {
   return reinterpret_cast<const uint16_t*>(param);
 }
 
-// MasterKind::Remainder: an exact fp32 master as the bf16 param and its low 16 bits.
-struct Remainder16 {
-  using Elem = uint16_t;
+// The two remainder kinds: a master as the bf16 param (its high half) and a low part Lo (16
+// bits, or a 24-bit master's byte), loaded and stored together; each kind joins and splits them.
+template <typename Lo>
+struct BF16Halves {
+  using Elem = Lo;
   template <typename param_t>
   static constexpr bool kHolds = std::is_same_v<param_t, __nv_bfloat16>;
   FA_DEVICE static bool aligned(const __nv_bfloat16* param, const void* master) {
-    return is_aligned(param) && is_aligned(static_cast<const Elem*>(master));
+    return is_aligned(param) && is_aligned(static_cast<const Lo*>(master));
   }
+  FA_DEVICE static void load_halves(uint16_t (&hi)[kILP], Lo (&lo)[kILP], const __nv_bfloat16* param,
+                                    const void* master, const IlpIndex& ix) {
+    load_ilp(hi, bits_of_params(param), ix);
+    load_ilp(lo, static_cast<const Lo*>(master), ix);
+  }
+  // (written: the params stored, as fp32)
+  FA_DEVICE static void store_halves(const uint16_t (&hi)[kILP], const Lo (&lo)[kILP], __nv_bfloat16* param,
+                                     void* master, const IlpIndex& ix, float (&written)[kILP]) {
+    store_ilp(bits_of_params(param), hi, ix);
+    store_ilp(static_cast<Lo*>(master), lo, ix);
+    widen_bits(hi, written);
+  }
+};
+
+// MasterKind::Remainder: an exact fp32 master as the bf16 param and its low 16 bits.
+struct Remainder16 : BF16Halves<uint16_t> {
   FA_DEVICE static void load(float (&p)[kILP], const __nv_bfloat16* param, const void* master, const IlpIndex& ix) {
     uint16_t hi[kILP], lo[kILP];
-    load_ilp(hi, bits_of_params(param), ix);
-    load_ilp(lo, static_cast<const Elem*>(master), ix);
+    load_halves(hi, lo, param, master, ix);
 #pragma unroll
     for (int j = 0; j < kILP; ++j) p[j] = ops::float_of(ops::master_of(hi[j], lo[j]));
   }
@@ -118,9 +135,7 @@ struct Remainder16 {
       hi[j] = ops::param_bits_of_master(ops::bits_of(p[j]));
       lo[j] = ops::remainder_of_master(ops::bits_of(p[j]));
     }
-    store_ilp(bits_of_params(param), hi, ix);
-    store_ilp(static_cast<Elem*>(master), lo, ix);
-    widen_bits(hi, written);
+    store_halves(hi, lo, param, master, ix, written);
     return true;
   }
 };
@@ -128,18 +143,11 @@ struct Remainder16 {
 // MasterKind::Remainder8: a 24-bit master as the bf16 param and a byte; the step's fp32 value
 // rounds to 24 bits to nearest even, or stochastically (8 random bits per element, of
 // ops::master_rounding_key). The param is rounded from the 24-bit value.
-struct Remainder24 {
-  using Elem = uint8_t;
-  template <typename param_t>
-  static constexpr bool kHolds = std::is_same_v<param_t, __nv_bfloat16>;
-  FA_DEVICE static bool aligned(const __nv_bfloat16* param, const void* master) {
-    return is_aligned(param) && is_aligned(static_cast<const Elem*>(master));
-  }
+struct Remainder24 : BF16Halves<uint8_t> {
   FA_DEVICE static void load(float (&p)[kILP], const __nv_bfloat16* param, const void* master, const IlpIndex& ix) {
     uint16_t hi[kILP];
     uint8_t lo[kILP];
-    load_ilp(hi, bits_of_params(param), ix);
-    load_ilp(lo, static_cast<const Elem*>(master), ix);
+    load_halves(hi, lo, param, master, ix);
 #pragma unroll
     for (int j = 0; j < kILP; ++j) p[j] = ops::float_of(ops::master24_of(hi[j], lo[j]));
   }
@@ -156,9 +164,7 @@ struct Remainder24 {
       hi[j] = ops::param_bits_of_master(m);
       lo[j] = ops::remainder8_of_master(m);
     }
-    store_ilp(bits_of_params(param), hi, ix);
-    store_ilp(static_cast<Elem*>(master), lo, ix);
-    widen_bits(hi, written);
+    store_halves(hi, lo, param, master, ix, written);
     return true;
   }
 };
