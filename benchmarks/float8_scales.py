@@ -54,7 +54,7 @@ def grads_back(params, grads):
 def main(n_params: int = 84_000_000, runs: int = 3):
     (a_params, a_grads, a_opt), (b_params, b_grads, b_opt), (c_params, c_grads, c_opt) = three(n_params)
     amax = torch.zeros(len(b_params))
-    for lists, _ in b_opt._lists_cache[0].by_device.values():  # as fused_amp.optim._float8.plan sets it
+    for lists, _ in b_opt._lists.groups[0].by_device.values():  # as fused_amp.optim._float8.plan sets it
         lists["weight_amax"] = amax
     weights = [p.detach() for p in a_params]
 

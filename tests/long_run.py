@@ -71,7 +71,7 @@ def run(mode: str, steps: int, every: int, leak: bool, device: str):
         if leak:
             kept.append(torch.empty(256, device=device))
         if step % every == every - 1:
-            cached_lists = len(opt._lists_cache)  # (loading a state dict empties it)
+            cached_lists = len(opt._lists.groups)  # (loading a state dict empties it)
             save_and_load(opt, scaler)
             samples.append(dict(
                 step=step + 1, rss_kib=rss_kib(),

@@ -32,7 +32,7 @@ def steps_with_amax(opt, params, grads, amax, found_infs):
         yield found
         # the first step built (and cached) the lists; the next ones take the amax buffer
         # (and the op's parts, formed from them once: _base._op_parts, formed again)
-        for lists, _ in opt._lists_cache[0].by_device.values():
+        for lists, _ in opt._lists.groups[0].by_device.values():
             lists["weight_amax"] = amax
             lists.pop("op_parts", None)
 

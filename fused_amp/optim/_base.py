@@ -1,24 +1,24 @@
-"""The base of every optimizer of fused_amp.optim: its groups and their checks, and the step,
-one fused op per group and device. Its other concerns are mixins of their own files: what each
-optimizer declares (_declared), the tensor lists (_group_lists), clipping (_clipping) and
-checkpoints (_state_dict)."""
+"""The base of every optimizer of fused_amp.optim: torch.optim.Optimizer's face, and the step,
+one fused op per group and device. The parts it is made of are in files of their own, each
+called with the optimizer or held by it: what the C++ table declares of each optimizer class
+(_declared), the tensor lists (_group_lists, ``_lists``), clipping (_clipping, ``_clip``),
+checkpoints (_state_dict) and what the rest of fused_amp attaches (_attached, ``_attached``)."""
 from typing import Any, Dict, Optional
 
 import torch
 
 from fused_amp import _scaling, ops
-from fused_amp.optim import _float8, _float8_copies, _memory, _quantize
+from fused_amp.optim import _declared, _float8, _float8_copies, _memory, _quantize, _state_dict
 from fused_amp.optim._attached import Attached
-from fused_amp.optim._clipping import ClipGradNorm, ClipState
-from fused_amp.optim._declared import Declared
+from fused_amp.optim._clipping import Clipping, clip_option, set_clip_option
 from fused_amp.optim._grad_norm import check_clip_options, check_same_clip_options
-from fused_amp.optim._group_lists import DeviceLists, GroupLists
-from fused_amp.optim._state_dict import TorchStateDict
+from fused_amp.optim._group_lists import ListCache
+from fused_amp.optim._options import check_in_order, check_torch_flags
 
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
 
-class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict, torch.optim.Optimizer):
+class MasterWeightOptimizer(torch.optim.Optimizer):
     """Base class: subclasses name their fp32 state and call their fused op in ``_update``.
 
     For each fp16/bf16 parameter (with ``master_weights=True``) the optimizer keeps an fp32 copy
@@ -50,6 +50,79 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
                                        "rounding_seed": 0, "min_8bit_size": _quantize.MIN_8BIT_SIZE,
                                        "float8_scales": None}
 
+    # ---- what a subclass declares ---------------------------------------------------------
+    # the optimizer's name in the step op's table (fused_amp.ops.optimizers()): by default the
+    # class's name in lower case, or its base's (AdamW: "adam"), set by _declared.declare
+    _kernel = ""
+    # its per-param scalar state, as (key, initial value) (NAdam's mu_product), or None: the table's
+    _scalar_state = None
+    # the names of its hyperparameters, in the order the step op takes them: the table's
+    _hyper_names: tuple = ()
+    # what the docs of fused_amp's options (_options.options_doc) add for this optimizer: option
+    # -> a sentence
+    _option_notes: dict = {}
+    # whether its state is a running sum, which rounds stochastically by default when stored in
+    # bf16 or 8 bits (rounded to nearest, increments below half a step would be lost)
+    _running_sums = False
+    # whether torch's checkpoints of this optimizer hold a step count beside the moments
+    _step_count_saved = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        _declared.declare(cls)
+
+    def _hyper(self, group) -> dict:
+        """The step op's hyperparameters of a group, by the names of its table entry."""
+        raise NotImplementedError
+
+    # the arguments torch checks with its shared checks (_options.check_in_order), in its order;
+    # then its flags. A subclass whose torch optimizer checks more overrides _check_hyperparameters
+    _checked_in_order: tuple = ()
+
+    @classmethod
+    def _check_hyperparameters(cls, options):
+        """torch's checks of the optimizer's arguments, with its messages and in its order, on a
+        dict of them: the constructor's, or a loaded group's."""
+        check_in_order(options, *cls._checked_in_order)
+        check_torch_flags(cls.__name__, options["foreach"], options.get("fused"), options["differentiable"])
+
+    @staticmethod
+    def _kept_options(options) -> dict:
+        """The constructor's checked options as torch keeps them in ``defaults`` (Adam: the first
+        two betas, a 1-element tensor as a 0-dim one)."""
+        return options
+
+    def _counts_steps(self, group, scalars) -> bool:
+        """Whether the step counts go to the op (they always advance in the state)."""
+        return True
+
+    def _initial_state(self, group) -> dict:
+        """The value each state starts from, by key, where it is not zero."""
+        return {}
+
+    def _plan_lists(self, lists) -> None:
+        """Called on each device's lists when they are built; a subclass adds to them what
+        depends on the params alone, kept with the lists while they stay cached."""
+
+    def _complete_loaded_state(self, p, state):
+        """Adapt the state of a ``torch.optim`` checkpoint (subclasses add what it lacks)."""
+        step = state.get("step")
+        if step is not None and not isinstance(step, torch.Tensor):  # a legacy Python number
+            state["step"] = torch.tensor(float(step), dtype=torch.float32, device=p.device)
+
+    def _fix_group(self, group):
+        """Group options a subclass forces whatever the checkpoint says (AdamW: decoupled)."""
+
+    def _state_keys_for(self, group) -> tuple:
+        """The state tensors shaped like the param, zero-filled when a param first steps: those
+        its step op keeps with the group's hyperparameters (the C++ descriptor says which)."""
+        return self._kept_keys(self._hyper(group))
+
+    def _kept_keys(self, hyper) -> tuple:
+        """The state keys the step op keeps with these hyperparameters (``_hyper``'s dict)."""
+        return tuple(key for key, _ in ops.kept_states(self._kernel, hyper))
+
+    # ---- construction ---------------------------------------------------------------------
     def __init__(self, params, defaults):
         """``defaults``: every constructor argument but ``params`` (``_options.group_options``), the
         clip options among them: torch keeps every option in the groups, so checkpoints carry them.
@@ -57,13 +130,23 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
         self._check_hyperparameters(defaults)
         defaults = self._kept_options(defaults)
         check_clip_options(defaults["max_grad_norm"], defaults["grad_norm_type"])
-        self._lists_cache: Dict[int, GroupLists] = {}  # by the group's index in param_groups
-        self._clip = ClipState()
-        self._attached = Attached()
+        self._init_parts()
         super().__init__(params, dict(defaults, grad_norm_type=float(defaults["grad_norm_type"])))
 
+    def _init_parts(self):
+        """The parts the optimizer holds (not pickled: torch pickles its defaults, state and
+        groups only, and ``__setstate__`` makes them anew)."""
+        self._lists = ListCache()
+        self._clip = Clipping()
+        self._attached = Attached()
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._init_parts()
+        _state_dict.fill_options(self)
+
     def add_param_group(self, param_group):
-        self._forget_lists()
+        self._lists.forget()
         super().add_param_group(param_group)
         try:
             self._check_group(len(self.param_groups) - 1, self.param_groups[-1])
@@ -140,11 +223,8 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
     def _fused_step(self) -> None:
         if getattr(self, "found_inf", None) is None and not torch.compiler.is_compiling():
             _scaling.stepped(self)  # without a GradScaler (host bookkeeping, left out when traced)
-        clip = self._clip_of_step(self._inv_scale())
-        cache, live = self._lists_cache, len(self.param_groups)
-        if len(cache) > live:  # groups were removed: let go of their tensors (the cache holds them)
-            for stale in [k for k in cache if k >= live]:
-                del cache[stale]
+        clip = self._clip.of_step(self, self._inv_scale())
+        self._lists.drop_removed(len(self.param_groups))
         calls = []
         for index, group in enumerate(self.param_groups):
             for device, lists in self._device_lists(index, group).items():
@@ -189,6 +269,117 @@ class MasterWeightOptimizer(Declared, DeviceLists, ClipGradNorm, TorchStateDict,
             return
         self._clip.pending = None
         super().zero_grad(set_to_none)
+
+
+    # ---- the state and the lists the step takes -------------------------------------------
+    def _init_state(self, p, group, moments):
+        """Create what a param's step needs (``moments``, the group's ``_state_keys_for``, in its
+        state dtype), and bring a master that a checkpoint or a change of ``master_weights`` left
+        in another form (fp32, remainder, 24-bit) to the group's."""
+        state = self.state[p]
+        step = state.get("step")
+        if not isinstance(step, torch.Tensor):  # new, or a legacy checkpoint's Python number
+            state["step"] = torch.tensor(float(step or 0), dtype=torch.float32, device=p.device)
+        elif step.device != p.device:  # e.g. moved to the CPU by ZeroRedundancyOptimizer
+            state["step"] = step.to(p.device, torch.float32).reshape(())
+        if self._scalar_state:  # as the step: a 0-dim fp32 tensor on the param's device
+            key, initial = self._scalar_state
+            value = state.get(key)
+            if not isinstance(value, torch.Tensor):  # new, or a Python number of a checkpoint
+                state[key] = torch.tensor(float(initial if value is None else value), dtype=torch.float32,
+                                          device=p.device)
+            elif value.device != p.device or value.dtype != torch.float32:
+                state[key] = value.to(p.device, torch.float32).reshape(())
+        _memory.bring_state(type(self).__name__, p, group, state, moments, self._initial_state(group))
+        _memory.bring_master(p, group, state)
+        return state
+
+    def _device_lists(self, index, group):
+        """The params of ``group`` that have grads, with their state, per device (ListCache.lists)."""
+        return self._lists.lists(self, index, group)
+
+    def _forget_lists(self):
+        self._lists.forget()
+
+    # ---- clipping (_clipping) -------------------------------------------------------------
+    @property
+    def max_grad_norm(self) -> Optional[float]:
+        """The total norm the grads are clipped to at every step (None: no clipping), kept in
+        every param group (and so in checkpoints); setting it sets it in all groups."""
+        return clip_option(self, "max_grad_norm")
+
+    @max_grad_norm.setter
+    def max_grad_norm(self, value):
+        set_clip_option(self, "max_grad_norm", value)
+
+    @property
+    def grad_norm_type(self) -> float:
+        """The norm of ``max_grad_norm`` (2.0, 1.0 or inf), a group option as ``max_grad_norm``."""
+        return clip_option(self, "grad_norm_type")
+
+    @grad_norm_type.setter
+    def grad_norm_type(self, value):
+        set_clip_option(self, "grad_norm_type", value)
+
+    @property
+    def last_grad_norm(self) -> Optional[torch.Tensor]:
+        """The pre-clip total norm of the unscaled grads at the latest clipped step (0-dim fp32
+        tensor on the params' device), for logging; None before any."""
+        return self._clip.last_norm
+
+    @torch.compiler.disable  # eager under torch.compile, as GradScaler.step (whose pass it may be)
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False, foreach: Optional[bool] = None) -> torch.Tensor:
+        r"""Clip the gradients of this optimizer's params by their total norm, in the next step.
+
+        The counterpart of ``torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type)`` over
+        this optimizer's params, with its return value: the total norm of the unscaled grads
+        (before clipping), a 0-dim float32 tensor on the params' device, computed without a host
+        sync. Call it where torch's is called, between backward and :meth:`step`, with or without
+        ``scaler.unscale_(optimizer)`` before it: scaled grads are unscaled in the norm by the
+        GradScaler that scaled the loss (``fused_amp.GradScaler``), and that pass is also the
+        scaler's overflow check. ``torch.amp.GradScaler`` (which refuses to unscale fp16 grads)
+        shows its scale to the optimizer only in ``scaler.step(optimizer)``: without ``unscale_``
+        the norm is taken of the scaled grads and divided, in place, by the scale that step
+        receives, so the clip is right, and the returned tensor holds the unscaled norm once
+        ``scaler.step`` has run (read it after the step). Instead of rewriting the grads, the clip coefficient
+        ``min(1, max_norm / (total_norm + 1e-6))`` is applied by the next :meth:`step`, which
+        leaves the clipped grads in ``p.grad`` as torch does. ``foreach`` is accepted and
+        ignored (one fused pass either way); ``zero_grad`` drops a clip not yet applied.
+        """
+        return self._clip.take(self, max_norm, norm_type, error_if_nonfinite)
+
+    # ---- checkpoints (_state_dict) --------------------------------------------------------
+    def state_dict(self, *, compact: bool = False):
+        """torch's state dict, in which a param kept as bf16 + remainder
+        (``master_weights="remainder"``) has its fp32 ``master_param``, as with
+        ``master_weights=True``, and 8-bit state its fp32 moments: checkpoints load across
+        memory modes and, through :func:`fused_amp.optim.export_fp32`, into ``torch.optim``.
+        State-dict hooks behave as torch's; post-hooks see the fp32 masters.
+
+        Args:
+            compact (bool, optional): keep 8-bit state as it is held, uint8 codes under the
+                moments' names and ``state_absmax``, about a quarter of the fp32 moments'
+                bytes; such a checkpoint loads into this library's optimizers only (any memory
+                mode; resumes bit for bit), not into ``torch.optim``, and not for DTensor
+                (FSDP2) params, whose absmax rows are each rank's own (default: False)
+        """
+        return _state_dict.state_dict_of(self, compact, super().state_dict)
+
+    def load_state_dict(self, state_dict):
+        """Load a state dict of this optimizer or of the matching ``torch.optim`` one.
+
+        torch casts loaded state to each param's dtype; here the moments take the group's
+        ``state_dtype`` and every other state tensor is fp32 (the masters and moments of a bf16
+        param would lose their precision otherwise), on the param's device and in its memory
+        layout; state missing from a torch checkpoint (masters) is created from the current
+        params at the next step (from rounded weights, if the model loaded an fp32 checkpoint:
+        :func:`fused_amp.optim.import_fp32` takes the fp32 weights as the masters instead). The memory options (``master_weights``, ``state_dtype``,
+        ``stochastic_rounding``) stay this optimizer's: a checkpoint of any mode loads into any
+        other. Load-state-dict hooks behave as torch's: a pre-hook's returned dict is what gets
+        loaded, and post-hooks see the final state.
+        """
+        _state_dict.load_into(self, state_dict, super().load_state_dict)
 
     def _update(self, group, lists, scalars, check_only):
         """Run (or with ``check_only`` validate) the fused op on one device's lists; ``scalars``

@@ -1,6 +1,6 @@
 """The tensor lists the fused step takes, per param group and device: built from the params and
-their state (created at a param's first step), and kept between eager steps while nothing they
-were built from has changed."""
+their state (which MasterWeightOptimizer._init_state creates at a param's first step), and kept
+between eager steps while nothing they were built from has changed."""
 import operator
 from collections import defaultdict
 from itertools import repeat
@@ -9,7 +9,7 @@ from typing import Any, Dict
 import torch
 
 import fused_amp._C as _C  # the extension module itself, not the package face
-from fused_amp.optim import _float8, _float8_copies, _memory, _quantize
+from fused_amp.optim import _float8, _float8_copies, _quantize
 from fused_amp.optim._grad_norm import DTensor, local_grads, local_shard, local_shards
 from fused_amp.optim._memory import MASTER_KEYS as _MASTER_KEYS
 # the lists of tensors the fused ops take that stay the same from step to step (with the state's)
@@ -72,48 +72,37 @@ class GroupLists:
                 and _C.lists_unchanged(params, state, DTensor, self.held))
 
 
-class DeviceLists:
-    """MasterWeightOptimizer's lists: each param's state, created at its first step, and the
-    per-device lists of a group's params with grads (``self._lists_cache``: group index ->
-    GroupLists)."""
+class ListCache:
+    """The per-device lists of each param group's params with grads, kept between eager steps
+    while nothing they were built from has changed: the optimizer's ``_lists`` (``groups``:
+    group index -> GroupLists)."""
 
-    def _init_state(self, p, group, moments):
-        """Create what a param's step needs (``moments``, the group's ``_state_keys_for``, in its
-        state dtype), and bring a master that a checkpoint or a change of ``master_weights`` left
-        in another form (fp32, remainder, 24-bit) to the group's."""
-        state = self.state[p]
-        step = state.get("step")
-        if not isinstance(step, torch.Tensor):  # new, or a legacy checkpoint's Python number
-            state["step"] = torch.tensor(float(step or 0), dtype=torch.float32, device=p.device)
-        elif step.device != p.device:  # e.g. moved to the CPU by ZeroRedundancyOptimizer
-            state["step"] = step.to(p.device, torch.float32).reshape(())
-        if self._scalar_state:  # as the step: a 0-dim fp32 tensor on the param's device
-            key, initial = self._scalar_state
-            value = state.get(key)
-            if not isinstance(value, torch.Tensor):  # new, or a Python number of a checkpoint
-                state[key] = torch.tensor(float(initial if value is None else value), dtype=torch.float32,
-                                          device=p.device)
-            elif value.device != p.device or value.dtype != torch.float32:
-                state[key] = value.to(p.device, torch.float32).reshape(())
-        _memory.bring_state(type(self).__name__, p, group, state, moments, self._initial_state(group))
-        _memory.bring_master(p, group, state)
-        return state
+    def __init__(self):
+        self.groups: Dict[int, GroupLists] = {}
 
-    def _device_lists(self, index, group) -> Dict[torch.device, Dict[str, list]]:
+    def forget(self) -> None:
+        self.groups.clear()
+
+    def drop_removed(self, live: int) -> None:
+        """Lets go of the lists of groups no longer in the optimizer (the cache holds their tensors)."""
+        for stale in [k for k in self.groups if k >= live]:
+            del self.groups[stale]
+
+    def lists(self, optimizer, index, group) -> Dict[torch.device, Dict[str, list]]:
         """The params of ``group`` that have grads, with their state, per device.
 
         Rebuilt whenever the params, the state or the options it depends on changed (see
         GroupLists); otherwise only the grads are gathered anew. A step that torch.compile traces
         builds them and keeps nothing: the compiled step runs none of this again."""
         params = group["params"]
-        grads, grad_refs = self._group_grads(index, params)  # (local shards of DTensor grads)
-        moments = self._state_keys_for(group)  # (once per group, not per param)
-        keys = moments + ((self._scalar_state[0],) if self._scalar_state else ())
+        grads, grad_refs = _group_grads(optimizer, index, params)  # (local shards of DTensor grads)
+        moments = optimizer._state_keys_for(group)  # (once per group, not per param)
+        keys = moments + ((optimizer._scalar_state[0],) if optimizer._scalar_state else ())
         options = (keys, group["master_weights"], group["state_dtype"], group["min_8bit_size"],
                    group["float8_scales"])
         keep = all(map(operator.is_not, grads, repeat(None))) and not torch.compiler.is_compiling()
-        cached = self._lists_cache.get(index) if keep else None
-        if cached is not None and cached.still_valid(group, params, self.state, options):
+        cached = self.groups.get(index) if keep else None
+        if cached is not None and cached.still_valid(group, params, optimizer.state, options):
             for lists, indices in cached.by_device.values():
                 lists["grads"] = grads if len(indices) == len(grads) else list(map(grads.__getitem__, indices))
                 lists["grad_refs"] = grad_refs
@@ -122,7 +111,7 @@ class DeviceLists:
         for i, p in enumerate(params):
             if grads[i] is None:
                 continue
-            state = self._init_state(p, group, moments)
+            state = optimizer._init_state(p, group, moments)
             lists, indices = by_device[p.device]
             indices.append(i)
             lists["params"].append(p)
@@ -156,35 +145,29 @@ class DeviceLists:
             lists["grad_refs"] = grad_refs
             if sharded:
                 _float8.plan(lists, group)  # torchao's float8 weights (FSDP2's fp8 all-gather)
-            _float8_copies.plan(self, lists)  # fp8 copies the step writes (fused_amp.float8)
-            self._plan_lists(lists)
+            _float8_copies.plan(optimizer, lists)  # fp8 copies the step writes (fused_amp.float8)
+            optimizer._plan_lists(lists)
         # drop what is kept for this group (step() drops that of groups no longer in the optimizer)
-        self._lists_cache.pop(index, None)
+        self.groups.pop(index, None)
         if keep:
-            self._lists_cache[index] = GroupLists(
-                group, params, self.state, [self.state[p] for p in params], options,
+            self.groups[index] = GroupLists(
+                group, params, optimizer.state, [optimizer.state[p] for p in params], options,
                 keys + ("step",), dict(by_device), sharded)
         return {device: lists for device, (lists, _) in by_device.items()}
 
-    def _group_grads(self, index, params):
-        """(grads, refs) of a group's params as ``local_grads`` gives them: from what the
-        GradScaler's overflow check read just before this step, when it handed that over
-        (``_scaler_grads``, set by GradScaler.step), else read now."""
-        handed = self._attached.scaler_grads
-        if handed is not None and not torch.compiler.is_compiling():
-            start = sum(len(g["params"]) for g in self.param_groups[:index])
-            mine = handed.params[start:start + len(params)]
-            if len(mine) == len(params) and all(map(operator.is_, mine, params)):
-                return handed.grads[start:start + len(params)], handed.refs
-        grads, _, _, _, refs, _ = local_grads(params)
-        only = self._attached.only
-        if only is not None:  # (_step_params)
-            grads = [g if p in only else None for p, g in zip(params, grads)]
-        return grads, refs
 
-    def _plan_lists(self, lists) -> None:
-        """Called on each device's lists when they are built; a subclass adds to them what
-        depends on the params alone, kept with the lists while they stay cached."""
-
-    def _forget_lists(self):
-        self._lists_cache.clear()
+def _group_grads(optimizer, index, params):
+    """(grads, refs) of a group's params as ``local_grads`` gives them: from what the
+    GradScaler's overflow check read just before this step, when it handed that over
+    (``_scaler_grads``, set by GradScaler.step), else read now."""
+    handed = optimizer._attached.scaler_grads
+    if handed is not None and not torch.compiler.is_compiling():
+        start = sum(len(g["params"]) for g in optimizer.param_groups[:index])
+        mine = handed.params[start:start + len(params)]
+        if len(mine) == len(params) and all(map(operator.is_, mine, params)):
+            return handed.grads[start:start + len(params)], handed.refs
+    grads, _, _, _, refs, _ = local_grads(params)
+    only = optimizer._attached.only
+    if only is not None:  # (_step_params)
+        grads = [g if p in only else None for p, g in zip(params, grads)]
+    return grads, refs

@@ -9,7 +9,7 @@ from fused_amp.optim import _quantize
 
 # The keyword-only options every optimizer of fused_amp.optim takes beyond torch's: name ->
 # (default, annotation). A class's __init__ takes them as **options; its signature (for
-# inspect.signature, the docs and IDEs) gets them from here (Declared.__init_subclass__).
+# inspect.signature, the docs and IDEs) gets them from here (_declared.declare).
 FUSED_AMP_OPTIONS = {
     "master_weights": (True, Union[bool, str]),
     "unscale_grads": (True, bool),
@@ -100,6 +100,25 @@ def options_doc(states, running_sums=False, notes=None, indent=8) -> str:
                                      subsequent_indent=" " * (indent + 4), break_on_hyphens=False,
                                      break_long_words=False))
     return "\n".join(entries)
+
+
+# torch's flags (check_torch_flags), written once and put into every optimizer's docstring
+# where it says {torch_flags}, naming the flags its __init__ takes (torch's _foreach_doc,
+# _maximize_doc, _differentiable_doc, ...): ``torch_flags_doc``
+_ACCEPTED_FLAGS = ("foreach", "fused", "capturable")
+
+
+def torch_flags_doc(init, indent=8) -> str:
+    """The Args entries of torch's maximize, foreach/fused/capturable and differentiable, for
+    the flags ``init`` takes, indented for a docstring's Args section."""
+    taken = inspect.signature(init).parameters
+    accepted = ", ".join(flag for flag in _ACCEPTED_FLAGS if flag in taken)
+    entries = ["maximize (bool): maximize the objective instead of minimizing (default: False).",
+               f"{accepted}: accepted with torch's checks; the step is always one fused pass that runs "
+               "on the device (capturable) whatever they say.",
+               "differentiable (bool): must be False: the fused step runs outside autograd."]
+    return "\n".join(textwrap.fill(entry, width=100, initial_indent=" " * indent,
+                                   subsequent_indent=" " * (indent + 4)) for entry in entries)
 
 
 def group_options(args: dict) -> dict:

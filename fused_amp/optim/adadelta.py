@@ -26,9 +26,7 @@ class Adadelta(MasterWeightOptimizer):
         rho (float): coefficient of the running averages (default: 0.9).
         eps (float): added inside both square roots (default: 1e-6).
         weight_decay (float): weight decay (L2 penalty) (default: 0).
-        foreach, capturable: accepted; the step is always one fused pass that runs on the device.
-        maximize (bool): maximize the objective instead of minimizing (default: False).
-        differentiable (bool): must be False: the fused step runs outside autograd.
+        {torch_flags}
         {fused_amp_options}
     """
 

@@ -32,9 +32,7 @@ class Adagrad(MasterWeightOptimizer):
         weight_decay (float): weight decay (L2 penalty) (default: 0).
         initial_accumulator_value (float): the sum's starting value (default: 0).
         eps (float): added to the denominator (default: 1e-10).
-        foreach, fused: accepted with torch's checks; the step is always one fused pass.
-        maximize (bool): maximize the objective instead of minimizing (default: False).
-        differentiable (bool): must be False: the fused step runs outside autograd.
+        {torch_flags}
         {fused_amp_options}
     """
 

@@ -36,10 +36,7 @@ class Adam(MasterWeightOptimizer):
         weight_decay (float): weight decay (default: 0); L2 penalty, or decoupled with
             ``decoupled_weight_decay=True`` (AdamW).
         amsgrad (bool): use the AMSGrad variant (default: False).
-        foreach, fused, capturable: accepted with torch's checks; the step is always one fused
-            pass that runs on the device (capturable) whatever they say.
-        maximize (bool): maximize the objective instead of minimizing (default: False).
-        differentiable (bool): must be False: the fused step runs outside autograd.
+        {torch_flags}
         decoupled_weight_decay (bool): AdamW's decoupled weight decay (default: False).
         {fused_amp_options}
     """
@@ -110,10 +107,7 @@ class AdamW(Adam):
         eps (float): added to the denominator, in fp32 (default: 1e-8).
         weight_decay (float): decoupled weight decay (default: 1e-2).
         amsgrad (bool): use the AMSGrad variant (default: False).
-        maximize (bool): maximize the objective instead of minimizing (default: False).
-        foreach, fused, capturable: accepted with torch's checks; the step is always one fused
-            pass that runs on the device.
-        differentiable (bool): must be False: the fused step runs outside autograd.
+        {torch_flags}
         {fused_amp_options}
     """
 

@@ -4,7 +4,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from fused_amp.optim._base import MasterWeightOptimizer
-from fused_amp.optim._options import check_in_order, check_torch_flags, group_options
+from fused_amp.optim._options import group_options
 
 
 class Adamax(MasterWeightOptimizer):
@@ -27,9 +27,7 @@ class Adamax(MasterWeightOptimizer):
         betas: coefficients of the running average and the infinity norm (default: (0.9, 0.999)).
         eps (float): added to :math:`|g|` (default: 1e-8).
         weight_decay (float): weight decay (L2 penalty) (default: 0).
-        foreach, capturable: accepted; the step is always one fused pass that runs on the device.
-        maximize (bool): maximize the objective instead of minimizing (default: False).
-        differentiable (bool): must be False: the fused step runs outside autograd.
+        {torch_flags}
         {fused_amp_options}
     """
 
@@ -39,11 +37,7 @@ class Adamax(MasterWeightOptimizer):
                  capturable: bool = False, **options):
         super().__init__(params, group_options(locals()))
 
-    @classmethod
-    def _check_hyperparameters(cls, o):
-        """torch.optim.Adamax's checks and messages, in its order."""
-        check_in_order(o, "lr", "eps", "betas", "weight_decay")
-        check_torch_flags(cls.__name__, o["foreach"], None, o["differentiable"])
+    _checked_in_order = ("lr", "eps", "betas", "weight_decay")  # torch's checks and messages, in its order
 
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, foreach=None, maximize=False,
                            differentiable=False, capturable=False)

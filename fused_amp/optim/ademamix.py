@@ -36,8 +36,7 @@ class AdEMAMix(MasterWeightOptimizer):
             in steps (default: None: no warm-up).
         eps (float): added to the denominator (default: 1e-8).
         weight_decay (float): decoupled weight decay (default: 1e-2).
-        maximize (bool): maximize the objective instead of minimizing (default: False).
-        foreach, fused, capturable, differentiable: accepted as by :class:`fused_amp.optim.Adam`.
+        {torch_flags}
         {fused_amp_options}
     """
 

@@ -4,7 +4,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from fused_amp.optim._base import MasterWeightOptimizer
-from fused_amp.optim._options import check_in_order, check_torch_flags, group_options
+from fused_amp.optim._options import group_options
 
 
 class Lion(MasterWeightOptimizer):
@@ -29,8 +29,7 @@ class Lion(MasterWeightOptimizer):
         betas: the interpolation of the update direction and the decay of the moment
             (default: (0.9, 0.99)).
         weight_decay (float): decoupled weight decay (default: 0).
-        maximize (bool): maximize the objective instead of minimizing (default: False).
-        foreach, fused, capturable, differentiable: accepted as by :class:`fused_amp.optim.Adam`.
+        {torch_flags}
         {fused_amp_options}
     """
 
@@ -40,11 +39,7 @@ class Lion(MasterWeightOptimizer):
                  differentiable: bool = False, fused: Optional[bool] = None, **options):
         super().__init__(params, group_options(locals()))
 
-    @classmethod
-    def _check_hyperparameters(cls, o):
-        """The checks and messages of torch's optimizers."""
-        check_in_order(o, "lr", "betas", "weight_decay")
-        check_torch_flags(cls.__name__, o["foreach"], o["fused"], o["differentiable"])
+    _checked_in_order = ("lr", "betas", "weight_decay")  # torch's checks and messages, in its order
 
     @staticmethod
     def _kept_options(o):

@@ -33,9 +33,7 @@ class NAdam(MasterWeightOptimizer):
         weight_decay (float): weight decay (default: 0).
         momentum_decay (float): :math:`\psi` (default: 4e-3).
         decoupled_weight_decay (bool): AdamW-style decay (default: False).
-        foreach, capturable: accepted; the step is always one fused pass that runs on the device.
-        maximize (bool): maximize the objective instead of minimizing (default: False).
-        differentiable (bool): must be False: the fused step runs outside autograd.
+        {torch_flags}
         {fused_amp_options}
     """
 

@@ -4,7 +4,7 @@ from typing import Optional, Tuple, Union
 import torch
 
 from fused_amp.optim._base import MasterWeightOptimizer
-from fused_amp.optim._options import check_in_order, check_torch_flags, group_options
+from fused_amp.optim._options import group_options
 
 
 class RAdam(MasterWeightOptimizer):
@@ -32,9 +32,7 @@ class RAdam(MasterWeightOptimizer):
         weight_decay (float): weight decay (default: 0); L2, or decoupled with
             ``decoupled_weight_decay=True``.
         decoupled_weight_decay (bool): AdamW-style decay (default: False).
-        foreach, capturable: accepted; the step is always one fused pass that runs on the device.
-        maximize (bool): maximize the objective instead of minimizing (default: False).
-        differentiable (bool): must be False: the fused step runs outside autograd.
+        {torch_flags}
         {fused_amp_options}
     """
 
@@ -44,11 +42,7 @@ class RAdam(MasterWeightOptimizer):
                  maximize: bool = False, capturable: bool = False, differentiable: bool = False, **options):
         super().__init__(params, group_options(locals()))
 
-    @classmethod
-    def _check_hyperparameters(cls, o):
-        """torch.optim.RAdam's checks and messages, in its order."""
-        check_in_order(o, "lr", "eps", "betas", "weight_decay")
-        check_torch_flags(cls.__name__, o["foreach"], None, o["differentiable"])
+    _checked_in_order = ("lr", "eps", "betas", "weight_decay")  # torch's checks and messages, in its order
 
     _group_defaults = dict(MasterWeightOptimizer._group_defaults, foreach=None, maximize=False,
                            differentiable=False, capturable=False, decoupled_weight_decay=False)

@@ -31,9 +31,7 @@ class RMSprop(MasterWeightOptimizer):
         weight_decay (float): weight decay (L2 penalty) (default: 0).
         momentum (float): momentum factor (default: 0).
         centered (bool): normalize by an estimate of the gradient's variance (default: False).
-        capturable, foreach: accepted; the step is always one fused pass that runs on the device.
-        maximize (bool): maximize the objective instead of minimizing (default: False).
-        differentiable (bool): must be False: the fused step runs outside autograd.
+        {torch_flags}
         {fused_amp_options}
     """
 

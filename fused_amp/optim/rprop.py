@@ -30,9 +30,7 @@ class Rprop(MasterWeightOptimizer):
         etas (Tuple[float, float]): the multiplicative decrease and increase factors
             :math:`(\eta_-, \eta_+)` (default: (0.5, 1.2)).
         step_sizes (Tuple[float, float]): the minimal and maximal step sizes (default: (1e-6, 50)).
-        capturable, foreach: accepted; the step is always one fused pass that runs on the device.
-        maximize (bool): maximize the objective instead of minimizing (default: False).
-        differentiable (bool): must be False: the fused step runs outside autograd.
+        {torch_flags}
         {fused_amp_options}
     """
 

@@ -29,9 +29,7 @@ class SGD(MasterWeightOptimizer):
         dampening (float): dampening for momentum (default: 0).
         weight_decay (float): weight decay (L2 penalty) (default: 0).
         nesterov (bool): enables Nesterov momentum (default: False).
-        maximize (bool): maximize the objective instead of minimizing (default: False).
-        foreach, fused: accepted with torch's checks; the step is always one fused pass.
-        differentiable (bool): must be False: the fused step runs outside autograd.
+        {torch_flags}
         {fused_amp_options}
     """
 
