@@ -82,32 +82,31 @@ def test_the_profiler_records_the_op():
     assert "fused_amp::step_" in {event.name for event in prof.events()}
 
 
-def test_a_dispatch_mode_sees_the_op():
+def recording(mode_class, hook_name):
+    """A mode of ``mode_class`` whose hook records each function it sees and calls it; and the record."""
     seen = []
 
-    class Seen(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(func)
-            return func(*args, **(kwargs or {}))
+    def hook(self, func, types, args=(), kwargs=None):
+        seen.append(func)
+        return func(*args, **(kwargs or {}))
 
+    return type("Seen", (mode_class,), {hook_name: hook})(), seen
+
+
+def test_a_dispatch_mode_sees_the_op():
+    mode, seen = recording(TorchDispatchMode, "__torch_dispatch__")
     optimizer, param = stepped_optimizer()
     before = param.detach().clone()
-    with Seen():
+    with mode:
         optimizer.step()
     assert torch.ops.fused_amp.step_.default in seen
     assert not torch.equal(param, before)
 
 
 def test_a_torch_function_mode_sees_the_op_and_the_step_is_the_same():
-    seen = []
-
-    class Seen(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            seen.append(func)
-            return func(*args, **(kwargs or {}))
-
+    mode, seen = recording(TorchFunctionMode, "__torch_function__")
     (ours, param), (plain, reference) = stepped_optimizer(), stepped_optimizer()
-    with Seen():
+    with mode:
         ours.step()
     plain.step()
     assert torch.ops.fused_amp.step_ in seen  # (the op's packet, as before call_step)

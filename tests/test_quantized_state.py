@@ -38,6 +38,17 @@ def set_grads(params, step, scale=1.0):
         p.grad = (torch.randn(p.shape, generator=gen) * scale).to(p.dtype)
 
 
+def step_alike(optimizers, param_lists):
+    """Steps each optimizer on the same grads; every param list ends bitwise equal to the first."""
+    for ps in param_lists:
+        set_grads(ps, 3)
+    for o in optimizers:
+        o.step()
+    for ps in param_lists[1:]:
+        for p, q in zip(param_lists[0], ps):
+            assert_bitwise_equal(q.detach(), p.detach())
+
+
 def state_keys(opt, p):
     return [k for k in opt.state[p] if k in SIGNED]
 
@@ -331,13 +342,7 @@ def test_checkpoints_hold_fp32_moments_and_load_across_modes(cls, torch_cls, kw)
     fp32_params = [torch.nn.Parameter(p.detach().clone()) for p in params]
     fp32 = cls(fp32_params, **kw)
     fp32.load_state_dict(saved)
-    for ps in (params, fp32_params, again_params):
-        set_grads(ps, 3)
-    for o in (opt, fp32, again):
-        o.step()
-    for p, q, r in zip(params, fp32_params, again_params):
-        assert_bitwise_equal(p.detach(), q.detach())
-        assert_bitwise_equal(p.detach(), r.detach())
+    step_alike((opt, fp32, again), (params, fp32_params, again_params))
 
 
 def test_torch_checkpoints_load_into_8bit_state():
@@ -395,13 +400,8 @@ def test_a_compact_checkpoint_holds_the_codes_and_resumes_bit_for_bit(cls, torch
         for row, key in enumerate(state_keys(opt, p)):
             assert_bitwise_equal(fp32.state[q][key], dequantize(opt.state[p][key], opt.state[p][ABSMAX][row],
                                                                  SIGNED[key]), key)
-    for ps in (params, again_params, fp32_params):
-        set_grads(ps, 3)
-    for o in (opt, again, fp32):
-        o.step()
-    for p, q, r in zip(params, again_params, fp32_params):
-        assert_bitwise_equal(q.detach(), p.detach())
-        assert_bitwise_equal(r.detach(), p.detach())
+    step_alike((opt, again, fp32), (params, again_params, fp32_params))
+    for p, q in zip(params, again_params):
         assert opt.state[p].keys() == again.state[q].keys()
         for key, value in opt.state[p].items():
             assert_bitwise_equal(again.state[q][key], value, key)
