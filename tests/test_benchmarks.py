@@ -338,6 +338,29 @@ def test_recipes_that_do_not_fit_together_are_timed_in_batches_with_torchs(monke
     assert "does not fit beside torch's recipe" in ctx.skipped[0]["reason"]
 
 
+def test_a_bare_run_times_the_optimizers_alone_at_their_own_bytes(monkeypatch):
+    """The offload suite's bare step: each recipe's optimizer without its GradScaler (a scaler
+    step here fails the run), torch's recipe named as its fused Adam, and each credited with its
+    step's roofline bytes without the scaler's pass over the grads."""
+    from fused_amp.benchmark import impls, recipes
+    from fused_amp.benchmark.roofline import bytes_per_param
+
+    def no_scaler(self):
+        raise AssertionError("a bare run stepped the GradScaler")
+
+    monkeypatch.setattr(impls.ScalerStep, "step", no_scaler)
+    monkeypatch.setattr(recipes, "_batches", {})
+    shapes = [(4096,)] * 2
+    names = [recipes.TORCH, "fused_amp[fp32 params]", "fused_amp[remainder]"]
+    recs = recipes.run(_Ctx(), "offload", "c", shapes, names, bare=True)
+    by = {r["impl"]: r for r in recs}
+    assert list(by) == [recipes.TORCH_BARE, "fused_amp[fp32 params]", "fused_amp[remainder]"]
+    assert recipes.TORCH_BARE in by["fused_amp[remainder]"]["speedup_vs"]
+    assert recipes.TORCH not in by["fused_amp[remainder]"]["speedup_range"]
+    assert by[recipes.TORCH_BARE]["bytes_per_param"] == bytes_per_param("adam", "float32") == 28
+    assert by["fused_amp[remainder]"]["bytes_per_param"] == bytes_per_param("adam_remainder", "bfloat16") == 26
+
+
 def test_an_anchors_import_leaves_torchs_environment_as_it_was(tmp_path, monkeypatch):
     """deepspeed's import sets PYTORCH_NVML_BASED_CUDA_CHECK=1, which made each of torch's
     optimizer steps ~0.1 ms slower on a machine without a GPU for the rest of the run: the

@@ -191,11 +191,17 @@ def _fit(ctx, suite, case, n, chosen):
     return batches + [current]
 
 
+# torch's recipe timed without its GradScaler: its fused Adam alone (run's ``bare``)
+TORCH_BARE = "torch_fused"
+
+
 def run(ctx, suite: str, case: str, shapes, names: List[str], opt_name: str = "adam",
-        skip_anchors: bool = False) -> List[Dict]:
+        skip_anchors: bool = False, bare: bool = False) -> List[Dict]:
     """Times the recipes ``names`` (torch's among them) on ``shapes`` (bf16 weights, or fp32) in
     turns, in as few batches as fit in memory; records carry the bytes each holds
-    (``held_bytes``: weights, grads, optimizer state) and its own roofline bytes per param."""
+    (``held_bytes``: weights, grads, optimizer state) and its own roofline bytes per param.
+    With ``bare``, each recipe's optimizer step alone, as an offload engine calls it: no
+    GradScaler, and torch's recipe recorded as its fused Adam, ``TORCH_BARE``."""
     n = workloads.n_params(shapes)
     chosen = []
     for name in names:
@@ -215,7 +221,8 @@ def run(ctx, suite: str, case: str, shapes, names: List[str], opt_name: str = "a
         dtypes = [torch.float32 if RECIPES[name].fp32_params else torch.bfloat16 for name in batch]
         steps = {name: (RECIPES[name].build(params, opt_name, ctx.device), pristine)
                  for name, (params, pristine) in zip(batch, impls.params_and_grads(shapes, dtypes, ctx.device))}
-        timed = [harness.Impl(name, step.step, (lambda s=step, p=pristine: impls.refresh_grads(s, p)))
+        timed = [harness.Impl(name, step.optimizer.step if bare else step.step,
+                              (lambda s=step, p=pristine: impls.refresh_grads(s, p)))
                  for name, (step, pristine) in steps.items()]
         times = harness.time_alternating(timed, ctx.device, ctx.reps)
         extra = {name: {"held_bytes": harness.tensor_bytes(step.tensors())} for name, (step, _) in steps.items()}
@@ -226,10 +233,15 @@ def run(ctx, suite: str, case: str, shapes, names: List[str], opt_name: str = "a
     for rec in records:  # each recipe at its own bytes: the step's, and the scaler's check of the grads
         recipe = RECIPES[rec["impl"]]
         dtype, grad = ("float32", 4) if recipe.fp32_params else ("bfloat16", 2)
-        rec["bytes_per_param"] = bytes_per_param(recipe.op, dtype) + 2 * grad
+        rec["bytes_per_param"] = bytes_per_param(recipe.op, dtype) + (0 if bare else 2 * grad)
         rec["gbytes_per_s"] = rec["bytes_per_param"] * n / (rec["time_ms"] / 1e3) / 1e9
         rec["ceiling_frac"] = rec["gbytes_per_s"] / ctx.ceiling_gbps if ctx.ceiling_gbps else None
         rec["masters"], rec["state"] = recipe.masters, recipe.state
+    if bare:
+        for rec in records:
+            rec["impl"] = TORCH_BARE if rec["impl"] == TORCH else rec["impl"]
+            for key in ("speedup_vs", "speedup_range"):
+                rec[key] = {TORCH_BARE if k == TORCH else k: v for k, v in rec[key].items()}
     if len(batches) > 1:
         ctx.note(suite, f"{case}: timed in {len(batches)} batches that fit in memory, torch's recipe in each")
     return records
