@@ -60,15 +60,16 @@ def step_one_norm(run):
 
 def test_fsdp2_tp2(tmp_path, assets):
     """FSDP2 x TP2. fp32 params with torchtitan's own clip: every rank's losses, grad norms and
-    param shards after 10 steps are torch's fused AdamW's, bit for bit. Without clipping
+    param shards after 5 steps (through the warmup and into the decay) are torch's fused AdamW's,
+    bit for bit. Without clipping
     (``training.max_norm=inf``), ``step_in_backward`` is too. Muon on the blocks' matrices and
     AdamW on the rest (torchtitan's param groups): the step-1 norm both clip by in the step is
     the exact (float64) norm of all the grads within 2 ulps (every run has the same grads at
     step 1; clip_by_exact_norm in tests/torchtitan_cpu.py)."""
     unclipped = {"max_norm": float("inf"), "steps": 3}
     runs = train(tmp_path, assets, "fsdp2xtp2", {
-        "stock": ("torch", {}),
-        "fused_amp": ("fused_amp", {"fused_clip": False}),
+        "stock": ("torch", {"steps": 5}),
+        "fused_amp": ("fused_amp", {"fused_clip": False, "steps": 5}),
         "exact": ("torch", dict(unclipped, exact_norm=True)),  # (a clip by inf: grads times 1)
         "in_backward": ("fused_amp", dict(unclipped, step_in_backward=True)),
         "muon": ("fused_amp", {"muon": True, "steps": 3}),
@@ -86,16 +87,16 @@ def test_fsdp2_tp2(tmp_path, assets):
 def test_pp2_fsdp2_interleaved(tmp_path, assets):
     """PP2 x FSDP2, interleaved 1F1B: 2 model chunks, so 2 optimizers per rank.
 
-    With torchtitan's own clip, fused_amp's fp32 AdamW is torch's fused AdamW bit for bit. With
-    the clip in the step (one norm over both chunks' optimizers, both stages and the FSDP mesh)
-    the reference is torchtitan's clip by the exact (float64) norm: torch's fp32 CPU norm is
-    itself 8e-5 off it here. At step 1 the norm is the exact one within 2 ulps, nearer than
+    With torchtitan's own clip, fused_amp's fp32 AdamW is torch's fused AdamW bit for bit over 5
+    steps. With the clip in the step (one norm over both chunks' optimizers, both stages and the
+    FSDP mesh) the reference is torchtitan's clip by the exact (float64) norm: torch's fp32 CPU
+    norm is itself 8e-5 off it here. At step 1 the norm is the exact one within 2 ulps, nearer than
     torch's. Over 10 steps the run stays within torch's own spread of that reference: foreach
     against fused AdamW, and fused AdamW clipped by the exact norm one ulp up (the nearest an
     fp32 norm can be; the runs are chaotic at the ulp level, and one ulp moves them this far)."""
     runs = train(tmp_path, assets, "pp2xfsdp2", {
-        "stock": ("torch", {}),
-        "fused_amp": ("fused_amp", {"fused_clip": False}),
+        "stock": ("torch", {"steps": 5}),
+        "fused_amp": ("fused_amp", {"fused_clip": False, "steps": 5}),
         "exact": ("torch", {"exact_norm": True}),
         "foreach": ("torch", {"exact_norm": True, "implementation": "foreach"}),
         "ulp_up": ("torch", {"exact_norm": True, "nudge": True}),
@@ -112,16 +113,16 @@ def test_pp2_fsdp2_interleaved(tmp_path, assets):
 
 
 def test_checkpoint_resumes_bitwise(tmp_path, assets):
-    """torchtitan's own checkpointer (DCP) saves at step 5; a run that resumes from it continues
+    """torchtitan's own checkpointer (DCP) saves at step 3; a run that resumes from it continues
     bit for bit. bf16 params with the exact masters kept as remainders: the state that
     torchtitan's own load would drop (FusedAmpOptimizersContainer.load_state_dict)."""
-    options = {"dtype": "bfloat16", "master_weights": "remainder", "checkpoint_at": 5, "dump": "run"}
+    options = {"dtype": "bfloat16", "master_weights": "remainder", "steps": 6, "checkpoint_at": 3, "dump": "run"}
     runs = train(tmp_path, assets, "fsdp2xtp2", {"whole": ("fused_amp", options),
-                                                  "resumed": ("fused_amp", dict(options, resume_at=5))})
-    assert sorted(os.listdir(tmp_path / "run" / "checkpoint")) == ["step-10", "step-5"]  # saved again
+                                                  "resumed": ("fused_amp", dict(options, resume_at=3))})
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoint")) == ["step-3", "step-6"]  # saved again
     whole, resumed = runs["whole"], runs["resumed"]
     for rank, (a, b) in enumerate(zip(whole, resumed)):
-        assert b["records"]["loss"] == a["records"]["loss"][5:], rank
+        assert b["records"]["loss"] == a["records"]["loss"][3:], rank
         for key in a["shards"]:
             assert a["shards"][key].dtype == torch.bfloat16
             assert torch.equal(a["shards"][key], b["shards"][key]), (rank, key)
