@@ -361,6 +361,21 @@ def test_a_bare_run_times_the_optimizers_alone_at_their_own_bytes(monkeypatch):
     assert by["fused_amp[remainder]"]["bytes_per_param"] == bytes_per_param("adam_remainder", "bfloat16") == 26
 
 
+@pytest.mark.parametrize("free_gib, large, alone", [(24, "370M", True), (100, "1000M", False), (2, "30M", False)])
+def test_the_offload_suites_large_case_is_as_large_as_memory_allows(monkeypatch, free_gib, large, alone):
+    """Three implementations side by side at 16 bytes per param each in 70% of the free memory,
+    up to 1B (in tens of millions); where 1B does not fit three, fused_amp alone at 1B, where it
+    fits one."""
+    from fused_amp.benchmark import recipes
+    from fused_amp.benchmark.suites import offload
+    monkeypatch.setattr(recipes, "free_bytes", lambda device: free_gib * 2 ** 30)
+    ctx = _Ctx()
+    ctx.quick = False
+    names = [name for name, _ in offload.cases(ctx)]
+    assert names[:2] == ["bare/float32/84M", f"bare/float32/{large}"]
+    assert ("bare/float32/1000M/alone" in names) == alone
+
+
 def test_an_anchors_import_leaves_torchs_environment_as_it_was(tmp_path, monkeypatch):
     """deepspeed's import sets PYTORCH_NVML_BASED_CUDA_CHECK=1, which made each of torch's
     optimizer steps ~0.1 ms slower on a machine without a GPU for the rest of the run: the

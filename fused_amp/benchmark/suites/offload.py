@@ -2,7 +2,7 @@
 ``bare/float32``: a model's fp32 params in one step, fused_amp's Adam against torch's fused CPU
 Adam (FSDP2's offload steps the host shards with the user's optimizer) and DeepSpeed's
 ``DeepSpeedCPUAdam`` (ZeRO-Offload's), at 84M params and at the largest size three side by side
-fit in memory (up to 1B). ``bare/modes``: the same step in each of fused_amp's memory modes on
+fit in memory (up to 1B; where that is less, fused_amp's alone at 1B where it fits). ``bare/modes``: the same step in each of fused_amp's memory modes on
 bf16 params, with those two on fp32 params. ``one-param``: torchao's ``CPUOffloadOptimizer``
 makes one optimizer per param (of 4,096+ elements) and steps them one after another, so what a
 step costs on the host counts as much as its loop: fused_amp's AdamW against torch's fused CPU
@@ -48,17 +48,20 @@ def cases(ctx):
     if ctx.quick:
         ctx.skip("offload", "bare/float32/large", "full runs only (as large as memory allows)")
     else:
-        large = _largest_bare(ctx)
+        large = _largest_bare(ctx, 3)
         out.append((f"bare/float32/{large // 1_000_000}M", lambda c, n=large: run_bare(c, n)))
+        if large < LARGEST and _largest_bare(ctx, 1) == LARGEST:  # (fused_amp alone: its GB/s at 1B)
+            out.append((f"bare/float32/{LARGEST // 1_000_000}M/alone",
+                        lambda c: run_bare(c, LARGEST, ("fused_amp",))))
     out.append((f"bare/{n // 1_000_000}M/modes", lambda c, n=n: run_modes(c, n)))
     return out + [(f"one-param/float32/{label}", lambda c, n=n, label=label: run(c, n, label))
                   for label, n in SIZES.items()]
 
 
-def _largest_bare(ctx) -> int:
-    """The bare fp32 case's size: LARGEST, or what three implementations side by side (16 bytes
-    per param each: param, grad, two moments) fit in 70% of the free memory, in tens of millions."""
-    fits = int(0.7 * recipes.free_bytes(ctx.device) / (3 * 16))
+def _largest_bare(ctx, side_by_side: int) -> int:
+    """The bare fp32 case's size: LARGEST, or what ``side_by_side`` implementations (16 bytes per
+    param each: param, grad, two moments) fit in 70% of the free memory, in tens of millions."""
+    fits = int(0.7 * recipes.free_bytes(ctx.device) / (side_by_side * 16))
     return max(10_000_000, min(LARGEST, fits) // 10_000_000 * 10_000_000)
 
 
@@ -74,11 +77,12 @@ def _params(shapes, seed=0):
     return params
 
 
-def run_bare(ctx, n):
+def run_bare(ctx, n, names=tuple(BARE)):
     shapes = workloads.scaled(workloads.model_like_shapes(n), ctx.scale)
-    case = f"bare/float32/{n // 1_000_000}M"
+    case = f"bare/float32/{n // 1_000_000}M" + ("/alone" if len(names) == 1 else "")
     timed, held = [], {}
-    for name, (make, module) in BARE.items():
+    for name in names:
+        make, module = BARE[name]
         if module and ctx.quick:  # (DeepSpeed compiles its op first: about a minute)
             ctx.skip("offload", f"{case} {name}", "full runs only")
             continue
