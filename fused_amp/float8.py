@@ -14,6 +14,7 @@ from typing import Dict, Iterable, List, Tuple
 import torch
 
 from fused_amp import ops
+from fused_amp.optim._base import MasterWeightOptimizer
 
 try:
     from torch.distributed.tensor import DTensor
@@ -88,7 +89,7 @@ class Float8Weights:
             self.data: List[torch.Tensor] = [_cast(p, self.scale[i]) for i, p in enumerate(self.params)]
             torch.reciprocal(self.scale, out=self.scale_inv)
         optimizer._attached.float8_copies.append(self)
-        optimizer._forget_lists()
+        optimizer._lists.forget()
 
     def weight(self, param: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """``param``'s e4m3 copy and its dequantization scale (a 0-d fp32 tensor, ``1 / scale``
@@ -181,7 +182,7 @@ class MXWeights:
         self.scales: List[torch.Tensor] = [scales for _, scales in casts]
         self._no_inverse = torch.empty(0, device=self.params[0].device)  # (an MX block scale is its own)
         optimizer._attached.float8_copies.append(self)
-        optimizer._forget_lists()
+        optimizer._lists.forget()
 
     def weight(self, param: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         r"""``param``'s e4m3 codes and its e8m0 block scales (shaped as the param, with the last
@@ -213,7 +214,7 @@ class MXWeights:
 def _check(name: str, optimizer, params) -> None:
     if not params:
         raise ValueError(f"{name}: params is empty")
-    if not hasattr(optimizer, "_forget_lists"):
+    if not isinstance(optimizer, MasterWeightOptimizer):
         raise TypeError(f"{name}: optimizer must be a fused_amp.optim optimizer, got {type(optimizer).__name__}")
     if type(optimizer).__name__ == "Muon":
         raise ValueError(f"{name}: Muon writes its 2-D params in a pass of its own, which writes no fp8 copy")

@@ -17,7 +17,7 @@ from torch.optim.optimizer import _global_optimizer_pre_hooks
 
 from fused_amp import _scaling, ops
 from fused_amp.optim import in_backward
-from fused_amp.optim._clipping import Clipping
+from fused_amp.optim._base import MasterWeightOptimizer
 from fused_amp.optim._grad_norm import Gathered, gather, total_grad_norm
 from fused_amp.optim._stages import stage_groups
 
@@ -340,15 +340,13 @@ class GradScaler(torch.amp.GradScaler):
                 "model's parameters (after scaler.unscale_) instead")
         # The step takes the scale and the overflow flag and skips on the device: no sync.
         _scaling.stepped(target, self)
-        # a fused_amp optimizer's clipping (whose norm pass may be the overflow check), or None
-        clipping = getattr(target, "_clip", None)
-        clipping = clipping if isinstance(clipping, Clipping) else None
+        ours = isinstance(target, MasterWeightOptimizer)  # (its clip's norm pass may be the overflow check)
         handed = None
         if optimizer_state["stage"] is OptState.READY and not optimizer_state["found_inf_per_device"]:
             self._handed = []
             try:
                 # a norm pass for clipping (ours) doubles as the overflow check
-                if target is not optimizer or clipping is None or not clipping.before_step(target, self):
+                if target is not optimizer or not ours or not target._clip.before_step(target, self):
                     self._check_inf_per_device(optimizer)
                 handed = self._handed
             finally:
@@ -365,20 +363,20 @@ class GradScaler(torch.amp.GradScaler):
         target.found_inf = found_inf
         # the grads the check just read are the step's, unless a pre-hook runs in between (it
         # may replace them): the optimizer takes them instead of reading every .grad again
-        if (handed and len(handed) == 1 and target is optimizer and clipping is not None
+        if (handed and len(handed) == 1 and target is optimizer and ours
                 and not target._optimizer_step_pre_hooks and not _global_optimizer_pre_hooks):
             target._attached.scaler_grads = handed[0]
         try:
             if self._skip_on_host and found_inf.item() != 0:  # the one host sync of this mode
                 retval = None
-                if clipping is not None:
-                    clipping.pending = None  # a clip belongs to the step it was taken for
+                if ours:
+                    target._clip.pending = None  # a clip belongs to the step it was taken for
             else:
                 retval = optimizer.step(*args, **kwargs)
         finally:
             del target.grad_scale
             del target.found_inf
-            if hasattr(target, "_attached"):
+            if ours:
                 target._attached.scaler_grads = None
         optimizer_state["stage"] = OptState.STEPPED
         return retval

@@ -161,7 +161,7 @@ def test_options_changed_between_steps_apply_though_the_lists_stay_cached():
     def switching(rebuild):
         def before_step(opt):
             if rebuild:
-                opt._forget_lists()
+                opt._lists.forget()
             opt.steps_taken = getattr(opt, "steps_taken", 0) + 1
             if opt.steps_taken == 4:
                 opt.param_groups[0].update(adjust_lr_fn="match_rms_adamw", lr=0.01)

@@ -270,7 +270,6 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         self._clip.pending = None
         super().zero_grad(set_to_none)
 
-
     # ---- the state and the lists the step takes -------------------------------------------
     def _init_state(self, p, group, moments):
         """Create what a param's step needs (``moments``, the group's ``_state_keys_for``, in its
@@ -297,9 +296,6 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
     def _device_lists(self, index, group):
         """The params of ``group`` that have grads, with their state, per device (ListCache.lists)."""
         return self._lists.lists(self, index, group)
-
-    def _forget_lists(self):
-        self._lists.forget()
 
     # ---- clipping (_clipping) -------------------------------------------------------------
     @property

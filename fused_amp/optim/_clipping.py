@@ -128,9 +128,10 @@ def clip_grad_norm_(optimizers, max_norm: float, norm_type: float = 2.0, error_i
         ``torch.amp.GradScaler`` scaled them without ``unscale_``, it holds the unscaled norm once
         the first optimizer has stepped, as each optimizer's own ``clip_grad_norm_`` returns it.
     """
+    from fused_amp.optim._base import MasterWeightOptimizer  # (the base holds a Clipping: imported here)
     optimizers = list(optimizers)
     for i, optimizer in enumerate(optimizers):
-        if not isinstance(getattr(optimizer, "_clip", None), Clipping):
+        if not isinstance(optimizer, MasterWeightOptimizer):
             raise TypeError(f"clip_grad_norm_: optimizers[{i}] is {type(optimizer).__name__}, not a fused_amp "
                             "optimizer (whose next step applies the clip)")
     # an infinite max_norm is torch's way to take the norm alone (a clip by 1): torchtitan's

@@ -85,8 +85,9 @@ class ListCache:
 
     def drop_removed(self, live: int) -> None:
         """Lets go of the lists of groups no longer in the optimizer (the cache holds their tensors)."""
-        for stale in [k for k in self.groups if k >= live]:
-            del self.groups[stale]
+        if len(self.groups) > live:  # (each step asks: nothing to build when none was removed)
+            for stale in [k for k in self.groups if k >= live]:
+                del self.groups[stale]
 
     def lists(self, optimizer, index, group) -> Dict[torch.device, Dict[str, list]]:
         """The params of ``group`` that have grads, with their state, per device.
@@ -159,7 +160,7 @@ class ListCache:
 def _group_grads(optimizer, index, params):
     """(grads, refs) of a group's params as ``local_grads`` gives them: from what the
     GradScaler's overflow check read just before this step, when it handed that over
-    (``_scaler_grads``, set by GradScaler.step), else read now."""
+    (``_attached.scaler_grads``, set by GradScaler.step), else read now."""
     handed = optimizer._attached.scaler_grads
     if handed is not None and not torch.compiler.is_compiling():
         start = sum(len(g["params"]) for g in optimizer.param_groups[:index])
