@@ -56,6 +56,7 @@ def main(n_params: int = 84_000_000, runs: int = 3):
     amax = torch.zeros(len(b_params))
     for lists, _ in b_opt._lists.groups[0].by_device.values():  # as fused_amp.optim._float8.plan sets it
         lists["weight_amax"] = amax
+        lists.pop("op_parts", None)  # (formed from the lists at the first step: again at the next, with the amax)
     weights = [p.detach() for p in a_params]
 
     def step_then_precompute():

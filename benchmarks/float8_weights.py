@@ -26,7 +26,7 @@ def main(n_params: int = 84_000_000, runs: int = 3):
     copies = Float8Weights(b_opt, b_params, amax_history_len=16)
     # the separate pass's own copies, history and scales, started as Float8Weights starts them
     a_copies = Float8Weights(a_opt, a_params, amax_history_len=16)
-    a_opt.__dict__["_float8_copies"] = []  # (kept for its tensors; the step does not write them)
+    a_opt._attached.float8_copies.clear()  # (kept for its tensors; the step does not write them)
     a_opt._lists.forget()
 
     def step_then_cast():
