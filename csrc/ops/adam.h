@@ -16,7 +16,7 @@ struct AdamCoeffs {
   float inv_scale;              // 1/loss scale, times the clip coefficient: the grad used is grad * inv_scale
   float grad_mult;              // inv_scale, negated for maximize
   float step_size;              // lr / (1 - beta1^step)
-  float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+  KnownDivisor bias_correction2_sqrt;  // sqrt(1 - beta2^step)
   bool decoupled_weight_decay;  // AdamW
   bool amsgrad;
   bool has_weight_decay;        // weight_decay != 0
@@ -45,7 +45,7 @@ FA_HD AdamCoeffs adam_coeffs(const AdamHyper& h, double lr, double step, float i
   c.inv_scale = inv_scale;
   c.grad_mult = h.maximize ? -inv_scale : inv_scale;
   c.step_size = static_cast<float>(lr / bias_correction1);
-  c.bias_correction2_sqrt = static_cast<float>(sqrt(bias_correction2));
+  c.bias_correction2_sqrt = known_divisor(static_cast<float>(sqrt(bias_correction2)));
   c.decoupled_weight_decay = h.decoupled_weight_decay;
   c.amsgrad = h.amsgrad;
   c.has_weight_decay = c.weight_decay != 0.f;
@@ -85,7 +85,7 @@ FA_HD void adam_update(T& param, T grad, T& exp_avg, T& exp_avg_sq, T& max_exp_a
     max_exp_avg_sq = max_(max_exp_avg_sq, exp_avg_sq);
     second_moment = max_exp_avg_sq;
   }
-  const T denom = sqrt_(second_moment) / T(c.bias_correction2_sqrt) + T(c.eps);
+  const T denom = div_by_(sqrt_(second_moment), c.bias_correction2_sqrt) + T(c.eps);
   param = param - T(c.step_size) * exp_avg / denom;
 }
 

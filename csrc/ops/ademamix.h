@@ -23,7 +23,7 @@ struct AdemamixCoeffs {
   float eps;
   float weight_decay;
   float bias_correction1;       // 1 - beta1^t
-  float bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+  KnownDivisor bias_correction2_sqrt;  // sqrt(1 - beta2^t)
   float inv_scale;              // 1/loss scale, times the clip coefficient: the grad used is grad * inv_scale
   float grad_mult;              // inv_scale, negated for maximize
 };
@@ -39,7 +39,7 @@ FA_HD void ademamix_update(T& param, T grad, T& m1, T& m2, T& nu, const Ademamix
   m1 = fma_(grad, T(c.one_minus_beta1), m1 * T(c.beta1));
   m2 = fma_(grad, T(c.one_minus_beta3), m2 * T(c.beta3));
   nu = fma_(T(c.one_minus_beta2) * grad, grad, nu * T(c.beta2));
-  const T denom = sqrt_(nu) / T(c.bias_correction2_sqrt) + T(c.eps);
+  const T denom = div_by_(sqrt_(nu), c.bias_correction2_sqrt) + T(c.eps);
   T update = (m1 / T(c.bias_correction1) + T(c.alpha) * m2) / denom;
   update = fma_(param, T(c.weight_decay), update);
   param = param - T(c.lr) * update;
@@ -71,7 +71,7 @@ struct Ademamix : Elementwise {
             static_cast<float>(h.beta2), static_cast<float>(1.0 - h.beta2), static_cast<float>(beta3),
             static_cast<float>(1.0 - beta3), static_cast<float>(alpha), static_cast<float>(h.eps),
             static_cast<float>(h.weight_decay), static_cast<float>(1.0 - pow(h.beta1, t)),
-            static_cast<float>(sqrt(1.0 - pow(h.beta2, t))), grad_mult, h.maximize ? -grad_mult : grad_mult};
+            known_divisor(static_cast<float>(sqrt(1.0 - pow(h.beta2, t)))), grad_mult, h.maximize ? -grad_mult : grad_mult};
   }
   template <typename T>
   FA_HD void update(T& p, T g, T (&s)[kStates], const Coeffs& c) { ademamix_update(p, g, s[0], s[1], s[2], c); }
