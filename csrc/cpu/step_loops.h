@@ -60,16 +60,11 @@ void update_range(const UpdateRange<T>& r, VectorLoop&& vector_loop, ScalarStep&
 // pointers and coefficients stay in registers instead of being reloaded for every vector.
 #define FA_VECTOR_LOOP __attribute__((noinline))
 
-// One optimizer's step (ops/optimizer.h) over the whole vectors of [begin, end), the param's value
-// held as Master says (cpu/storage_traits.h). C is Opt::Coeffs, or a type derived from it that
-// fixes its options at compile time (Opt::with_fixed_options).
+// The step over the whole vectors of [begin, end) (step_vectors' blocks).
 template <class Opt, typename T, typename S, class Master, typename C>
-FA_VECTOR_LOOP void step_vectors(const UpdateRange<T> r, const C c, int64_t begin, int64_t end, bool stream) {
+FA_VECTOR_HELPER void step_block(const UpdateRange<T>& r, const C& c, int64_t begin, int64_t end, bool stream, bool read,
+                                 bool keeps_state) {
   constexpr int K = Opt::kStates;
-  const ExponentShift shift = exponent_shift_of<T>(c.inv_scale, r.write_grad);
-  const bool read = Opt::reads_states(c);
-  bool keeps_state = false;
-  for (int k = 0; k < K; ++k) keeps_state |= Opt::has_state(c, k);
   for (int64_t i = begin; i < end; i += kStep<T>) {
     VecF p0, p1, g0, g1, s0[K], s1[K];
     if constexpr (Opt::kWritesOutput) {
@@ -83,7 +78,6 @@ FA_VECTOR_LOOP void step_vectors(const UpdateRange<T> r, const C c, int64_t begi
       s0[k] = s1[k] = VecF(0.f);
       if (Opt::has_state(c, k) && read) S::load(r.state[k], i, s0[k], s1[k]);
     }
-    store_unscaled_grad(r, i, g0, g1, c.inv_scale, shift);
     Opt::update(p0, g0, s0, c);
     Opt::update(p1, g1, s1, c);
     if constexpr (Opt::kWritesOutput) {
@@ -99,6 +93,40 @@ FA_VECTOR_LOOP void step_vectors(const UpdateRange<T> r, const C c, int64_t begi
       if (!Opt::has_state(c, k)) continue;
       S::store(r.state[k], i, s0[k], s1[k], random && Opt::kStateInfo[k].high_bits ? random + 2 : random);
     }
+  }
+}
+
+// The unscaled grads of [begin, end) (store_unscaled_grad), read again from cache after the step
+// loop read them: a grad store the loop may take, behind a branch per vector, cost the bare fp32
+// step (which never takes it) 6% in memory on a Xeon with AVX-512 (tools/loop_bench.sh's loop
+// against a plain one in turns).
+constexpr int64_t kGradBlock = 2048;  // elements: 8 KB of fp32 grads, in L1
+template <typename T>
+FA_VECTOR_HELPER void store_unscaled_grads(const UpdateRange<T>& r, int64_t begin, int64_t end, float inv_scale,
+                                           const ExponentShift& shift) {
+  for (int64_t i = begin; i < end; i += kStep<T>) {
+    VecF g0, g1;
+    load2(r.grad + i, g0, g1);
+    store_unscaled_grad(r, i, g0, g1, inv_scale, shift);
+  }
+}
+
+// One optimizer's step (ops/optimizer.h) over the whole vectors of [begin, end), the param's value
+// held as Master says (cpu/storage_traits.h), in blocks of kGradBlock elements, each followed by
+// its grads' writes. C is Opt::Coeffs, or a type derived from it that fixes its options at
+// compile time (Opt::with_fixed_options).
+template <class Opt, typename T, typename S, class Master, typename C>
+FA_VECTOR_LOOP void step_vectors(const UpdateRange<T> r, const C c, int64_t begin, int64_t end, bool stream) {
+  constexpr int K = Opt::kStates;
+  static_assert(kGradBlock % kStep<T> == 0, "blocks of whole vectors");
+  const ExponentShift shift = exponent_shift_of<T>(c.inv_scale, r.write_grad);
+  const bool read = Opt::reads_states(c);
+  bool keeps_state = false;
+  for (int k = 0; k < K; ++k) keeps_state |= Opt::has_state(c, k);
+  for (int64_t block = begin; block < end; block += kGradBlock) {
+    const int64_t block_end = std::min(end, block + kGradBlock);
+    step_block<Opt, T, S, Master>(r, c, block, block_end, stream, read, keeps_state);
+    if (r.write_grad) store_unscaled_grads(r, block, block_end, c.inv_scale, shift);
   }
 }
 
