@@ -1,9 +1,9 @@
 """Adam's division by its bias correction sqrt(1 - beta2^t), a divisor known before the loop, is a
 multiply and two FMAs (ops/common.h's div_by_): it must round as the division does. Adam on fp32
 params steps bit for bit as torch's fused Adam over second moments of every binade (subnormal
-ones too), zeros, infs and NaNs, at the steps whose corrections differ most, and where beta2 is so
-close to 1 that the correction leaves the FMA path. tools/known_divisor_check.sh checks the
-division alone over whole binades."""
+ones too), zeros, infs and NaNs, at the steps whose corrections differ most, and with a beta2
+within 2^-45 of 1, whose correction (2^-22.5 at the first step) is among the smallest a beta2
+below 1 gives. tools/known_divisor_check.sh checks the division alone over whole binades."""
 import pytest
 import torch
 

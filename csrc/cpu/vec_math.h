@@ -13,7 +13,6 @@ static inline VecF abs_(const VecF& x) { return x.abs(); }
 // ops/common.h's div_by_: inf and NaN quotients (q - q is NaN) keep q
 static inline VecF div_by_(const VecF& x, KnownDivisor k) {
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
-  if (k.r == 0.f) return x / VecF(k.d);
   const VecF q = x * VecF(k.r);
   const VecF remainder = at::vec::fmadd(q, VecF(-k.d), x);
   return VecF::blendv(at::vec::fmadd(remainder, VecF(k.r), q), q, (q - q).isnan());

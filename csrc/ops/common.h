@@ -41,20 +41,19 @@ FA_HD double fma_(double a, double b, double c) { return ::fma(a, b, c); }
 // costs an AVX-512 core about as much as 20 FMAs (Markstein's theorem, as Brisebarre, Muller and
 // Raina use it for a divisor known in advance, IEEE Trans. Computers 53(8), 2004): q = RN(x r) is
 // within an ulp of x / d, the FMA gives the remainder x - q d exactly, and RN(q + remainder r) is
-// RN(x / d). It holds for d in [2^-20, 1] and x zero or in [2^-75, 2^64], the square roots of
-// fp32 values (the remainder's exponent in fp32's range, the quotient far from overflow); an inf
-// or NaN x gives q, as the division does. tools/known_divisor_check.sh checks it bit for bit.
-// Outside that range of d (beta2 within 2^-40 of 1) r is 0 and the loop divides; so do the
-// builds without FMA.
+// RN(x / d). It holds for d in [2^-27, 1] and x zero or in [2^-75, 2^64], the square roots of
+// fp32 values (the remainder's exponent in fp32's range, the quotient far from overflow). Such
+// are sqrt(1 - beta2^t) for a beta2 in [0, 1) (1 - beta2^t is 2^-53 or more in double); an inf
+// or NaN x, or d = 0, gives q, as the division does. tools/known_divisor_check.sh checks it bit
+// for bit. The builds without FMA divide.
 struct KnownDivisor {
   float d, r;
 };
-FA_HD KnownDivisor known_divisor(float d) { return {d, d >= 0x1p-20f && d <= 1.f ? 1.f / d : 0.f}; }
+FA_HD KnownDivisor known_divisor(float d) { return {d, 1.f / d}; }
 FA_HD float div_by_(float x, KnownDivisor k) {
 #if defined(FUSED_AMP_NO_FMA)
   return x / k.d;
 #else
-  if (k.r == 0.f) return x / k.d;
   const float q = x * k.r;
   return q - q != 0.f ? q : fmaf(fmaf(-q, k.d, x), k.r, q);
 #endif
