@@ -98,8 +98,8 @@ FA_VECTOR_HELPER void step_block(const UpdateRange<T>& r, const C& c, int64_t be
 
 // The unscaled grads of [begin, end) (store_unscaled_grad), read again from cache after the step
 // loop read them: a grad store the loop may take, behind a branch per vector, cost the bare fp32
-// step (which never takes it) 6% in memory on a Xeon with AVX-512 (tools/loop_bench.sh's loop
-// against a plain one in turns).
+// step (which never takes it) 2-6% in memory on a Xeon with AVX-512 (the loop against a plain
+// one in one process, in turns, both ways round).
 constexpr int64_t kGradBlock = 2048;  // elements: 8 KB of fp32 grads, in L1
 template <typename T>
 FA_VECTOR_HELPER void store_unscaled_grads(const UpdateRange<T>& r, int64_t begin, int64_t end, float inv_scale,
