@@ -48,6 +48,8 @@ def _bare(text):
     ("static_cast<float>(1.0 - lr * h.wd)", ["static_cast<float>(1.0 - lr / h.wd)",
                                              "static_cast<float>(1.0 + lr * h.wd)"]),
     ("s += 1", ["s -= 1"]),
+    # the signs of literals' exponents, hex floats' too, are no operators
+    ("x * 0x1p-20f + 1e-5f", ["x / 0x1p-20f + 1e-5f", "x * 0x1p-20f - 1e-5f"]),
 ])
 def test_each_operator_is_swapped_between_its_own_operands(expression, swapped):
     text, mutants = _mutate(expression)
