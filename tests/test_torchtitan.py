@@ -61,8 +61,7 @@ def step_one_norm(run):
 def test_fsdp2_tp2(tmp_path, assets):
     """FSDP2 x TP2. fp32 params with torchtitan's own clip: every rank's losses, grad norms and
     param shards after 5 steps (through the warmup and into the decay) are torch's fused AdamW's,
-    bit for bit. Without clipping
-    (``training.max_norm=inf``), ``step_in_backward`` is too. Muon on the blocks' matrices and
+    bit for bit. Without clipping (``training.max_norm=inf``), ``step_in_backward`` is too. Muon on the blocks' matrices and
     AdamW on the rest (torchtitan's param groups): the step-1 norm both clip by in the step is
     the exact (float64) norm of all the grads within 2 ulps (every run has the same grads at
     step 1; clip_by_exact_norm in tests/torchtitan_cpu.py)."""

@@ -16,30 +16,20 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <random>
 #include <thread>
 #include <vector>
 
 namespace {
 
+using fused_amp::ops::bits_of;
+using fused_amp::ops::float_of;
 using fused_amp::ops::VecF;
 constexpr int kLanes = VecF::size();
 
-uint32_t bits_of(float x) {
-  uint32_t b;
-  std::memcpy(&b, &x, 4);
-  return b;
-}
-float float_of(uint32_t b) {
-  float x;
-  std::memcpy(&x, &b, 4);
-  return x;
-}
-
 // The dividends [first, last] (as bits, step 1), divided by d both ways; returns the mismatches
-// (NaNs compare by bits too: the division keeps the dividend's payload).
-int64_t mismatches(float d, uint32_t first, uint32_t last, bool print) {
+// (NaNs compare by bits too: the division keeps the dividend's payload) and prints the first 5.
+int64_t mismatches(float d, uint32_t first, uint32_t last) {
   const fused_amp::ops::KnownDivisor k = fused_amp::ops::known_divisor(d);
   int64_t bad = 0;
   alignas(64) float x[kLanes], fast[kLanes];
@@ -49,7 +39,7 @@ int64_t mismatches(float d, uint32_t first, uint32_t last, bool print) {
     for (int j = 0; j < kLanes; ++j) {
       const uint32_t want = bits_of(x[j] / d);
       if (bits_of(fast[j]) != want || bits_of(fused_amp::ops::div_by_(x[j], k)) != want) {
-        if (print && bad < 5) std::printf("  d=%a x=%a: %a, want %a\n", d, x[j], fast[j], float_of(want));
+        if (bad < 5) std::printf("  d=%a x=%a: %a, want %a\n", d, x[j], fast[j], float_of(want));
         ++bad;
       }
     }
@@ -86,9 +76,11 @@ int main(int argc, char** argv) {
   divisors.push_back(0.f);  // (beta2 = 1: torch refuses it; the quotient is q, inf or NaN, as x / 0)
   int64_t bad_of[2] = {0, 0};
   std::thread other([&] {
-    for (size_t i = 1; i < divisors.size(); i += 2) bad_of[1] += mismatches(divisors[i], binade_first, binade_last, true);
+    for (size_t i = 1; i < divisors.size(); i += 2) {
+      bad_of[1] += mismatches(divisors[i], binade_first, binade_last);
+    }
   });
-  for (size_t i = 0; i < divisors.size(); i += 2) bad_of[0] += mismatches(divisors[i], binade_first, binade_last, true);
+  for (size_t i = 0; i < divisors.size(); i += 2) bad_of[0] += mismatches(divisors[i], binade_first, binade_last);
   other.join();
   const int64_t bad = bad_of[0] + bad_of[1];
   std::printf("divisors: %zu (%zu of Adam's bias corrections), dividends of [1, 2) each: mismatches %lld\n",
@@ -96,9 +88,9 @@ int main(int argc, char** argv) {
   int64_t all_bad = 0;
   const float whole[] = {1.f, std::nextafter(1.f, 0.f), 0.5f, 0.7071068f, 0.03162278f, std::ldexp(1.f, -27)};
   for (float d : whole) {
-    all_bad += mismatches(d, bits_of(std::ldexp(1.f, -75)), bits_of(std::ldexp(1.f, 64)), true);
-    all_bad += mismatches(d, bits_of(INFINITY), 0x7fffffffu, true);
-    all_bad += mismatches(d, 0u, 0u, true);  // +0
+    all_bad += mismatches(d, bits_of(std::ldexp(1.f, -75)), bits_of(std::ldexp(1.f, 64)));
+    all_bad += mismatches(d, bits_of(INFINITY), 0x7fffffffu);
+    all_bad += mismatches(d, 0u, 0u);  // +0
   }
   std::printf("6 divisors, every dividend in [2^-75, 2^64], +0, inf and the NaNs: mismatches %lld\n",
               static_cast<long long>(all_bad));

@@ -62,8 +62,8 @@ void update_range(const UpdateRange<T>& r, VectorLoop&& vector_loop, ScalarStep&
 
 // The step over the whole vectors of [begin, end) (step_vectors' blocks).
 template <class Opt, typename T, typename S, class Master, typename C>
-FA_VECTOR_HELPER void step_block(const UpdateRange<T>& r, const C& c, int64_t begin, int64_t end, bool stream, bool read,
-                                 bool keeps_state) {
+FA_VECTOR_HELPER void step_block(const UpdateRange<T>& r, const C& c, int64_t begin, int64_t end, bool stream,
+                                 bool read, bool keeps_state) {
   constexpr int K = Opt::kStates;
   for (int64_t i = begin; i < end; i += kStep<T>) {
     VecF p0, p1, g0, g1, s0[K], s1[K];

@@ -10,12 +10,11 @@ static inline VecF max_(const VecF& a, const VecF& b) { return at::vec::maximum(
 static inline VecF fma_(const VecF& a, const VecF& b, const VecF& c) { return at::vec::fmadd(a, b, c); }
 static inline VecD fma_(const VecD& a, const VecD& b, const VecD& c) { return at::vec::fmadd(a, b, c); }
 static inline VecF abs_(const VecF& x) { return x.abs(); }
-// ops/common.h's div_by_: inf and NaN quotients (q - q is NaN) keep q
+// ops/common.h's div_by_: quotients that are not finite (q - q is NaN: is_finite) keep q
 static inline VecF div_by_(const VecF& x, KnownDivisor k) {
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
   const VecF q = x * VecF(k.r);
-  const VecF remainder = at::vec::fmadd(q, VecF(-k.d), x);
-  return VecF::blendv(at::vec::fmadd(remainder, VecF(k.r), q), q, (q - q).isnan());
+  return VecF::blendv(fma_(fma_(q, VecF(-k.d), x), VecF(k.r), q), q, (q - q).isnan());
 #else
   return x / VecF(k.d);
 #endif

@@ -16,7 +16,7 @@ struct AdamCoeffs {
   float inv_scale;              // 1/loss scale, times the clip coefficient: the grad used is grad * inv_scale
   float grad_mult;              // inv_scale, negated for maximize
   float step_size;              // lr / (1 - beta1^step)
-  KnownDivisor bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+  KnownDivisor bias_correction2_sqrt;  // sqrt(1 - beta2^step), and its reciprocal
   bool decoupled_weight_decay;  // AdamW
   bool amsgrad;
   bool has_weight_decay;        // weight_decay != 0

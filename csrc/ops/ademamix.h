@@ -22,7 +22,7 @@ struct AdemamixCoeffs {
   float alpha;  // alpha_t
   float eps;
   float weight_decay;
-  float bias_correction1;       // 1 - beta1^t
+  float bias_correction1;              // 1 - beta1^t
   KnownDivisor bias_correction2_sqrt;  // sqrt(1 - beta2^t)
   float inv_scale;              // 1/loss scale, times the clip coefficient: the grad used is grad * inv_scale
   float grad_mult;              // inv_scale, negated for maximize
@@ -71,7 +71,8 @@ struct Ademamix : Elementwise {
             static_cast<float>(h.beta2), static_cast<float>(1.0 - h.beta2), static_cast<float>(beta3),
             static_cast<float>(1.0 - beta3), static_cast<float>(alpha), static_cast<float>(h.eps),
             static_cast<float>(h.weight_decay), static_cast<float>(1.0 - pow(h.beta1, t)),
-            known_divisor(static_cast<float>(sqrt(1.0 - pow(h.beta2, t)))), grad_mult, h.maximize ? -grad_mult : grad_mult};
+            known_divisor(static_cast<float>(sqrt(1.0 - pow(h.beta2, t)))), grad_mult,
+            h.maximize ? -grad_mult : grad_mult};
   }
   template <typename T>
   FA_HD void update(T& p, T g, T (&s)[kStates], const Coeffs& c) { ademamix_update(p, g, s[0], s[1], s[2], c); }

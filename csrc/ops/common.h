@@ -36,6 +36,13 @@ FA_HD float fma_(float a, float b, float c) { return fmaf(a, b, c); }
 FA_HD double fma_(double a, double b, double c) { return ::fma(a, b, c); }
 #endif
 
+// Becomes NaN when x is inf or NaN, stays +-0 otherwise: x * 0 folds "is finite" into an add.
+FA_HD float nonfinite_probe(float x) { return x * 0.f; }
+FA_HD double nonfinite_probe(double x) { return x * 0.0; }
+FA_HD bool any_nan(float x) { return x != x; }
+FA_HD bool is_finite(float x) { return x - x == 0.f; }
+FA_HD bool any_nan(double x) { return x != x; }
+
 // A divisor known before the loop (a bias correction), with its reciprocal r = RN(1/d): x / d
 // rounded once, as the division rounds it, by a multiply and two FMAs, where a vector division
 // costs an AVX-512 core about as much as 20 FMAs (Markstein's theorem, as Brisebarre, Muller and
@@ -55,14 +62,8 @@ FA_HD float div_by_(float x, KnownDivisor k) {
   return x / k.d;
 #else
   const float q = x * k.r;
-  return q - q != 0.f ? q : fmaf(fmaf(-q, k.d, x), k.r, q);
+  return is_finite(q) ? fma_(fma_(-q, k.d, x), k.r, q) : q;
 #endif
 }
-// Becomes NaN when x is inf or NaN, stays +-0 otherwise: x * 0 folds "is finite" into an add.
-FA_HD float nonfinite_probe(float x) { return x * 0.f; }
-FA_HD double nonfinite_probe(double x) { return x * 0.0; }
-FA_HD bool any_nan(float x) { return x != x; }
-FA_HD bool is_finite(float x) { return x - x == 0.f; }
-FA_HD bool any_nan(double x) { return x != x; }
 
 }  // namespace fused_amp::ops

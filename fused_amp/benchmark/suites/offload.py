@@ -2,12 +2,12 @@
 ``bare/float32``: a model's fp32 params in one step, fused_amp's Adam against torch's fused CPU
 Adam (FSDP2's offload steps the host shards with the user's optimizer) and DeepSpeed's
 ``DeepSpeedCPUAdam`` (ZeRO-Offload's), at 84M params and at the largest size three side by side
-fit in memory (up to 1B; where that is less, fused_amp's alone at 1B where it fits). ``bare/modes``: the same step in each of fused_amp's memory modes on
-bf16 params, with those two on fp32 params. ``one-param``: torchao's ``CPUOffloadOptimizer``
-makes one optimizer per param (of 4,096+ elements) and steps them one after another, so what a
-step costs on the host counts as much as its loop: fused_amp's AdamW against torch's fused CPU
-AdamW (the engine's default ``optimizer_class``) and DeepSpeed's CPU AdamW on one tensor. Each
-in turns. (The same step with a GradScaler, against the same anchor: the memory suite's
+fit in memory (up to 1B; where that is less, fused_amp's alone at 1B where it fits).
+``bare/modes``: the same step in each of fused_amp's memory modes on bf16 params, with those two
+on fp32 params. ``one-param``: torchao's ``CPUOffloadOptimizer`` makes one optimizer per param
+(of 4,096+ elements) and steps them one after another, so what a step costs on the host counts
+as much as its loop: fused_amp's AdamW against torch's fused CPU AdamW (the engine's default
+``optimizer_class``) and DeepSpeed's CPU AdamW on one tensor. Each in turns. (The same step with a GradScaler, against the same anchor: the memory suite's
 ``fused_amp[fp32 params]`` and ``deepspeed[Adam]``.)"""
 import torch
 
