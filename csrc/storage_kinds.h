@@ -32,16 +32,35 @@ constexpr StorageKind kMasterKinds[] = {
     {static_cast<int>(MasterKind::Remainder8), "remainder8", "master_remainder8", "uint8", 8, 0, true, true},
 };
 
-// Codes come with their blocks' absmaxes (ops/quantize.h), in a list of their own. A state
-// kind is picked by its option, state_dtype's name: 4-bit codes are held in uint8 tensors (torch.uint4
-// takes a byte per element), told from 8-bit codes by their size (core/storage_dtypes.cpp).
+// Codes come with their blocks' absmaxes (ops/quantize.h), in a list of their own. A code kind
+// is its math's struct (ops::Quant8, ops::Quant4: bits, block, value, code), from which both
+// backends build their loops. It is picked by its option, state_dtype's name: 4-bit codes are
+// held in uint8 tensors (torch.uint4 takes a byte per element), told from 8-bit codes by their
+// size (core/step_args.cpp).
+template <class Q>
+constexpr StorageKind code_kind(StateKind kind, const char* option) {
+  return {static_cast<int>(kind), option, nullptr, "uint8", Q::kBits, Q::kBlock, false, true};
+}
 constexpr StorageKind kStateKinds[] = {
     {static_cast<int>(StateKind::Fp32), "float32", nullptr, "float32", 32, 0, false, false},
     {static_cast<int>(StateKind::BFloat16), "bfloat16", nullptr, "bfloat16", 16, 0, false, true},
-    {static_cast<int>(StateKind::Codes8), "uint8", nullptr, "uint8", 8, ops::kQuantBlock, false, true},
-    {static_cast<int>(StateKind::Codes4), "uint4", nullptr, "uint8", 4, ops::kQuant4Block, false, true},
+    code_kind<ops::Quant8>(StateKind::Codes8, "uint8"),
+    code_kind<ops::Quant4>(StateKind::Codes4, "uint4"),
 };
+// The code kinds' math in the table's order, after the element-wise kinds: the CPU loop table
+// (cpu/loops_impl.h) and the CUDA dispatch (cuda/storage_traits.cuh) expand it.
+template <class... Q>
+struct CodeKinds {};
+using CodeKindList = CodeKinds<ops::Quant8, ops::Quant4>;
+constexpr int kFirstCodeKind = static_cast<int>(StateKind::Codes8);
 constexpr int kStateKindCount = sizeof kStateKinds / sizeof kStateKinds[0];
+template <class... Q>
+constexpr bool lists_the_table(CodeKinds<Q...>) {
+  int i = kFirstCodeKind;
+  return sizeof...(Q) == kStateKindCount - kFirstCodeKind &&
+         ((kStateKinds[i].bits == Q::kBits && kStateKinds[i++].block == Q::kBlock) && ...);
+}
+static_assert(lists_the_table(CodeKindList{}), "CodeKindList holds the table's code kinds, in its order");
 // A state kind's entry (the table is in StateKind's order).
 constexpr const StorageKind& state_storage(StateKind kind) { return kStateKinds[static_cast<int>(kind)]; }
 
@@ -58,5 +77,7 @@ constexpr int master_bytes(MasterKind kind) {
 }
 // Whether a state kind holds codes in blocks, each with its absmax (8- and 4-bit state).
 constexpr bool is_quantized(StateKind kind) { return state_storage(kind).block > 0; }
+// The bytes of n codes of `bits` (< 8) each, packed (a last byte's unused bits are 0).
+constexpr int64_t packed_code_bytes(int64_t n, int bits) { return (n * bits + 7) / 8; }
 
 }  // namespace fused_amp

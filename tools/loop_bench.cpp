@@ -132,7 +132,7 @@ void quantization_parts() {
   loops::fill_rounding_bits(12345u, 0, n, random.data());
   auto quantize = [&](const std::vector<float>& x, auto is_signed, bool stochastic) {
     return time([&](int64_t q) {
-      loops::Codes8{}.quantize(x.data() + q, block, codes.data() + q, &absmax[q / block],
+      loops::Codes<fused_amp::ops::Quant8>{}.quantize(x.data() + q, block, codes.data() + q, &absmax[q / block],
                               stochastic ? random.data() + q : nullptr, decltype(is_signed)::value);
     });
   };
@@ -141,8 +141,8 @@ void quantization_parts() {
   const double stochastic_m = quantize(m, std::true_type{}, true);
   const double stochastic_v = quantize(v, std::false_type{}, true);
   const double bits_ns = time([&](int64_t q) { loops::fill_rounding_bits(12345u, q, block, random.data() + q); });
-  const double dequantize_m = time([&](int64_t q) { loops::Codes8{}.dequantize(codes.data() + q, absmax[q / block], block, true, out.data() + q); });
-  const double dequantize_v = time([&](int64_t q) { loops::Codes8{}.dequantize(codes.data() + q, absmax[q / block], block, false, out.data() + q); });
+  const double dequantize_m = time([&](int64_t q) { loops::Codes<fused_amp::ops::Quant8>{}.dequantize(codes.data() + q, absmax[q / block], block, true, out.data() + q); });
+  const double dequantize_v = time([&](int64_t q) { loops::Codes<fused_amp::ops::Quant8>{}.dequantize(codes.data() + q, absmax[q / block], block, false, out.data() + q); });
   std::printf("%-24s %14.3f %14.3f\n", "quantize (with absmax)", quantize_m, quantize_v);
   std::printf("%-24s %14.3f %14.3f\n", "quantize, stochastic", stochastic_m, stochastic_v);
   std::printf("%-24s %14.3f %14s\n", "random bits (both)", bits_ns, "(same)");

@@ -13,16 +13,18 @@ namespace fused_amp::core {
 
 namespace {
 
-// 4-bit codes: one byte per two elements of the param, in its memory order (ops/quantize4.h);
-// contiguous, so they cannot overlap themselves.
-void check_packed_codes(const char* op, const char* name, size_t i, const at::Tensor& t, const at::Tensor& param) {
+// Codes of fewer than 8 bits (4-bit codes): packed in the param's memory order, several to a byte
+// (ops/quantize4.h); contiguous, so they cannot overlap themselves.
+void check_packed_codes(const char* op, const char* name, size_t i, const at::Tensor& t, const at::Tensor& param,
+                        int bits) {
+  const int64_t bytes = packed_code_bytes(param.numel(), bits);
   TORCH_CHECK_VALUE(t.device() == param.device(), op, ": ", name, "[", i, "] is on ", t.device(),
                     " but params[", i, "] is on ", param.device());
-  TORCH_CHECK_VALUE(t.dim() == 1 && t.numel() == (param.numel() + 1) / 2 && t.is_contiguous(), op, ": ", name,
-                    "[", i, "] holds 4-bit codes of params[", i, "] (", param.numel(), " elements): expected a "
-                    "contiguous 1-D uint8 tensor of ", (param.numel() + 1) / 2, " bytes, got shape ", t.sizes());
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.numel() == bytes && t.is_contiguous(), op, ": ", name, "[", i, "] holds ",
+                    bits, "-bit codes of params[", i, "] (", param.numel(), " elements): expected a contiguous "
+                    "1-D uint8 tensor of ", bytes, " bytes, got shape ", t.sizes());
   TORCH_CHECK_TYPE(t.scalar_type() == at::kByte, op, ": ", name, "[", i, "] has dtype ", t.scalar_type(),
-                   ", expected Byte (the 4-bit codes of the first state list)");
+                   ", expected Byte (the ", bits, "-bit codes of the first state list)");
 }
 
 // A state list: tensors of a state kind (storage_kinds.h) for the params. The op's first state
@@ -37,8 +39,9 @@ void check_states(const char* op, const char* name, at::TensorList list, at::Ten
       TORCH_CHECK_TYPE(known || !list[i].defined(), op, ": ", name, "[", i, "] has dtype ", list[i].scalar_type(),
                        ", expected ", state_dtype_names(), " (the state dtypes; Byte: 8- or 4-bit codes)");
     }
-    if (kinds[i] == StateKind::Codes4 && list[i].defined()) {
-      check_packed_codes(op, name, i, list[i], params[i]);
+    const int bits = state_storage(kinds[i]).bits;
+    if (bits < 8 && list[i].defined()) {
+      check_packed_codes(op, name, i, list[i], params[i], bits);
     } else {
       const at::ScalarType dtype = follows_first ? (*first)[i].scalar_type()
                                                  : (list[i].defined() ? list[i].scalar_type() : at::kFloat);
@@ -121,7 +124,7 @@ void check_state_lists(const char* op, const StateLists& st, at::TensorList para
 // order in which the kernels walk the param (its own, or its staged copy's where it is not dense).
 void check_code_layouts(const char* op, const StepTensors& s) {
   for (size_t i = 0; i < s.params.size(); ++i) {
-    if (!s.is_quantized(i) || s.state_kind(i) != StateKind::Codes8) continue;  // (4-bit codes are 1-D)
+    if (!s.is_quantized(i) || state_storage(s.state_kind(i)).bits < 8) continue;  // (packed codes are 1-D)
     const at::Tensor& param = s.params[i];
     std::vector<int64_t> walked = param.strides().vec();
     if (!param.is_non_overlapping_and_dense()) {  // (its staged copy is contiguous)

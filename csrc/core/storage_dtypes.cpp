@@ -36,32 +36,30 @@ const auto& state_dtypes() {
   return dtypes;
 }
 
-// The entry of `table`, whose dtypes are `dtypes`, that has `dtype` and, where given, holds
-// `bits` per element; null where none has.
-template <size_t N>
-const StorageKind* entry_with(const StorageKind (&table)[N], const std::array<at::ScalarType, N>& dtypes,
-                              at::ScalarType dtype, int bits = 0) {
-  for (size_t i = 0; i < N; ++i) {
-    if (dtypes[i] == dtype && (bits == 0 || table[i].bits == bits)) return &table[i];
-  }
-  return nullptr;
-}
-
 }  // namespace
 
 MasterKind master_kind_of(at::ScalarType dtype) {
-  const StorageKind* entry = entry_with(kMasterKinds, master_dtypes(), dtype);
-  return entry ? static_cast<MasterKind>(entry->kind) : MasterKind::None;
+  for (size_t i = 0; i < master_dtypes().size(); ++i) {
+    if (master_dtypes()[i] == dtype) return static_cast<MasterKind>(kMasterKinds[i].kind);
+  }
+  return MasterKind::None;
 }
 
 bool state_kind_of(const at::Tensor& state, const at::Tensor& param, StateKind* kind) {
-  // 4-bit codes: a 1-D tensor of half the param's elements (shaped so, it is nothing else but a
-  // one-element param's 8-bit codes)
-  const bool halved = state.sizes() != param.sizes() && state.dim() == 1 && state.numel() == (param.numel() + 1) / 2;
-  const StorageKind* entry = entry_with(kStateKinds, state_dtypes(), state.scalar_type(), halved ? 4 : 0);
+  // codes of fewer than 8 bits: a 1-D tensor of packed_code_bytes (shaped so, it is nothing else
+  // but a one-element param's 8-bit codes); the entries of a dtype are otherwise its first
+  const StorageKind* entry = nullptr;
+  for (size_t i = 0; i < state_dtypes().size(); ++i) {
+    if (state_dtypes()[i] != state.scalar_type()) continue;
+    const int bits = kStateKinds[i].bits;
+    const bool packed_shape = state.sizes() != param.sizes() && state.dim() == 1 &&
+                              state.numel() == packed_code_bytes(param.numel(), bits);
+    if (bits < 8 ? packed_shape : !entry) entry = &kStateKinds[i];
+  }
   if (entry) *kind = static_cast<StateKind>(entry->kind);
   return entry != nullptr;
 }
+
 
 std::string state_dtype_names() {
   std::string names;

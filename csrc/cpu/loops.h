@@ -5,6 +5,7 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include <array>
 #include <cstdint>
 
 #include "ops/float8.h"
@@ -89,10 +90,12 @@ struct Loops {
   double (*norm_bfloat16[3])(const c10::BFloat16*, int64_t, float);
   // The step loops of each optimizer (in the order of `Optimizers`), by param dtype and
   // StateKind; the coefficients are the optimizer's Coeffs.
+  template <typename T>
+  using ByStateKind = std::array<void (*)(const UpdateRange<T>&, const void* coeffs), kStateKindCount>;
   struct Step {
-    void (*on_float[kStateKindCount])(const UpdateRange<float>&, const void* coeffs);
-    void (*on_half[kStateKindCount])(const UpdateRange<c10::Half>&, const void* coeffs);
-    void (*on_bfloat16[kStateKindCount])(const UpdateRange<c10::BFloat16>&, const void* coeffs);
+    ByStateKind<float> on_float;
+    ByStateKind<c10::Half> on_half;
+    ByStateKind<c10::BFloat16> on_bfloat16;
   };
   Step step[Optimizers::size];
 };

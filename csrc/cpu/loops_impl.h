@@ -19,8 +19,6 @@
 #include "cpu/loops.h"
 #include "ops/float8.h"
 #include "ops/grad_norm.h"
-#include "ops/quantize.h"
-#include "ops/quantize4.h"
 #include "ops/rounding.h"
 #include "ops/unscale.h"
 
@@ -35,15 +33,17 @@ namespace {
 #include "cpu/step_loops.h"
 #include "cpu/quantized_state.h"
 
+// An optimizer's loop per state kind for params of type T: the element-wise kinds', then the
+// code kinds' in storage_kinds.h's order.
+template <class Opt, typename T, class... Q>
+constexpr Loops::ByStateKind<T> state_loops(CodeKinds<Q...>) {
+  return {step_range<Opt, T, Fp32State>, step_range<Opt, T, BF16State>, step_range_codes<Opt, T, Q>...};
+}
+
 template <class Opt>
 constexpr Loops::Step step_loops() {
-  using BF16 = c10::BFloat16;
-  return {{step_range<Opt, float, Fp32State>, step_range<Opt, float, BF16State>, step_range_codes<Opt, float, Codes8>,
-           step_range_codes<Opt, float, Codes4>},
-          {step_range<Opt, c10::Half, Fp32State>, step_range<Opt, c10::Half, BF16State>,
-           step_range_codes<Opt, c10::Half, Codes8>, step_range_codes<Opt, c10::Half, Codes4>},
-          {step_range<Opt, BF16, Fp32State>, step_range<Opt, BF16, BF16State>, step_range_codes<Opt, BF16, Codes8>,
-           step_range_codes<Opt, BF16, Codes4>}};
+  return {state_loops<Opt, float>(CodeKindList{}), state_loops<Opt, c10::Half>(CodeKindList{}),
+          state_loops<Opt, c10::BFloat16>(CodeKindList{})};
 }
 
 template <class... Opts>

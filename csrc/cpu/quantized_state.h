@@ -2,9 +2,9 @@
 // around the fp32-state step loops. Each block of a range is dequantized into stack buffers,
 // stepped by the fp32-state loop exactly as fp32 state would be (so, from the same dequantized
 // state, the masters are bitwise those of the fp32-state step), and quantized again with the
-// block's new absmax. A code kind (Codes8, Codes4 below) says how its blocks are read and
-// written; the rest is one seam. Part of cpu/loops_impl.h (included once per instruction set,
-// after the step loops).
+// block's new absmax. A code kind (Codes<Q> below, for each math Q of storage_kinds.h's
+// CodeKindList) says how its blocks are read and written; the rest is one seam. Part of
+// cpu/loops_impl.h (included once per instruction set, after the step loops).
 
 // A state's codes as a vector of floats and back, with the ISA's widening and narrowing
 // instructions (GCC's vector conversions between 8- and 32-bit lanes go lane by lane).
@@ -77,10 +77,6 @@ FA_VECTOR_HELPER void store_codes2(uint8_t* p, const VecF& a, const VecF& b) {
 #endif
 }
 
-inline float code_value(const uint8_t* p, int64_t i, bool is_signed) {
-  return is_signed ? static_cast<float>(static_cast<int8_t>(p[i])) : static_cast<float>(p[i]);
-}
-
 // The n (<= kQuantBlock) values of one block, from its codes and absmax.
 template <bool kSigned>
 void dequantize_block(const uint8_t* codes, float absmax, int64_t n, float* out) {
@@ -89,10 +85,7 @@ void dequantize_block(const uint8_t* codes, float absmax, int64_t n, float* out)
     const VecF c = load_codes<kSigned>(codes + i);
     (kSigned ? ops::dequantize_signed(c, absmax) : ops::dequantize_unsigned(c, absmax)).store(out + i);
   }
-  for (; i < n; ++i) {
-    const float c = code_value(codes, i, kSigned);
-    out[i] = kSigned ? ops::dequantize_signed(c, absmax) : ops::dequantize_unsigned(c, absmax);
-  }
+  for (; i < n; ++i) out[i] = ops::Quant8::value(codes[i], absmax, kSigned);
 }
 
 // The largest |x| of a block, NaN when some x is NaN. The bits of |x| order as their values do,
@@ -194,12 +187,15 @@ void quantize_block(const float* x, int64_t n, uint8_t* codes, float* absmax_out
   code_block<kSigned, false>(x, n, inv, nullptr, codes);
 }
 
+// A code kind's blocks on the CPU (dequantize, quantize), for the math Q of storage_kinds.h's
+// CodeKindList: each kind's own vector code.
+template <class Q>
+struct Codes;
+
 // 8-bit codes: a byte per element, the closed-form maps of ops/quantize.h, rounded to nearest or
 // stochastically.
-struct Codes8 {
-  static constexpr int64_t kBlock = ops::kQuantBlock;
-  static constexpr bool kStochastic = true;  // rounds stochastically with stochastic_codes
-  static uint8_t* at(uint8_t* codes, int64_t i) { return codes + i; }
+template <>
+struct Codes<ops::Quant8> {
   void dequantize(const uint8_t* codes, float absmax, int64_t n, bool is_signed, float* out) const {
     (is_signed ? dequantize_block<true> : dequantize_block<false>)(codes, absmax, n, out);
   }
@@ -212,27 +208,23 @@ struct Codes8 {
 // 4-bit codes: two to a byte, torchao's maps (ops/quantize4.h), rounded to nearest. A block's
 // entries times its absmax are computed once per block, so each element is a table read, as on
 // the CUDA side (the same products); a value's code counts the midpoints it reaches, in lanes.
-struct Codes4 {
-  static constexpr int64_t kBlock = ops::kQuant4Block;
-  static constexpr bool kStochastic = false;
+template <>
+struct Codes<ops::Quant4> {
   struct alignas(64) Map {
-    float entry[16];
     float mid[16];  // the midpoints of neighbouring entries, +inf beyond the last
   };
   Map maps[2];  // unsigned, signed: built once per range, not per block
-  Codes4() {
+  Codes() {
     for (int s = 0; s < 2; ++s) {
-      for (uint32_t c = 0; c < 16; ++c) maps[s].entry[c] = ops::map4_entry(c, s == 1);
       for (uint32_t c = 0; c < 15; ++c) maps[s].mid[c] = ops::map4_mid(c, s == 1);
       maps[s].mid[15] = std::numeric_limits<float>::infinity();
     }
   }
   const Map& map(bool is_signed) const { return maps[is_signed]; }
-  static uint8_t* at(uint8_t* codes, int64_t i) { return codes + i / 2; }  // (i is even: a block's first)
 
   void dequantize(const uint8_t* codes, float absmax, int64_t n, bool is_signed, float* out) const {
     alignas(64) float value[16];
-    for (int c = 0; c < 16; ++c) value[c] = map(is_signed).entry[c] * absmax;
+    for (uint32_t c = 0; c < 16; ++c) value[c] = ops::Quant4::value(c, absmax, is_signed);
     int64_t i = 0;
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
     // each byte's two halves, in element order, widened to lane indices into the 16 values
@@ -264,14 +256,14 @@ struct Codes4 {
 
   void quantize(const float* x, int64_t n, uint8_t* codes, float* absmax_out, const uint32_t*, bool is_signed) const {
     const float absmax = block_absmax(x, n);
-    *absmax_out = ops::stored_absmax4(absmax);
-    if (!ops::codes4_block(absmax)) {  // every element the zero code
-      const uint32_t zero = ops::zero_code4(is_signed);
+    *absmax_out = ops::Quant4::stored(absmax);
+    if (!ops::Quant4::coded(absmax)) {  // every element the zero code
+      const uint32_t zero = ops::Quant4::zero_code(is_signed);
       std::memset(codes, ops::byte_of(zero, zero), n / 2);
       if (n % 2) codes[n / 2] = ops::byte_of(zero, 0u);
       return;
     }
-    alignas(64) int32_t code[kBlock];
+    alignas(64) int32_t code[ops::Quant4::kBlock];
     int64_t i = 0;
     const Map& m = map(is_signed);
     const float inv = 1.f / absmax;
@@ -304,7 +296,7 @@ struct Codes4 {
       }
       std::memcpy(code + i, &c, sizeof c);
     }
-    for (; i < n; ++i) code[i] = static_cast<int32_t>(ops::code4_of_unit(x[i] * inv, is_signed));
+    for (; i < n; ++i) code[i] = static_cast<int32_t>(ops::Quant4::code(x[i], inv, is_signed, nullptr));
     i = 0;
 #if defined(CPU_CAPABILITY_AVX512)
     // 16 codes to bytes, each pair of bytes (even, odd) to one: even << 4 | odd
@@ -333,36 +325,36 @@ struct QuantizedState {
 // KB, and 4 KB of random bits) stay in L1, and the call's fixed cost is spread over 1,024
 // elements (4 blocks of 8-bit codes, 8 of 4-bit).
 constexpr int64_t kStepElements = 1024;
-static_assert(kStepElements % Codes8::kBlock == 0 && kStepElements % Codes4::kBlock == 0, "parts of whole blocks");
 
 // The blocks of state s in its elements [b, b + n) to fp32 values, and back.
-template <class Codes>
-void dequantize_blocks(const Codes& kind, const QuantizedState& s, int64_t b, int64_t n, float* out) {
-  for (int64_t q = 0; q < n; q += Codes::kBlock) {
-    kind.dequantize(Codes::at(s.codes, b + q), s.absmax[(b + q) / Codes::kBlock], std::min(Codes::kBlock, n - q),
-                      s.is_signed, out + q);
+template <class Q>
+void dequantize_blocks(const Codes<Q>& kind, const QuantizedState& s, int64_t b, int64_t n, float* out) {
+  for (int64_t q = 0; q < n; q += Q::kBlock) {
+    kind.dequantize(s.codes + (b + q) * Q::kBits / 8, s.absmax[(b + q) / Q::kBlock], std::min(Q::kBlock, n - q),
+                    s.is_signed, out + q);
   }
 }
 
 // With `random` (the random bits of elements [b, b + n)) 8-bit codes round stochastically.
-template <class Codes>
-void quantize_blocks(const Codes& kind, const QuantizedState& s, int64_t b, int64_t n, const float* x,
+template <class Q>
+void quantize_blocks(const Codes<Q>& kind, const QuantizedState& s, int64_t b, int64_t n, const float* x,
                      const uint32_t* random) {
-  for (int64_t q = 0; q < n; q += Codes::kBlock) {
-    kind.quantize(x + q, std::min(Codes::kBlock, n - q), Codes::at(s.codes, b + q), s.absmax + (b + q) / Codes::kBlock,
-                    random ? random + q : nullptr, s.is_signed);
+  for (int64_t q = 0; q < n; q += Q::kBlock) {
+    kind.quantize(x + q, std::min(Q::kBlock, n - q), s.codes + (b + q) * Q::kBits / 8, s.absmax + (b + q) / Q::kBlock,
+                  random ? random + q : nullptr, s.is_signed);
   }
 }
 
 // Runs `fp32_step(sub)` over r in parts of kStepElements, where sub is the part of r with its
 // quantized states (the `count` of `states`) replaced by fp32 buffers holding their dequantized
-// values. r.first is a multiple of Codes::kBlock: cpu_ops.cpp gives each block to one range.
-template <class Codes, typename T, class Fp32Step>
+// values. r.first is a multiple of Q::kBlock: cpu_ops.cpp gives each block to one range.
+template <class Q, typename T, class Fp32Step>
 void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, int count, Fp32Step&& fp32_step) {
   alignas(64) float buffers[ops::kMaxStates][kStepElements];
   alignas(64) uint32_t random[kStepElements];  // stochastic codes: the random bits of the part's elements
-  const bool stochastic = r.stochastic_codes && count > 0 && Codes::kStochastic;
-  const Codes kind;
+  static_assert(kStepElements % Q::kBlock == 0, "parts of whole blocks");
+  const bool stochastic = r.stochastic_codes && count > 0 && Q::kStochastic;
+  const Codes<Q> kind;
   for (int64_t b = 0; b < r.n; b += kStepElements) {
     const int64_t n = std::min<int64_t>(kStepElements, r.n - b);
     UpdateRange<T> sub = part_of(r, b, n);
@@ -379,16 +371,16 @@ void quantized_blocks(const UpdateRange<T>& r, const QuantizedState* states, int
 
 // An optimizer's step over codes: the states it keeps take the absmax rows 0, 1, ... in state
 // order, each with its descriptor's map.
-template <class Opt, typename T, class Codes>
+template <class Opt, typename T, class Q>
 void step_range_codes(const UpdateRange<T>& r, const void* coeffs) {
   const auto& c = *static_cast<const typename Opt::Coeffs*>(coeffs);
   QuantizedState states[Opt::kStates];
   int count = 0;
   for (int k = 0; k < Opt::kStates; ++k) {
     if (!Opt::has_state(c, k)) continue;
-    states[count] = {static_cast<uint8_t*>(r.state[k]), r.absmax + count * r.absmax_row_stride + r.first / Codes::kBlock,
+    states[count] = {static_cast<uint8_t*>(r.state[k]), r.absmax + count * r.absmax_row_stride + r.first / Q::kBlock,
                      Opt::kStateInfo[k].is_signed, k};
     ++count;
   }
-  quantized_blocks<Codes>(r, states, count, [&](const UpdateRange<T>& sub) { step_range<Opt, T, Fp32State>(sub, coeffs); });
+  quantized_blocks<Q>(r, states, count, [&](const UpdateRange<T>& sub) { step_range<Opt, T, Fp32State>(sub, coeffs); });
 }

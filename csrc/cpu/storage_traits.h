@@ -7,7 +7,7 @@
 //   with_master_kind below picks the struct once per range, and the vector loop is compiled
 //   per kind: a branch per vector cost AVX2's 24-bit masters 3-6% in tools/loop_bench.sh);
 // - element-wise state (fp32, bf16), the loops' template argument S. Codes, blockwise, are
-//   Codes8 and Codes4 in cpu/quantized_state.h: a seam around the fp32-state loop.
+//   Codes<Q> in cpu/quantized_state.h: a seam around the fp32-state loop.
 // Part of cpu/loops_impl.h, after cpu/vec_bits.h.
 
 

@@ -4,7 +4,7 @@
 // (cuda/storage_traits.cuh) behind one loop, `for_each_step_ilp(n, aligned, states, rounding,
 // body)`, where body(ix, st) does the math of the kILP elements at ix on st[state][j]:
 // - element-wise tensors (Fp32State, BF16State): each element loaded and stored by its kind;
-// - blockwise codes (Codes8, Codes4): the threads of a block
+// - blockwise codes (Codes<Q>, one per code kind): the threads of a block
 //   step tiles of TileShape::kThreads * kILP elements, whole quant blocks each; a quant block's new
 //   absmax is a reduction over the threads that hold its elements, then each thread codes its
 //   own. A thread's elements are contiguous (never strided across quant blocks), and chunks are
@@ -147,10 +147,6 @@ FA_DEVICE IlpIndex tile_index(int64_t tile, int thread, int64_t n, bool aligned)
 
 template <class Codes>
 constexpr int kThreadsPerQuantBlock = static_cast<int>(Codes::kBlock / kILP);
-static_assert(TileShape::kThreads % kThreadsPerQuantBlock<Codes8> == 0 && TileShape::kThreads % kThreadsPerQuantBlock<Codes4> == 0,
-              "a tile holds whole quant blocks");
-static_assert(TileShape::kChunk % Codes8::kBlock == 0 && TileShape::kChunk % Codes4::kBlock == 0,
-              "a chunk holds whole quant blocks");
 
 // Calls body(ix, st) for this thread's elements of every tile of the chunk's n elements, with
 // the states loaded before and stored after. With 8-bit codes every thread of the block runs
@@ -172,6 +168,8 @@ FA_DEVICE void for_each_step_ilp(int64_t n, bool aligned, const StepStates<state
     // tile before, so one barrier per tile suffices
     constexpr int kWarps = TileShape::kThreads / 32, kWarpsPerQuantBlock = kThreadsPerQuantBlock<state_t> / 32;
     static_assert(kThreadsPerQuantBlock<state_t> % 32 == 0, "a quant block is whole warps");
+    static_assert(TileShape::kThreads % kThreadsPerQuantBlock<state_t> == 0 && TileShape::kChunk % state_t::kBlock == 0,
+                  "tiles and chunks hold whole quant blocks");
     FA_SHARED(warp_absmax, float[2][kStates][kWarps]);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int parity = 0;

@@ -9,8 +9,6 @@
 #include <type_traits>
 
 #include "cuda/multi_tensor_apply.cuh"
-#include "ops/quantize.h"
-#include "ops/quantize4.h"
 #include "ops/rounding.h"
 #include "storage_kinds.h"
 
@@ -243,86 +241,81 @@ struct BF16State {
   }
 };
 
-// The code kinds, as a thread reads and writes the codes of its kILP contiguous elements (which
-// lie in one quant block: ix.base is a multiple of kILP): 8-bit (ops/quantize.h), to nearest or
-// stochastically, and 4-bit (ops/quantize4.h), two to a byte, to nearest. Their values are
-// those of the CPU loops (cpu/quantized_state.h): the same products, the same rounding.
-struct Codes8 {
-  static constexpr int64_t kBlock = ops::kQuantBlock;
-  static constexpr int kBits = 8;
+// A code kind (the math Q of storage_kinds.h's CodeKindList), as a thread reads and writes the
+// codes of its kILP contiguous elements (which lie in one quant block: ix.base is a multiple of
+// kILP). Their values are those of the CPU loops (cpu/quantized_state.h): the same products, the
+// same rounding. Codes of fewer than 8 bits lie 8 / kBits to a byte, the first in the high bits
+// (torchao's packing of 4-bit codes).
+template <class Q>
+struct Codes {
+  static constexpr int64_t kBlock = Q::kBlock;
+  static constexpr int kBits = Q::kBits, kPerByte = 8 / kBits;
+  static_assert(kILP % kPerByte == 0, "a thread's elements are whole bytes of codes");
   FA_DEVICE static void values(float (&v)[kILP], const uint8_t* codes, const IlpIndex& ix, float absmax,
                                bool is_signed) {
-    uint8_t c[kILP];
-    load_ilp(c, codes, ix);
+    if constexpr (kBits == 8) {
+      uint8_t c[kILP];
+      load_ilp(c, codes, ix);
 #pragma unroll
-    for (int j = 0; j < kILP; ++j) {
-      v[j] = is_signed ? ops::dequantize_signed(static_cast<float>(static_cast<int8_t>(c[j])), absmax)
-                       : ops::dequantize_unsigned(static_cast<float>(c[j]), absmax);
+      for (int j = 0; j < kILP; ++j) v[j] = Q::value(c[j], absmax, is_signed);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kILP; ++j) {
+        const int64_t i = ix.base + j;
+        const uint32_t c = codes[i / kPerByte] >> (8 - kBits * (1 + i % kPerByte)) & ((1u << kBits) - 1u);
+        v[j] = i < ix.n ? Q::value(c, absmax, is_signed) : 0.f;
+      }
     }
   }
   FA_DEVICE static void store(uint8_t* codes, const float (&x)[kILP], float block_absmax, const IlpIndex& ix,
                               bool is_signed, const StepRounding& rounding) {
-    uint8_t c[kILP] = {};
-    if (ops::codes_block(block_absmax)) {
-      const float inv = 1.f / block_absmax;
-      const bool stochastic = rounding.stochastic && rounding.codes;
-      uint32_t random[kILP] = {};
-      if (stochastic) rounding.bits(random, ix);  // (24-bit masters may round stochastically alone)
-#pragma unroll
-      for (int j = 0; j < kILP; ++j) {
-        const float r = static_cast<float>(ops::code_random15(random[j], is_signed));
-        const float code = is_signed ? (stochastic ? ops::quantize_signed_stochastic(x[j], inv, r)
-                                                   : ops::quantize_signed(x[j], inv))
-                                     : (stochastic ? ops::quantize_unsigned_stochastic(x[j], inv, r)
-                                                   : ops::quantize_unsigned(x[j], inv));
-        c[j] = static_cast<uint8_t>(static_cast<int>(code));  // modulo 256: an int8 code's bits
-      }
-    }
-    store_ilp(codes, c, ix);
-  }
-  FA_DEVICE static float stored_absmax(float a) { return ops::stored_absmax(a); }
-};
-
-struct Codes4 {
-  static constexpr int64_t kBlock = ops::kQuant4Block;
-  static constexpr int kBits = 4;
-  static_assert(kILP % 2 == 0, "a thread's elements are whole bytes of 4-bit codes");
-  FA_DEVICE static void values(float (&v)[kILP], const uint8_t* codes, const IlpIndex& ix, float absmax,
-                               bool is_signed) {
+    uint32_t c[kILP];
+    const bool coded = Q::coded(block_absmax);
+    const float inv = coded ? 1.f / block_absmax : 0.f;
+    const bool stochastic = Q::kStochastic && rounding.stochastic && rounding.codes;
+    uint32_t random[kILP] = {};
+    if (stochastic) rounding.bits(random, ix);  // (24-bit masters may round stochastically alone)
 #pragma unroll
     for (int j = 0; j < kILP; ++j) {
-      const int64_t i = ix.base + j;
-      v[j] = i < ix.n ? ops::map4_entry(ops::nibble_of(codes[i / 2], i), is_signed) * absmax : 0.f;
+      c[j] = coded ? Q::code(x[j], inv, is_signed, stochastic ? &random[j] : nullptr) : Q::zero_code(is_signed);
+    }
+    if constexpr (kBits == 8) {
+      uint8_t bytes[kILP];
+#pragma unroll
+      for (int j = 0; j < kILP; ++j) bytes[j] = static_cast<uint8_t>(c[j]);  // an int8 code's bits
+      store_ilp(codes, bytes, ix);
+    } else {
+#pragma unroll
+      for (int j = 0; j < kILP; j += kPerByte) {
+        const int64_t i = ix.base + j;
+        if (i >= ix.n) continue;
+        uint32_t byte = 0;
+#pragma unroll
+        for (int q = 0; q < kPerByte; ++q) byte = byte << kBits | (i + q < ix.n ? c[j + q] : 0u);
+        codes[i / kPerByte] = static_cast<uint8_t>(byte);
+      }
     }
   }
-  FA_DEVICE static void store(uint8_t* codes, const float (&x)[kILP], float block_absmax, const IlpIndex& ix,
-                              bool is_signed, const StepRounding&) {
-    uint32_t c[kILP];
-    const bool coded = ops::codes4_block(block_absmax);
-    const float inv = coded ? 1.f / block_absmax : 0.f;
-#pragma unroll
-    for (int j = 0; j < kILP; ++j) c[j] = coded ? ops::code4_of_unit(x[j] * inv, is_signed) : ops::zero_code4(is_signed);
-#pragma unroll
-    for (int j = 0; j < kILP; j += 2) {
-      const int64_t i = ix.base + j;
-      if (i < ix.n) codes[i / 2] = ops::byte_of(c[j], i + 1 < ix.n ? c[j + 1] : 0u);
-    }
-  }
-  FA_DEVICE static float stored_absmax(float a) { return ops::stored_absmax4(a); }
+  FA_DEVICE static float stored_absmax(float a) { return Q::stored(a); }
 };
 
 // Whether a state kind holds codes in blocks (the tiles of step_states.cuh), as the table says.
 template <typename state_t>
 constexpr bool kCodes = state_t::kBlock > 0;
 
-// Calls f.template run<state_t>() with the struct of the host's state kind.
+// Calls f.template run<state_t>() with the struct of the host's state kind: the element-wise
+// kinds, then the code kinds in CodeKindList's order.
+template <class F, class... Q>
+void with_code_kind(int kind, const F& f, CodeKinds<Q...>) {
+  int i = kFirstCodeKind;
+  (void)((kind == i++ ? (f.template run<Codes<Q>>(), true) : false) || ...);
+}
 template <class F>
 void with_state_kind(StateKind kind, const F& f) {
   switch (kind) {
     case StateKind::Fp32: return f.template run<Fp32State>();
     case StateKind::BFloat16: return f.template run<BF16State>();
-    case StateKind::Codes8: return f.template run<Codes8>();
-    case StateKind::Codes4: return f.template run<Codes4>();
+    default: return with_code_kind(static_cast<int>(kind), f, CodeKindList{});
   }
 }
 

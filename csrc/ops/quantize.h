@@ -104,4 +104,30 @@ FA_HD B code_random15(B bits, bool is_signed) { return (is_signed ? bits & 0xfff
 FA_HD bool codes_block(float absmax) { return absmax >= FLT_MIN && absmax <= FLT_MAX; }
 FA_HD float stored_absmax(float absmax) { return absmax < FLT_MIN ? 0.f : absmax; }
 
+// 8-bit codes as a code kind (storage_kinds.h's CodeKinds): one element's code (its byte; a
+// signed state's is an int8's bits) and value, as the CUDA kernels and the CPU loops' scalar
+// elements take them. A block that is not coded holds zero codes.
+namespace {  // internal linkage, as FA_HD's: each instruction set's build keeps its own copy
+struct Quant8 {
+  static constexpr int kBits = 8;
+  static constexpr int64_t kBlock = kQuantBlock;
+  static constexpr bool kStochastic = true;  // with stochastic_rounding
+  FA_HD float value(uint32_t code, float absmax, bool is_signed) {
+    return is_signed ? dequantize_signed(static_cast<float>(static_cast<int8_t>(code)), absmax)
+                     : dequantize_unsigned(static_cast<float>(code), absmax);
+  }
+  // inv = 1 / absmax of a coded block; random32: the element's ops::rounding_bits, or null to
+  // round to nearest
+  FA_HD uint32_t code(float x, float inv, bool is_signed, const uint32_t* random32) {
+    const float r = random32 ? static_cast<float>(code_random15(*random32, is_signed)) : 0.f;
+    const float c = is_signed ? (random32 ? quantize_signed_stochastic(x, inv, r) : quantize_signed(x, inv))
+                              : (random32 ? quantize_unsigned_stochastic(x, inv, r) : quantize_unsigned(x, inv));
+    return static_cast<uint32_t>(static_cast<int32_t>(c));
+  }
+  FA_HD bool coded(float absmax) { return codes_block(absmax); }
+  FA_HD float stored(float absmax) { return stored_absmax(absmax); }
+  FA_HD uint32_t zero_code(bool) { return 0u; }
+};
+}  // namespace
+
 }  // namespace fused_amp::ops

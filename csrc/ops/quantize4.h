@@ -75,4 +75,21 @@ FA_HD float stored_absmax4(float absmax) {
 FA_HD uint32_t nibble_of(uint8_t byte, int64_t i) { return (i & 1) ? byte & 15u : byte >> 4; }
 FA_HD uint8_t byte_of(uint32_t even, uint32_t odd) { return static_cast<uint8_t>(even << 4 | odd); }
 
+// 4-bit codes as a code kind (storage_kinds.h's CodeKinds), as ops::Quant8 is: element 2i's
+// code in the high half of byte i (torchao's packing), always to nearest.
+namespace {  // internal linkage, as FA_HD's: each instruction set's build keeps its own copy
+struct Quant4 {
+  static constexpr int kBits = 4;
+  static constexpr int64_t kBlock = kQuant4Block;
+  static constexpr bool kStochastic = false;
+  FA_HD float value(uint32_t code, float absmax, bool is_signed) { return map4_entry(code, is_signed) * absmax; }
+  FA_HD uint32_t code(float x, float inv, bool is_signed, const uint32_t*) {
+    return code4_of_unit(x * inv, is_signed);
+  }
+  FA_HD bool coded(float absmax) { return codes4_block(absmax); }
+  FA_HD float stored(float absmax) { return stored_absmax4(absmax); }
+  FA_HD uint32_t zero_code(bool is_signed) { return zero_code4(is_signed); }
+};
+}  // namespace
+
 }  // namespace fused_amp::ops
