@@ -211,11 +211,13 @@ struct Codes<ops::Quant8> {
 template <>
 struct Codes<ops::Quant4> {
   struct alignas(64) Map {
+    float entry[16];
     float mid[16];  // the midpoints of neighbouring entries, +inf beyond the last
   };
   Map maps[2];  // unsigned, signed: built once per range, not per block
   Codes() {
     for (int s = 0; s < 2; ++s) {
+      for (uint32_t c = 0; c < 16; ++c) maps[s].entry[c] = ops::map4_entry(c, s == 1);
       for (uint32_t c = 0; c < 15; ++c) maps[s].mid[c] = ops::map4_mid(c, s == 1);
       maps[s].mid[15] = std::numeric_limits<float>::infinity();
     }
@@ -224,7 +226,7 @@ struct Codes<ops::Quant4> {
 
   void dequantize(const uint8_t* codes, float absmax, int64_t n, bool is_signed, float* out) const {
     alignas(64) float value[16];
-    for (uint32_t c = 0; c < 16; ++c) value[c] = ops::Quant4::value(c, absmax, is_signed);
+    for (int c = 0; c < 16; ++c) value[c] = map(is_signed).entry[c] * absmax;  // (Quant4::value's products)
     int64_t i = 0;
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
     // each byte's two halves, in element order, widened to lane indices into the 16 values
@@ -251,7 +253,7 @@ struct Codes<ops::Quant4> {
     }
 #endif
 #endif
-    for (; i < n; ++i) out[i] = value[ops::nibble_of(codes[i / 2], i)];
+    for (; i < n; ++i) out[i] = ops::Quant4::value(ops::nibble_of(codes[i / 2], i), absmax, is_signed);
   }
 
   void quantize(const float* x, int64_t n, uint8_t* codes, float* absmax_out, const uint32_t*, bool is_signed) const {
