@@ -119,6 +119,9 @@ def test_a_step_is_the_fp32_state_step_from_the_dequantized_state(cls, torch_cls
         twin.step()
         for i, (p, q) in enumerate(zip(params, twin_params)):
             where = f"{master_weights} {'stochastic' if stochastic else 'nearest'} param {i}"
+            # (the twin starts from this state: a state the step read wrongly all along, NaN
+            # included, would pass the bitwise check alone)
+            assert torch.isfinite(p).all(), f"{where}: finite grads made a non-finite param"
             assert_bitwise_equal(p.detach(), q.detach(), where)
             for key in ("master_param", "master_remainder", "master_remainder8"):
                 if key in twin.state[q]:
