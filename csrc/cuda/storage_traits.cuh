@@ -262,8 +262,12 @@ struct Codes {
 #pragma unroll
       for (int j = 0; j < kILP; ++j) {
         const int64_t i = ix.base + j;
+        if (i >= ix.n) {  // (past the end: no byte to read)
+          v[j] = 0.f;
+          continue;
+        }
         const uint32_t c = codes[i / kPerByte] >> (8 - kBits * (1 + i % kPerByte)) & ((1u << kBits) - 1u);
-        v[j] = i < ix.n ? Q::value(c, absmax, is_signed) : 0.f;
+        v[j] = Q::value(c, absmax, is_signed);
       }
     }
   }
