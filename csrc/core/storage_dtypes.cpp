@@ -60,7 +60,6 @@ bool state_kind_of(const at::Tensor& state, const at::Tensor& param, StateKind* 
   return entry != nullptr;
 }
 
-
 std::string state_dtype_names() {
   std::string names;
   std::vector<at::ScalarType> distinct;  // (8- and 4-bit codes are both Byte)
