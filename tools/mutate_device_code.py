@@ -12,12 +12,13 @@ The mutants, found in csrc/cuda/ by pattern, so that a new barrier or shuffle ge
   path's scales written to the wrong block.
 All of them are compiled into one scratch copy of csrc/ (each behind `FA_MUTANT(id)`, switched on
 by FUSED_AMP_MUTANT=id), which the tests build once (FUSED_AMP_EMULATION_CSRC); a mutant of a
-constant, which no runtime switch can change, gets a copy of its own. The quick tier of the tests
-(make test's) runs for each mutant until the first failure; then the tests that failed run with
-every switch off, and must pass: each failure was its mutant's. The table names the test that
-failed and what caught it: a check of the emulator (race, barrier, warp, init, bounds,
-misaligned) or a value that differs from the CPU ops or torch. Exit status 1 when a mutant
-survives.
+constant switches too: that copy declares the constant `inline const`, initialized at load time
+(the emulation uses it at run time only; a use that needs a constant fails the copy's build).
+The quick tier of the tests (make test's) runs for each mutant until the first failure; then the
+tests that failed run with every switch off, and must pass: each failure was its mutant's. The
+table names the test that failed and what caught it: a check of the emulator (race, barrier,
+warp, init, bounds, misaligned) or a value that differs from the CPU ops or torch. Exit status 1
+when a mutant survives.
 
     .venv/bin/python tools/mutate_device_code.py [--jobs 2] [--only SUBSTRING] [--record]
 
@@ -62,9 +63,10 @@ FIXED = [
     ("epilogues.cuh", "if (lane == 0) scales[{i|ix.base} / ops::kMxBlock]",
      "MX scales of the strided path's later elements written to its first element's block"),
 ]
-# Mutants of constants (constexpr): each gets a copy of csrc/ of its own.
+# Mutants of constants: in the mutants' copy the declaration's `constexpr` becomes `inline const`.
 CONSTANT = [
-    ("step.cuh", "kChunk = {ElementwiseShape::kChunk / ops::kMxBlock * ops::kMxBlock|ElementwiseShape::kChunk}",
+    ("step.cuh", "static constexpr int64_t kChunk = {ElementwiseShape::kChunk / ops::kMxBlock * ops::kMxBlock|"
+                 "ElementwiseShape::kChunk}",
      "step chunks that cut MX blocks"),
 ]
 SWITCH = """// the mutant that is on (FUSED_AMP_MUTANT; -1: none): tools/mutate_device_code.py
@@ -197,31 +199,27 @@ def main():
         print(f"device mutants: {len(every)}, 0 ran, 0 killed")
         return 0
     with tempfile.TemporaryDirectory(prefix="fused_amp_mutants_") as tmp:
-        # one copy with every switch, one per constant's mutant: (mutant id, copy) of each mutant
-        edits, where = {}, []
+        # one copy with every switch (a constant's declaration loses its constexpr)
+        edits = {}
         for i, (name, file, start, end, old, new, constant) in enumerate(chosen):
+            edits.setdefault(file, []).append((start, end, switched(i, old, new)))
             if constant:
-                where.append((-1, scratch_copy(os.path.join(tmp, f"constant{i}"), {file: [(start, end, new)]})))
-            else:
-                edits.setdefault(file, []).append((start, end, switched(i, old, new)))
-                where.append((i, None))
+                declared = texts[file].rfind("constexpr", 0, start)
+                edits[file].append((declared, declared + len("constexpr"), "inline const"))
         switches = scratch_copy(os.path.join(tmp, "switches"), edits)
-        where = [(i, copy or switches) for i, copy in where]
-        # the plan builds at once (their tests come first; the real sizes' build, if a run needs it)
+        # the plan builds first (its tests come first; the real sizes' build, if a run needs it)
         t0 = time.time()
-        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(lambda csrc: compile_libraries(["plan"], csrc, library_folder(csrc)),
-                          sorted({csrc for _, csrc in where})))
-        print(f"{len({csrc for _, csrc in where})} builds of the emulation: {time.time() - t0:.0f} s\n")
+        compile_libraries(["plan"], switches, library_folder(switches))
+        print(f"the emulation with every mutant: {time.time() - t0:.0f} s\n")
         print("| mutant | why it ran | failed test | caught by | s |\n|---|---|---|---|---|", flush=True)
         survived, failed, killers = 0, set(), {}
         with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-            for (name, *_), (i, csrc), (test, caught, seconds) in zip(
-                    chosen, where, pool.map(lambda w: run(w[1], w[0], args.python, tmp), where)):
+            for (name, *_), (test, caught, seconds) in zip(
+                    chosen, pool.map(lambda i: run(switches, i, args.python, tmp), range(len(chosen)))):
                 print(f"| {name} | {why[name]} | {test or '-'} | {caught} | {seconds:.0f} |", flush=True)
                 survived += caught in ("SURVIVED", "build failed")
                 killers[keys[name]] = f"{TESTS}::{test}" if test else None
-                if test and csrc == switches:
+                if test:
                     failed.add(test)
         print(f"\ndevice mutants: {len(every)}, {len(chosen)} ran "
               f"({', '.join(f'{n} {w}' for w, n in Counter(why[m[0]] for m in chosen).most_common())}), "
