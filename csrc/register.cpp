@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include <iterator>
+#include <string>
 
 #include "cpu/loops.h"
 #include "storage_kinds.h"
@@ -97,9 +98,10 @@ constexpr const char* kCudaArchs = "";
 #endif
 
 PyObject* build_info(PyObject*, PyObject*) {
-  return Py_BuildValue("{s:s,s:O,s:s,s:s}", "torch_version", FUSED_AMP_TORCH_VERSION, "cuda",
+  const bool bf16 = std::string(fused_amp::cpu::loops().isa) == "AVX512" && fused_amp::cpu::bf16_conversion;
+  return Py_BuildValue("{s:s,s:O,s:s,s:s,s:O}", "torch_version", FUSED_AMP_TORCH_VERSION, "cuda",
                        kWithCuda ? Py_True : Py_False, "cuda_archs", kCudaArchs, "cpu_isa",
-                       fused_amp::cpu::loops().isa);
+                       fused_amp::cpu::loops().isa, "cpu_bf16_conversion", bf16 ? Py_True : Py_False);
 }
 
 // The optimizers of step_ (optimizers.h), for the Python layer:

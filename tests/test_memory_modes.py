@@ -86,6 +86,59 @@ def tie_masters(n):
     return ((high << 16) | 0x8000).to(torch.int64).sub_((high >= 0x8000).long() << 32).to(torch.int32).view(torch.float32)
 
 
+BF16_SCRIPT = """
+import sys, torch, fused_amp
+from fused_amp.optim import SGD, Adam
+from test_memory_modes import tie_masters
+gen = torch.Generator().manual_seed(0)
+# random bits (a vector of 32 holds a NaN or a subnormal one time in five), normal values (whole
+# vectors of neither), ties, and every class at a vector's start and end
+patterns = torch.randint(-2**31, 2**31 - 1, (1 << 20,), generator=gen, dtype=torch.int32).view(torch.float32)
+special = torch.tensor([0, -2**31, 1, -2**31 + 1, 0x007fffff, -2**31 + 0x007fffff, 0x00800000, 0x7f7fffff,
+                        -2**31 + 0x7f7fffff, 0x7f800000, -2**31 + 0x7f800000, 0x7fc00000, 0x7f800001,
+                        -2**31 + 0x7fc12345, 0x3f808000, 0x3f818000, 0x3f807fff, 0x7f7f8000],
+                       dtype=torch.int32).view(torch.float32)
+masters = torch.cat([patterns, torch.randn(1 << 16, generator=gen), tie_masters(4096), special,
+                     torch.ones(14), special.flip(0)])
+# the params' stores: streaming (fp32 state) and not (8-bit state); lr 0 keeps the masters
+for cls, kw in ((SGD, {}), (Adam, {"state_dtype": torch.uint8})):
+    p = torch.nn.Parameter(torch.zeros(masters.shape, dtype=torch.bfloat16))
+    opt = cls([p], lr=0.0, **kw)
+    sd = opt.state_dict()
+    sd["state"] = {0: {"master_param": masters.clone(), "step": torch.tensor(0.0)}}
+    opt.load_state_dict(sd)
+    p.grad = torch.zeros_like(p)
+    opt.step()
+    master = opt.state[p]["master_param"]
+    ours, torchs = p.detach().view(torch.int16), master.bfloat16().view(torch.int16)
+    nan = master.isnan()
+    assert nan.any() and torch.equal(ours[~nan], torchs[~nan]) and p.detach()[nan].isnan().all()
+    # a NaN's bits too: all ones, as torch's AVX2 and AVX-512 conversions give (its portable one
+    # gives 0x7fc0; our loops give all ones on every instruction set, tails included)
+    assert (ours[nan] == -1).all()
+print(fused_amp.build_info()["cpu_bf16_conversion"])
+"""
+
+
+@pytest.mark.parametrize("conversion", ["1", "0"])
+def test_bf16_params_round_as_torch_with_and_without_the_avx512_bf16_conversion(conversion):
+    """The AVX-512 loops store bf16 with AVX512-BF16's conversion where the CPU has it, and fall
+    back to the integer rounding for vectors holding a NaN or a subnormal value, which the
+    instruction rounds otherwise (cpu/vec_bits.h). Either way (FUSED_AMP_CPU_BF16=0 turns it
+    off) the params written from fp32 masters are torch's conversion of them, bit for bit."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, FUSED_AMP_CPU_BF16=conversion,
+               PYTHONPATH=os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", BF16_SCRIPT], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    expected = (conversion == "1" and " avx512_bf16" in flags
+                and torch.backends.cpu.get_cpu_capability() == "AVX512")
+    assert out.stdout.split()[-1] == str(expected)
+
+
 @pytest.mark.parametrize("n", [37, 1000])  # the scalar tail alone; vectors and a tail
 def test_remainder_rounds_ties_away_from_zero(n):
     """The one difference from master_weights=True: a master exactly between two bf16 values

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the program tools/NAME.cpp against the installed torch's headers, with the CPU loops of
-# one instruction set (default: the widest this CPU has, as the extension picks it), and runs it
-# with ARGS. Usage: tools/with_loops.sh NAME [--build-only] [default|avx2|avx512] [ARGS...]; the
+# one instruction set (default: the widest this CPU has, as the extension picks it) and
+# csrc/cpu/features.cpp (what the CPU has beyond that set), and runs it with ARGS.
+# Usage: tools/with_loops.sh NAME [--build-only] [default|avx2|avx512] [ARGS...]; the
 # Python is $PY or .venv/bin/python. tools/loop_bench.sh and tools/known_divisor_check.sh call it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +24,6 @@ read -r -a INCLUDES <<< "$("$PY" -c 'from torch.utils.cpp_extension import inclu
 LIB="$("$PY" -c 'from torch.utils.cpp_extension import library_paths; print(library_paths()[0])' 2>/dev/null)"
 # the extension's flags (setup.py): contraction off, so that each fma_ is one and nothing else fuses
 g++ -O3 -std=c++20 -ffp-contract=off -Wno-psabi -Icsrc "${INCLUDES[@]}" -DLOOPS_FILE="\"cpu/loops_${ISA}.cpp\"" \
-  "tools/$NAME.cpp" -o "$WORK/$NAME" -L"$LIB" -lc10 -Wl,-rpath,"$LIB"
+  "tools/$NAME.cpp" csrc/cpu/features.cpp -o "$WORK/$NAME" -L"$LIB" -lc10 -Wl,-rpath,"$LIB"
 echo "tools/$NAME.cpp built with the ${ISA} loops"
 if [[ "$BUILD_ONLY" == 0 ]]; then "$WORK/$NAME" "${@:2}"; fi

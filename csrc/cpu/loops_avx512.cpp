@@ -1,7 +1,9 @@
 // The AVX-512 build of the CPU loops, used only when the processor has AVX-512 F/BW/VL/DQ
 // (cpu/dispatch.cpp). See loops_avx2.cpp for why a pragma sets the instruction set.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(FUSED_AMP_NO_AVX512_KERNELS)
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt")
+// avx512bf16: only its conversion's intrinsic emits an instruction of it, where the CPU has it
+// (cpu::bf16_conversion); GCC generates none from plain code
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt")
 #define __AVX__ 1
 #define __AVX2__ 1
 #define __FMA__ 1

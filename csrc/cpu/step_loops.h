@@ -18,7 +18,7 @@ FA_VECTOR_HELPER void store_unscaled_grad(const UpdateRange<T>& r, int64_t i, co
 template <typename T>
 inline float grad_at(const UpdateRange<T>& r, int64_t i, float inv_scale) {
   const float g = static_cast<float>(r.grad[i]);
-  if (r.write_grad) r.grad[i] = static_cast<T>(g * inv_scale);
+  if (r.write_grad) r.grad[i] = element_of<T>(g * inv_scale);
   return g;
 }
 
@@ -146,7 +146,7 @@ void step_range_with(const UpdateRange<T>& r, const C& c) {
         }
         Opt::update(p, grad_at(r, i, c.inv_scale), st, c);
         if constexpr (Opt::kWritesOutput) {
-          r.output[i] = static_cast<c10::BFloat16>(p);
+          r.output[i] = element_of<c10::BFloat16>(p);
         } else {
           set_value_at(r, i, p);
         }

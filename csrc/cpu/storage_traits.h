@@ -27,8 +27,14 @@ FA_VECTOR_HELPER void stream_store2(T* p, const VecF& a, const VecF& b) {
 #endif
   Words words;
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    const I16 bf16 = words_of(nearest_bf16_of(a), nearest_bf16_of(b));
-    std::memcpy(&words, &bf16, sizeof words);
+#if defined(CPU_CAPABILITY_AVX512)
+    if (!converted_bf16(a, b, words)) {
+#else
+    {
+#endif
+      const I16 bf16 = words_of(nearest_bf16_of(a), nearest_bf16_of(b));
+      std::memcpy(&words, &bf16, sizeof words);
+    }
   } else {
     words = at::vec::convert_from_float<T>(a, b);
   }
@@ -73,7 +79,7 @@ struct InPlace {
   template <typename T>
   static float value(const UpdateRange<T>& r, int64_t i) { return static_cast<float>(r.param[i]); }
   template <typename T>
-  static void set_value(const UpdateRange<T>& r, int64_t i, float v) { r.param[i] = static_cast<T>(v); }
+  static void set_value(const UpdateRange<T>& r, int64_t i, float v) { r.param[i] = element_of<T>(v); }
 };
 
 // MasterKind::Fp32: an fp32 master; the param is its rounding to nearest even.
@@ -229,6 +235,6 @@ struct BF16State {
   static float load1(const void* p, int64_t i) { return static_cast<float>(static_cast<const BF16*>(p)[i]); }
   static void store1(void* p, int64_t i, float v, bool stochastic, uint32_t random16) {
     if (stochastic) v = ops::stochastic_round_bf16(v, random16);
-    static_cast<BF16*>(p)[i] = static_cast<BF16>(v);
+    static_cast<BF16*>(p)[i] = element_of<BF16>(v);
   }
 };

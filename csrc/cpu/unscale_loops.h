@@ -153,7 +153,7 @@ bool unscale_range(T* x, int64_t n, opmath_t<T> inv_scale, bool write) {
   }
   S tail_nonfinite = S(0);
   for (; i < n; ++i) {
-    x[i] = static_cast<T>(ops::unscale(static_cast<S>(x[i]), inv_scale, tail_nonfinite));
+    x[i] = element_of<T>(ops::unscale(static_cast<S>(x[i]), inv_scale, tail_nonfinite));
   }
   return ops::any_nan(nonfinite) || ops::any_nan(tail_nonfinite);
 }

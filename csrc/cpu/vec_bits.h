@@ -63,6 +63,39 @@ FA_VECTOR_HELPER U32 nearest_bf16_of(const VecF& x) {
   return ((bits + 0x7fffu + ((bits >> 16) & 1u)) | bits_of(x.isnan())) >> 16;
 }
 
+// One element as T, as the vector stores write it: a NaN as bf16 is all ones (torch's vector
+// conversion, which its kernels' tails use too), where c10::BFloat16's scalar one gives 0x7fc0.
+template <typename T, typename S>
+inline T element_of(S v) {
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    static_assert(std::is_same_v<S, float>, "bf16 from its op math, fp32");
+    const uint32_t bits = c10::bit_cast<uint32_t>(v);
+    return c10::BFloat16(static_cast<uint16_t>(((bits + 0x7fffu + ((bits >> 16) & 1u)) | (v != v ? ~0u : 0u)) >> 16),
+                         c10::BFloat16::from_bits());
+  } else {
+    return static_cast<T>(v);
+  }
+}
+
+#if defined(CPU_CAPABILITY_AVX512)
+// (a, b) as 32 bf16 words by AVX512-BF16's one conversion, in place of nearest_bf16_of's six
+// operations and two narrowings per vector, where it rounds as that does: in every lane but NaNs
+// (it keeps their payload) and subnormals (it flushes them to zero), as a check of all 2^32
+// inputs found. Those are told apart by their bits: the class test (vfpclassps) follows MXCSR's
+// DAZ, which torch.set_flush_denormal sets. False, with `words` unset, when a lane is one of them.
+FA_VECTOR_HELPER bool converted_bf16(const VecF& a, const VecF& b, __m512i& words) {
+  const auto unlike = [](const __m512 x) {
+    const __m512i bits = _mm512_castps_si512(x);
+    const __mmask16 no_exponent = _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x7f800000));
+    return static_cast<__mmask16>(_mm512_mask_test_epi32_mask(no_exponent, bits, _mm512_set1_epi32(0x007fffff)) |
+                                  _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q));
+  };
+  if (!bf16_conversion || (unlike(a) | unlike(b))) return false;
+  words = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(b, a));  // a's lanes first
+  return true;
+}
+#endif
+
 #if defined(CPU_CAPABILITY_AVX2)
 // bf16 on AVX2, where at::vec converts with a shift per lane and a pack across 128-bit lanes:
 // unpacks and packs work within 128-bit lanes, so the quarters of 16 elements go in order
@@ -158,6 +191,10 @@ FA_VECTOR_HELPER void store2(T* p, const OpVec<T>& a, const OpVec<T>& b) {
     a.store(p);
     b.store(p + OpVec<T>::size());
   } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+#if defined(CPU_CAPABILITY_AVX512)
+    __m512i words;
+    if (converted_bf16(a, b, words)) return _mm512_storeu_si512(p, words);
+#endif
     store_words(p, nearest_bf16_of(a), nearest_bf16_of(b));
   } else {
     at::vec::convert_from_float<T>(a, b).store(p);
