@@ -9,8 +9,8 @@
 namespace fused_amp::cpu {
 
 const bool bf16_conversion = [] {
-  const char* wanted = std::getenv("FUSED_AMP_CPU_BF16");
 #if defined(__x86_64__) && defined(__GNUC__)
+  const char* wanted = std::getenv("FUSED_AMP_CPU_BF16");
   __builtin_cpu_init();  // (a library's initializer may run before libgcc's)
   return __builtin_cpu_supports("avx512bf16") && !(wanted && std::strcmp(wanted, "0") == 0);
 #else

@@ -107,7 +107,7 @@ namespace AVX512 { const Loops& loops(); }
 // The loops for the instruction set torch's own CPU kernels use (ATEN_CPU_CAPABILITY honoured).
 const Loops& loops();
 
-// Whether the AVX-512 loops store bf16 with AVX512-BF16's conversion (cpu/vec_bits.h's store2):
+// Whether the AVX-512 loops store bf16 with AVX512-BF16's conversion (cpu/vec_bits.h's converted_bf16):
 // where the CPU has it, unless FUSED_AMP_CPU_BF16=0 (the tests' way to run the other path).
 extern const bool bf16_conversion;
 

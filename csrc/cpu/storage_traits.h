@@ -28,13 +28,10 @@ FA_VECTOR_HELPER void stream_store2(T* p, const VecF& a, const VecF& b) {
   Words words;
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
 #if defined(CPU_CAPABILITY_AVX512)
-    if (!converted_bf16(a, b, words)) {
-#else
-    {
+    if (converted_bf16(a, b, words)) return _mm512_stream_si512(reinterpret_cast<Words*>(p), words);
 #endif
-      const I16 bf16 = words_of(nearest_bf16_of(a), nearest_bf16_of(b));
-      std::memcpy(&words, &bf16, sizeof words);
-    }
+    const I16 bf16 = words_of(nearest_bf16_of(a), nearest_bf16_of(b));
+    std::memcpy(&words, &bf16, sizeof words);
   } else {
     words = at::vec::convert_from_float<T>(a, b);
   }
