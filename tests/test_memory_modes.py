@@ -110,12 +110,8 @@ for cls, kw in ((SGD, {}), (Adam, {"state_dtype": torch.uint8})):
     p.grad = torch.zeros_like(p)
     opt.step()
     master = opt.state[p]["master_param"]
-    ours, torchs = p.detach().view(torch.int16), master.bfloat16().view(torch.int16)
-    nan = master.isnan()
-    assert nan.any() and torch.equal(ours[~nan], torchs[~nan]) and p.detach()[nan].isnan().all()
-    # a NaN's bits too: all ones, as torch's AVX2 and AVX-512 conversions give (its portable one
-    # gives 0x7fc0; our loops give all ones on every instruction set, tails included)
-    assert (ours[nan] == -1).all()
+    # NaNs too: all ones from torch's AVX2 and AVX-512 conversions, 0x7fc0 from its portable one
+    assert master.isnan().any() and torch.equal(p.detach().view(torch.int16), master.bfloat16().view(torch.int16))
 print(fused_amp.build_info()["cpu_bf16_conversion"])
 """
 

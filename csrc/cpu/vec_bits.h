@@ -55,22 +55,35 @@ FA_VECTOR_HELPER void load_low16(const c10::BFloat16* p, U32& a, U32& b) {
 #endif
 }
 
-// x rounded to the nearest bf16, ties to even, in the low 16 bits of each lane; a NaN gives all
-// ones. The same bits as at::vec's AVX2 and AVX-512 conversions, which GCC leaves as calls per
-// vector in the larger loops.
+// A NaN's bf16 bits as torch's conversion on this instruction set writes them, tails included:
+// all ones from its AVX2 and AVX-512 vectors, c10's 0x7fc0 from its portable code.
+#if defined(CPU_CAPABILITY_DEFAULT)
+constexpr uint32_t kNanBf16 = 0x7fc0u;
+#else
+constexpr uint32_t kNanBf16 = 0xffffu;
+#endif
+
+// x rounded to the nearest bf16, ties to even, in the low 16 bits of each lane; a NaN gives
+// kNanBf16. The same bits as at::vec's conversions, which GCC leaves as calls per vector in the
+// larger loops.
 FA_VECTOR_HELPER U32 nearest_bf16_of(const VecF& x) {
   const U32 bits = bits_of(x);
-  return ((bits + 0x7fffu + ((bits >> 16) & 1u)) | bits_of(x.isnan())) >> 16;
+#if defined(CPU_CAPABILITY_DEFAULT)
+  const U32 nan = bits_of(x.isnan());
+  return (((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16) & ~nan) | (nan & kNanBf16);
+#else
+  return ((bits + 0x7fffu + ((bits >> 16) & 1u)) | bits_of(x.isnan())) >> 16;  // (all ones)
+#endif
 }
 
-// One element as T, as the vector stores write it: a NaN as bf16 is all ones (torch's vector
-// conversion, which its kernels' tails use too), where c10::BFloat16's scalar one gives 0x7fc0.
+// One element as T, as the vector stores write it (a NaN as bf16 is kNanBf16, where
+// c10::BFloat16's scalar conversion gives 0x7fc0 on every instruction set).
 template <typename T, typename S>
 inline T element_of(S v) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     static_assert(std::is_same_v<S, float>, "bf16 from its op math, fp32");
     const uint32_t bits = c10::bit_cast<uint32_t>(v);
-    return c10::BFloat16(static_cast<uint16_t>(((bits + 0x7fffu + ((bits >> 16) & 1u)) | (v != v ? ~0u : 0u)) >> 16),
+    return c10::BFloat16(static_cast<uint16_t>(v != v ? kNanBf16 : (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16),
                          c10::BFloat16::from_bits());
   } else {
     return static_cast<T>(v);
