@@ -66,9 +66,9 @@ UNMUTATED = {
 # The flipped branch of an op header is a macro (SWITCH below), so that its operators get no
 # operator mutants of their own: those would run only with the flip on.
 ROUNDINGS = [
-    ("cpu/vec_bits.h", "((bits + 0x7fffu + ((bits >> 16) & 1u)) | bits_of(x.isnan()))",
-     "(({on} ? bits + 0x8000u : bits + 0x7fffu + ((bits >> 16) & 1u)) | bits_of(x.isnan()))",
-     "bf16 params and state to nearest with ties away from zero, not to even (vectors)",
+    ("cpu/vec_bits.h", "rounded = bits + 0x7fffu + ((bits >> 16) & 1u);",
+     "rounded = {on} ? bits + 0x8000u : bits + 0x7fffu + ((bits >> 16) & 1u);",
+     "bf16 params and state to nearest with ties away from zero, not to even (vectors and tails)",
      ["bf16_value", "bf16"]),
     ("ops/rounding.h", "round_bits_to_bf16<W>(m, W{} + 0x8000u)",
      "round_bits_to_bf16<W>(m, {on} ? FA_MUTANT_EVEN_ADDEND(m) : W{} + 0x8000u)",

@@ -63,18 +63,22 @@ constexpr uint32_t kNanBf16 = 0x7fc0u;
 constexpr uint32_t kNanBf16 = 0xffffu;
 #endif
 
-// x rounded to the nearest bf16, ties to even, in the low 16 bits of each lane; a NaN gives
-// kNanBf16. The same bits as at::vec's conversions, which GCC leaves as calls per vector in the
-// larger loops.
-FA_VECTOR_HELPER U32 nearest_bf16_of(const VecF& x) {
-  const U32 bits = bits_of(x);
+// fp32 bits rounded to the nearest bf16, ties to even, in the low 16 bits; where `nan` is all
+// ones (a NaN), kNanBf16. W = uint32_t (one element) or U32 (a vector's lanes), as ops/rounding.h
+// spells its roundings: the scalar tails and the vectors compute the same bits from one spelling.
+template <class W>
+FA_VECTOR_HELPER W nearest_bf16_bits(W bits, W nan) {
+  const W rounded = bits + 0x7fffu + ((bits >> 16) & 1u);  // (a tie goes to the even high half)
 #if defined(CPU_CAPABILITY_DEFAULT)
-  const U32 nan = bits_of(x.isnan());
-  return (((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16) & ~nan) | (nan & kNanBf16);
+  return ((rounded >> 16) & ~nan) | (nan & kNanBf16);
 #else
-  return ((bits + 0x7fffu + ((bits >> 16) & 1u)) | bits_of(x.isnan())) >> 16;  // (all ones)
+  return (rounded | nan) >> 16;  // (a NaN: all ones, kNanBf16)
 #endif
 }
+
+// x rounded to the nearest bf16 in the low 16 bits of each lane: the same bits as at::vec's
+// conversions, which GCC leaves as calls per vector in the larger loops.
+FA_VECTOR_HELPER U32 nearest_bf16_of(const VecF& x) { return nearest_bf16_bits<U32>(bits_of(x), bits_of(x.isnan())); }
 
 // One element as T, as the vector stores write it (a NaN as bf16 is kNanBf16, where
 // c10::BFloat16's scalar conversion gives 0x7fc0 on every instruction set).
@@ -82,9 +86,8 @@ template <typename T, typename S>
 inline T element_of(S v) {
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     static_assert(std::is_same_v<S, float>, "bf16 from its op math, fp32");
-    const uint32_t bits = c10::bit_cast<uint32_t>(v);
-    return c10::BFloat16(static_cast<uint16_t>(v != v ? kNanBf16 : (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16),
-                         c10::BFloat16::from_bits());
+    const uint32_t bits = nearest_bf16_bits<uint32_t>(c10::bit_cast<uint32_t>(v), v != v ? ~0u : 0u);
+    return c10::BFloat16(static_cast<uint16_t>(bits), c10::BFloat16::from_bits());
   } else {
     return static_cast<T>(v);
   }
