@@ -25,19 +25,21 @@ part() {  # name, command...: runs the command into ci-local-<name>.log and reco
 }
 T0=$SECONDS
 part tests make test &
-# the nets in three streams beside the tests, so that no stream is left alone on a core at the
-# end (with the device mutants, the coverage and the sanitizers in one stream, a change to
-# storage_kinds.h took 816 s, 490 of them the device mutants' stream after the tests had ended)
+# the nets in four streams beside the tests, so that no stream is left alone on a core at the
+# end: with the device mutants, the coverage and the sanitizers in one stream, a change to
+# storage_kinds.h took 816 s, 490 of them that stream's after the tests had ended; with the
+# coverage and the sanitizers in one, a change to ops/common.h took 979 s, 327 of them the
+# sanitizers' alone; in four, 736 s (1,325 CPU seconds: 663 s on 2 cores)
 export OMP_NUM_THREADS=1
+part sanitize nice -n 10 make sanitize &
 part cpu-mutants nice -n 10 .venv/bin/python tools/mutate_cpu_code.py &
-part device-mutants nice -n 10 .venv/bin/python tools/mutate_device_code.py --jobs 1 &
 {
+  part device-mutants nice -n 10 .venv/bin/python tools/mutate_device_code.py --jobs 1
   # as CI: when a file it checks changed (a defensive line without its reason fails it)
   if python3 tools/ci_select.py due emulation-coverage csrc/cuda/ csrc/ops/ tests/cuda_sim/ \
       tests/test_cuda_sim.py tests/test_cuda_emulator.py tools/emulation_coverage.py > /dev/null; then
     part emulation-coverage nice -n 10 .venv/bin/python tools/emulation_coverage.py
   fi
-  part sanitize nice -n 10 make sanitize
 } &
 wait
 echo "| part (its log: ci-local-PART.log) | s | CPU s | result |"
