@@ -25,11 +25,9 @@ part() {  # name, command...: runs the command into ci-local-<name>.log and reco
 }
 T0=$SECONDS
 part tests make test &
-# the nets in four streams beside the tests, so that no stream is left alone on a core at the
-# end: with the device mutants, the coverage and the sanitizers in one stream, a change to
-# storage_kinds.h took 816 s, 490 of them that stream's after the tests had ended; with the
-# coverage and the sanitizers in one, a change to ops/common.h took 979 s, 327 of them the
-# sanitizers' alone; in four, 736 s (1,325 CPU seconds: 663 s on 2 cores)
+# the nets in four streams beside the tests, the sanitizers in one of their own, so that no
+# stream is left alone on a core at the end (a change to ops/common.h on an AMD EPYC: 979 s with
+# the coverage and the sanitizers in one stream, 327 s of it that stream alone; 736 s in four)
 export OMP_NUM_THREADS=1
 part sanitize nice -n 10 make sanitize &
 part cpu-mutants nice -n 10 .venv/bin/python tools/mutate_cpu_code.py &
