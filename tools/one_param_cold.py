@@ -15,34 +15,25 @@ import time
 
 import torch
 
-import fused_amp.optim
+from fused_amp.benchmark import recipes
+from fused_amp.benchmark.suites.offload import ONE_PARAM, SIZES  # the suite's AdamWs and sizes
 
-SIZES = (4096, 65536, 1 << 20)
 FLUSH_BYTES = 32 << 20  # past the L2 and the L3 share of these 2-core VMs
-
-
-def _deepspeed(params):
-    from deepspeed.ops.adam import DeepSpeedCPUAdam
-    return DeepSpeedCPUAdam(params, lr=1e-3, weight_decay=0.01, adamw_mode=True)
-
-
-IMPLS = {"fused_amp": lambda params: fused_amp.optim.AdamW(params, lr=1e-3, weight_decay=0.01),
-         "torch_fused": lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, fused=True),
-         "deepspeed": _deepspeed}
 
 
 def main(steps: int) -> None:
     flush = torch.empty(FLUSH_BYTES // 4)
-    for n in SIZES:
+    for n in SIZES.values():
         optimizers = {}
-        for name, make in IMPLS.items():
+        for name, (make, module) in ONE_PARAM.items():
+            if module and not recipes.installed(module):
+                continue
             param = torch.nn.Parameter(torch.randn(n))
             param.grad = torch.randn(n)
-            try:
-                optimizers[name] = make([param])
-            except ImportError:
-                continue
-            optimizers[name].step()  # (its state made, an anchor's op built)
+            # as the suite makes them: what an anchor sets that slows torch is undone (recipes.TORCH_ENV)
+            with recipes.torch_env_kept():
+                optimizers[name] = make([param], lr=1e-3, weight_decay=0.01)
+                optimizers[name].step()  # (its state made, an anchor's op built)
         rounds = {name: [] for name in optimizers}
         for _ in range(5):
             for name, optimizer in optimizers.items():
