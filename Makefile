@@ -28,8 +28,9 @@ GPU_PYTHON ?= python3
 # torchtitan goes into a folder of its own, without its dependencies (requirements-torchtitan.txt).
 # The emulation's libraries that make test loads (tests/cuda_sim/build.py, any Python) compile
 # meanwhile on the core pip leaves idle, at the lowest priority; a test that needs one still
-# being compiled waits for it, and builds one that failed here. (A fresh make test on an AMD EPYC: 11:17 with its pytest 377 s
-# when the pytest compiled them, 10:38 and 325 s when pip's install did; one run each.)
+# being compiled waits for it, and builds one that failed here. (A fresh make test on an AMD
+# EPYC: 11:17 with its pytest 377 s when the pytest compiled them, 10:38 and 325 s when pip's
+# install did; one run each.)
 $(STAMP): requirements-dev.txt requirements-torchtitan.txt
 	nice -n 19 python3 tests/cuda_sim/build.py > emulation-prebuild.log 2>&1 &
 	$(PYTHON) -m venv $(VENV)
