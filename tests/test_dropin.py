@@ -181,6 +181,74 @@ def test_a_scaler_step_reads_the_grads_once(cls, torch_cls, kw, monkeypatch):
     assert reads == [len(params)] * 2
 
 
+def hyperparameters(opt, torch_cls):
+    """The group options of ``torch_cls``'s own signature that shape the update: not lr (the
+    scheduler tests move it) nor the implementation flags."""
+    flags = {"params", "lr", "foreach", "fused", "capturable", "differentiable"}
+    return [k for k in inspect.signature(torch_cls).parameters if k not in flags and k in opt.param_groups[0]]
+
+
+def each_float(value, f):
+    """``f`` of a float option (or of each of a pair), other options as they are."""
+    if isinstance(value, tuple):
+        return tuple(each_float(v, f) for v in value)
+    return f(value) if isinstance(value, (float, torch.Tensor)) and not isinstance(value, bool) else value
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["set", "tensors set in place"])
+@pytest.mark.parametrize("cls,torch_cls,kw", STATEFUL, ids=STATEFUL_IDS)
+def test_hyperparameters_changed_between_steps_apply_at_the_next(cls, torch_cls, kw, in_place):
+    """A scheduler (OneCycleLR's cycle_momentum moves Adam's betas) or a user may change any
+    hyperparameter between steps while the cached lists stay: the next step takes the new
+    values, as a new optimizer loaded from the same checkpoint and set to them does. Every float
+    option moves by 0.9 and ``maximize`` flips; with ``in_place``, the floats are 0-dim tensors
+    (torch takes Adam's betas so) and only they change, in place: the same objects, new values."""
+    params = make_params(torch.bfloat16)
+    opt = cls(params, **kw)
+    group, keys = opt.param_groups[0], hyperparameters(opt, torch_cls)
+    if in_place:
+        group.update({key: each_float(group[key], torch.tensor) for key in keys})
+    run_steps(opt, params, [1, 2])
+    checkpoint, start = copy.deepcopy(opt.state_dict()), [p.detach().clone() for p in params]
+
+    def twin_step(options):
+        twin_params = [torch.nn.Parameter(p.clone()) for p in start]
+        twin = cls(twin_params, **kw)
+        twin.load_state_dict(copy.deepcopy(checkpoint))
+        twin.param_groups[0].update(options)
+        run_steps(twin, twin_params, [3])
+        return tensors_of(twin_params, twin)
+
+    unmoved = twin_step({key: each_float(group[key], float) for key in keys})
+    for key in keys:
+        if in_place:
+            each_float(group[key], lambda t: t.mul_(0.9))
+        else:
+            group[key] = not group[key] if key == "maximize" else each_float(group[key], lambda v: v * 0.9)
+    moved = twin_step({key: each_float(group[key], float) for key in keys})
+    run_steps(opt, params, [3])
+    assert_all_equal(tensors_of(params, opt), moved)
+    assert any(not torch.equal(a, b) for a, b in zip(moved, unmoved))  # (the change shows)
+
+
+def test_a_momentum_tensor_set_from_zero_in_place_starts_the_buffer_as_torchs():
+    """Which states a step keeps follows the hyperparameters' values (SGD keeps a momentum buffer
+    once momentum is not 0), also when the value is a tensor set in place between steps, though
+    the cached lists and the group's dict stay the same objects."""
+    def run(cls):
+        p = torch.nn.Parameter(torch.arange(6.0))
+        opt = cls([p], lr=0.1, momentum=torch.tensor(0.0))
+        for i in range(4):
+            p.grad = torch.full((6,), float(i + 1))
+            if i == 2:
+                opt.param_groups[0]["momentum"].fill_(0.9)
+            opt.step()
+        return p.detach(), opt.state[p]["momentum_buffer"]
+
+    for ours, theirs in zip(run(fused_amp.optim.SGD), run(torch.optim.SGD)):
+        torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("dtype", PARAM_DTYPES)
 @pytest.mark.parametrize("cls,torch_cls,kw", PLAIN, ids=PLAIN_IDS)
 def test_params_appended_or_replaced_in_a_group_are_updated(cls, torch_cls, kw, dtype):

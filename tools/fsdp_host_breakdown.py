@@ -28,7 +28,7 @@ def _worker(rank, world, reps):
     from fused_amp.benchmark.suites import distributed
     from fused_amp import ops
     from fused_amp.grad_scaler import GradScaler
-    from fused_amp.optim._base import MasterWeightOptimizer
+    from fused_amp.optim._group_lists import ListCache
 
     rows = list(distributed.host_rows())
     spent = collections.defaultdict(float)  # (row, part) -> CPU seconds
@@ -48,7 +48,7 @@ def _worker(rank, world, reps):
     ops.non_finite_check_ = timed("check", ops.non_finite_check_)
     ops.grad_norm_ = timed("check", ops.grad_norm_)  # with clipping, the check and the norm
     GradScaler._gather = timed("gather", GradScaler._gather)
-    MasterWeightOptimizer._device_lists = timed("device_lists", MasterWeightOptimizer._device_lists)
+    ListCache.lists = timed("device_lists", ListCache.lists)
     calls = [0]
     timed_step = distributed._timed
 

@@ -177,10 +177,9 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         grad_scale: Optional[torch.Tensor] = getattr(self, "grad_scale", None)
         return None if grad_scale is None else _scaling.inv_scale(grad_scale)
 
-    def _scaler_tensors(self, device):
-        """(inv_scale, found_inf) on ``device`` from what a GradScaler set, else (None, None)."""
-        found_inf: Optional[torch.Tensor] = getattr(self, "found_inf", None)
-        inv_scale = self._inv_scale()
+    @staticmethod
+    def _on_device(inv_scale, found_inf, device):
+        """(inv_scale, found_inf) of a step (from what a GradScaler set, or None) on ``device``."""
         if inv_scale is not None:
             inv_scale = inv_scale.to(device, non_blocking=True)
         if found_inf is not None:
@@ -221,18 +220,21 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             _float8.hand_over(stepped)
 
     def _fused_step(self) -> None:
-        if getattr(self, "found_inf", None) is None and not torch.compiler.is_compiling():
+        found_inf: Optional[torch.Tensor] = getattr(self, "found_inf", None)
+        if found_inf is None and not torch.compiler.is_compiling():
             _scaling.stepped(self)  # without a GradScaler (host bookkeeping, left out when traced)
-        clip = self._clip.of_step(self, self._inv_scale())
+        inv_scale = self._inv_scale()
+        clip = self._clip.of_step(self, inv_scale)
         self._lists.drop_removed(len(self.param_groups))
         calls = []
         for index, group in enumerate(self.param_groups):
-            for device, lists in self._device_lists(index, group).items():
-                inv_scale, found_inf = self._scaler_tensors(device)
+            hyper = self._hyper(group)  # (once per group and step: the lists and the op take it)
+            for device, lists in self._lists.lists(self, index, group, hyper).items():
+                inv_scale_on, found_inf_on = self._on_device(inv_scale, found_inf, device)
                 lr = group["lr"]
                 lr_tensor = lr if isinstance(lr, torch.Tensor) else None
-                scalars = dict(lr=float(lr) if lr_tensor is None else 0.0, lr_tensor=lr_tensor,
-                               inv_scale=inv_scale, found_inf=found_inf,
+                scalars = dict(hyper=hyper, lr=float(lr) if lr_tensor is None else 0.0, lr_tensor=lr_tensor,
+                               inv_scale=inv_scale_on, found_inf=found_inf_on,
                                unscale_grads=group["unscale_grads"],
                                rounding_seed=_memory.rounding_seed_of(group, self._running_sums),
                                stochastic_codes=_memory.stochastic_codes(group, self._running_sums))
@@ -242,25 +244,25 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 calls.append((group, lists, scalars))
         # Each op checks its arguments before it writes; with several ops (groups, devices),
         # all are checked before the first runs, so a bad grad anywhere changes nothing.
+        all_lists = [lists for _, lists, _ in calls]
         try:
             whole = self._attached.only is None  # (not a bucket of params in backward)
             if whole:
-                _float8.check_asked(type(self).__name__, self.param_groups, [lists for _, lists, _ in calls])
+                _float8.check_asked(type(self).__name__, self.param_groups, all_lists)
             if len(calls) > 1:
                 for group, lists, scalars in calls:
                     self._update(group, lists, scalars, check_only=True)
             for group, lists, scalars in calls:
                 self._update(group, lists, scalars, check_only=False)
             if whole:
-                _float8.hand_over([lists for _, lists, _ in calls])
+                _float8.hand_over(all_lists)
             else:  # a bucket in backward: every weight's scale is handed over when backward ends, at once
-                self._attached.float8_stepped.extend(
-                    lists for _, lists, _ in calls if "float8_wrappers" in lists)
-            _float8_copies.after_step(self, [lists for _, lists, _ in calls])
+                self._attached.float8_stepped.extend(lists for lists in all_lists if "float8_wrappers" in lists)
+            _float8_copies.after_step(self, all_lists)
         finally:
             # the grads are this step's: the cached lists keep them no longer, so that zero_grad()
             # frees them as it does with torch's optimizers
-            for _, lists, _ in calls:
+            for lists in all_lists:
                 lists["grads"], lists["grad_refs"] = [], None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -292,10 +294,6 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         _memory.bring_state(type(self).__name__, p, group, state, moments, self._initial_state(group))
         _memory.bring_master(p, group, state)
         return state
-
-    def _device_lists(self, index, group):
-        """The params of ``group`` that have grads, with their state, per device (ListCache.lists)."""
-        return self._lists.lists(self, index, group)
 
     # ---- clipping (_clipping) -------------------------------------------------------------
     @property
@@ -379,25 +377,32 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
     def _update(self, group, lists, scalars, check_only):
         """Run (or with ``check_only`` validate) the fused op on one device's lists; ``scalars``
-        holds lr, lr_tensor, inv_scale, found_inf, unscale_grads and, when clipping, grad_norm and
-        max_grad_norm. The op's list parts are formed once per lists and kept with them (a step
-        of a small tensor costs what its host side costs: torchao's offload engine steps one
-        param at a time); the op checks every argument before it writes."""
+        holds the group's ``hyper`` (``_hyper``), lr, lr_tensor, inv_scale, found_inf,
+        unscale_grads and, when clipping, grad_norm and max_grad_norm. The op's list parts, and
+        the hyperparameters as it takes them, are formed once per lists and kept with them while
+        they hold (a step of a small tensor costs what its host side costs: torchao's offload
+        engine steps one param at a time); the op checks every argument before it writes."""
+        hyper = scalars["hyper"]
         parts = lists.get("op_parts")
         if parts is None:
-            parts = _op_parts(lists, self._kept_keys(self._hyper(group)), self._scalar_state)
-            if not torch.compiler.is_compiling():  # (a traced step keeps nothing: _device_lists)
+            parts = _op_parts(lists, self._kept_keys(hyper), self._scalar_state)
+            if not torch.compiler.is_compiling():  # (a traced step keeps nothing: ListCache.lists)
                 lists["op_parts"] = parts
         if check_only and torch.compiler.is_compiling():  # (the fake kernels of the traced calls check them)
             return
-        hyper = self._hyper(group)
+        values = parts.get("hyper_values")
+        if values is None or parts["hyper"] != hyper:
+            values = [float(hyper[name]) for name in self._hyper_names]
+            # kept only as Python numbers, which compare by value with what the next step reads
+            # (a tensor compares equal to itself, whatever it was set to in between)
+            if not any(isinstance(v, torch.Tensor) for v in hyper.values()):
+                parts["hyper"], parts["hyper_values"] = hyper, values
         seed = scalars.get("rounding_seed")
         ops.call_step(check_only, self._kernel, parts["params"], lists["grads"], parts["master_params"],
                       parts["states"], lists["steps"] if self._counts_steps(group, scalars) else [],
                       parts["state_absmaxes"], parts["scalar_states"], [], parts["epilogues"],
                       parts["epilogue_layout"],
-                      [float(hyper[name]) for name in self._hyper_names]
-                      + [float(scalars["lr"]), float(scalars.get("max_grad_norm") or 0.0)],
+                      values + [float(scalars["lr"]), float(scalars.get("max_grad_norm") or 0.0)],
                       [scalars.get(key) for key in ("lr_tensor", "inv_scale", "found_inf", "grad_norm")],
                       [] if seed is None else [int(seed), int(scalars.get("stochastic_codes", False))],
                       bool(scalars.get("unscale_grads", True)))

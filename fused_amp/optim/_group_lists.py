@@ -49,8 +49,13 @@ class GroupLists:
     pass over the params (``fused_amp._C.lists_unchanged``).
     """
 
-    def __init__(self, group, params, state, state_dicts, options, keys, by_device, sharded):
+    def __init__(self, group, params, state, state_dicts, options, keys, by_device, sharded, hyper, moments):
         self.group = group
+        # the hyperparameters the lists were built with, and the state keys they keep (the C++
+        # descriptor's answer, kept_states): the same for the same values. None where a value is
+        # a tensor (it compares equal to itself, whatever it was set to in between)
+        self.hyper = None if any(isinstance(v, torch.Tensor) for v in hyper.values()) else hyper
+        self.moments = moments
         self.state = state
         self.options = options
         # what lists_unchanged compares: the params; for DTensors their local tensors (a DTensor
@@ -89,21 +94,23 @@ class ListCache:
             for stale in [k for k in self.groups if k >= live]:
                 del self.groups[stale]
 
-    def lists(self, optimizer, index, group) -> Dict[torch.device, Dict[str, list]]:
-        """The params of ``group`` that have grads, with their state, per device.
+    def lists(self, optimizer, index, group, hyper) -> Dict[torch.device, Dict[str, list]]:
+        """The params of ``group`` that have grads, with their state, per device; ``hyper``: the
+        group's ``optimizer._hyper``.
 
         Rebuilt whenever the params, the state or the options it depends on changed (see
         GroupLists); otherwise only the grads are gathered anew. A step that torch.compile traces
         builds them and keeps nothing: the compiled step runs none of this again."""
         params = group["params"]
         grads, grad_refs = _group_grads(optimizer, index, params)  # (local shards of DTensor grads)
-        moments = optimizer._state_keys_for(group)  # (once per group, not per param)
+        cached = self.groups.get(index)
+        moments = (cached.moments if cached is not None and cached.hyper is not None and cached.hyper == hyper
+                   else optimizer._kept_keys(hyper))  # (the group's _state_keys_for)
         keys = moments + ((optimizer._scalar_state[0],) if optimizer._scalar_state else ())
         options = (keys, group["master_weights"], group["state_dtype"], group["min_8bit_size"],
                    group["float8_scales"])
         keep = all(map(operator.is_not, grads, repeat(None))) and not torch.compiler.is_compiling()
-        cached = self.groups.get(index) if keep else None
-        if cached is not None and cached.still_valid(group, params, optimizer.state, options):
+        if keep and cached is not None and cached.still_valid(group, params, optimizer.state, options):
             for lists, indices in cached.by_device.values():
                 lists["grads"] = grads if len(indices) == len(grads) else list(map(grads.__getitem__, indices))
                 lists["grad_refs"] = grad_refs
@@ -153,7 +160,7 @@ class ListCache:
         if keep:
             self.groups[index] = GroupLists(
                 group, params, optimizer.state, [optimizer.state[p] for p in params], options,
-                keys + ("step",), dict(by_device), sharded)
+                keys + ("step",), dict(by_device), sharded, hyper, moments)
         return {device: lists for device, (lists, _) in by_device.items()}
 
 
