@@ -249,6 +249,33 @@ def test_a_momentum_tensor_set_from_zero_in_place_starts_the_buffer_as_torchs():
         torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("outer", [True, False], ids=["grad enabled", "under no_grad"])
+@pytest.mark.parametrize("cls,torch_cls,kw", PLAIN, ids=PLAIN_IDS)
+def test_the_step_runs_without_grad_and_restores_the_mode_as_torchs(cls, torch_cls, kw, outer, monkeypatch):
+    """As torch's step (``_use_grad_for_differentiable``): the update runs with grad disabled, the
+    closure with it enabled, and the caller's grad mode comes back, after a step that raised too."""
+    seen = []
+    fused_step = MasterWeightOptimizer._fused_step
+    monkeypatch.setattr(MasterWeightOptimizer, "_fused_step",
+                        lambda self: (seen.append(torch.is_grad_enabled()), fused_step(self)))
+    params = make_params(torch.float32)
+    opt = cls(params, **kw)
+    set_grads(params, 1)
+
+    def closure():
+        seen.append(torch.is_grad_enabled())
+        return params[0].sum()
+
+    with torch.set_grad_enabled(outer):
+        opt.step(closure)
+        assert torch.is_grad_enabled() is outer
+        params[0].grad = params[0].grad.to_sparse()  # refused: the step raises
+        with pytest.raises(ValueError, match="sparse"):
+            opt.step()
+        assert torch.is_grad_enabled() is outer
+    assert seen == [True, False, False]
+
+
 @pytest.mark.parametrize("dtype", PARAM_DTYPES)
 @pytest.mark.parametrize("cls,torch_cls,kw", PLAIN, ids=PLAIN_IDS)
 def test_params_appended_or_replaced_in_a_group_are_updated(cls, torch_cls, kw, dtype):
