@@ -123,6 +123,15 @@ def test_markdown_writer_and_summary_mark_losses():
     assert any("vs torch_amp: SLOWER" in line for line in report.verdict_lines(recs))
 
 
+def test_times_under_a_millisecond_keep_three_significant_digits():
+    """A one-param step of some microseconds reads as such, not as 0.01 ms."""
+    times = {"fused_amp": [1.462e-5, 1.458e-5, 1.471e-5], "torch_fused": [2.251e-5, 2.25e-5, 2.26e-5]}  # (s)
+    recs = harness.make_records("offload", "one-param", "cpu", "float32", 4096, 1, times, 1.0, None)
+    table = report.markdown(report.suite_table(recs, "offload"))
+    assert "0.0146 (0.0146–0.0147)" in table and "0.0225 (0.0225–0.0226)" in table
+    assert any(" 0.0146 ms " in line for line in report.verdict_lines(recs))
+
+
 def test_suite_tables_compare_with_torchs_recipe_and_the_best_anchor_only():
     """However many implementations a case has, a table has the two ratio columns and at most
     MAX_COLUMNS columns; the best anchor is the fastest outside one of each case; a suite of one

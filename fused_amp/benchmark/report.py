@@ -107,6 +107,12 @@ def ratio(r: Dict, other: Optional[str]) -> str:
     return f"{r['speedup_vs'][other]:.2f}× ({low:.2f}–{high:.2f})"
 
 
+def ms(t: float) -> str:
+    """A time in ms: two decimals, or three significant digits below 1 ms (a one-param step
+    takes some microseconds, which two decimals would round to 0.01)."""
+    return f"{t:.2f}" if t >= 1 else f"{t:.3g}"
+
+
 def holds(r: Dict) -> str:
     return f"{r['held_bytes'] / r['n_params']:.1f}" if r.get("held_bytes") else "–"
 
@@ -137,7 +143,7 @@ def suite_table(records: List[Dict], suite: str) -> List[List[str]]:
     for case in cases.values():
         ref, anchor = reference(case), best_anchor(case)
         for r in case:
-            cells = ([] if one else [r["case"]]) + [r["impl"], f"{r['time_ms']:.2f} ({r['time_ms_min']:.2f}–{r['time_ms_max']:.2f})",
+            cells = ([] if one else [r["case"]]) + [r["impl"], f"{ms(r['time_ms'])} ({ms(r['time_ms_min'])}–{ms(r['time_ms_max'])})",
                      ratio(r, ref)] + ([ratio(r, anchor)] if anchors else []) + [_frac(r, short=True), holds(r)]
             for k in extra:
                 v = r.get(k)
@@ -178,7 +184,7 @@ def verdict_lines(records: List[Dict]) -> List[str]:
                     low, high = ours["speedup_range"][other]
                     parts.append(f"{ratio(ours, other)} vs {other}: {verdict(low, high)}")
             if parts:
-                out.append(f"{suite:>11} {case:<28} {ours['time_ms']:9.2f} ms  " + "; ".join(parts)
+                out.append(f"{suite:>11} {case:<28} {ms(ours['time_ms']):>9} ms  " + "; ".join(parts)
                            + f"; {_frac(ours)} of ceiling")
     return out
 
