@@ -103,13 +103,14 @@ class ListCache:
         builds them and keeps nothing: the compiled step runs none of this again."""
         params = group["params"]
         grads, grad_refs = _group_grads(optimizer, index, params)  # (local shards of DTensor grads)
-        cached = self.groups.get(index)
+        compiling = torch.compiler.is_compiling()  # (a traced step reads nothing kept: no guards on it)
+        cached = None if compiling else self.groups.get(index)
         moments = (cached.moments if cached is not None and cached.hyper is not None and cached.hyper == hyper
                    else optimizer._kept_keys(hyper))  # (the group's _state_keys_for)
         keys = moments + ((optimizer._scalar_state[0],) if optimizer._scalar_state else ())
         options = (keys, group["master_weights"], group["state_dtype"], group["min_8bit_size"],
                    group["float8_scales"])
-        keep = all(map(operator.is_not, grads, repeat(None))) and not torch.compiler.is_compiling()
+        keep = all(map(operator.is_not, grads, repeat(None))) and not compiling
         if keep and cached is not None and cached.still_valid(group, params, optimizer.state, options):
             for lists, indices in cached.by_device.values():
                 lists["grads"] = grads if len(indices) == len(grads) else list(map(grads.__getitem__, indices))
