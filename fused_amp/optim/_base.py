@@ -2,7 +2,8 @@
 one fused op per group and device. The parts it is made of are in files of their own, each
 called with the optimizer or held by it: what the C++ table declares of each optimizer class
 (_declared), the tensor lists (_group_lists, ``_lists``), clipping (_clipping, ``_clip``),
-checkpoints (_state_dict) and what the rest of fused_amp attaches (_attached, ``_attached``)."""
+checkpoints (_state_dict), what the rest of fused_amp attaches (_attached, ``_attached``) and the
+steady state's repeated call (_replay, ``_replay``)."""
 from typing import Any, Dict, Optional
 
 import torch
@@ -14,6 +15,7 @@ from fused_amp.optim._clipping import Clipping, clip_option, set_clip_option
 from fused_amp.optim._grad_norm import check_clip_options, check_same_clip_options
 from fused_amp.optim._group_lists import ListCache
 from fused_amp.optim._options import check_in_order, check_torch_flags
+from fused_amp.optim._replay import Replay
 
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -139,6 +141,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         self._lists = ListCache()
         self._clip = Clipping()
         self._attached = Attached()
+        self._replay: Optional[Replay] = None  # the last step's op call, while it may be made again
 
     def __setstate__(self, state):
         super().__setstate__(state)
@@ -226,6 +229,9 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             _float8.hand_over(stepped)
 
     def _fused_step(self) -> None:
+        if self._replay is not None and self._replay.run(self):  # (the steady state: _replay.py)
+            return
+        self._replay = None
         found_inf: Optional[torch.Tensor] = getattr(self, "found_inf", None)
         if found_inf is None and not torch.compiler.is_compiling():
             _scaling.stepped(self)  # without a GradScaler (host bookkeeping, left out when traced)
@@ -265,6 +271,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             else:  # a bucket in backward: every weight's scale is handed over when backward ends, at once
                 self._attached.float8_stepped.extend(lists for lists in all_lists if "float8_wrappers" in lists)
             _float8_copies.after_step(self, all_lists)
+            self._replay = Replay.of(self, calls, clip, inv_scale, found_inf)
         finally:
             # the grads are this step's: the cached lists keep them no longer, so that zero_grad()
             # frees them as it does with torch's optimizers
@@ -404,14 +411,17 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             if not any(isinstance(v, torch.Tensor) for v in hyper.values()):
                 parts["hyper"], parts["hyper_values"] = hyper, values
         seed = scalars.get("rounding_seed")
-        ops.call_step(check_only, self._kernel, parts["params"], lists["grads"], parts["master_params"],
-                      parts["states"], lists["steps"] if self._counts_steps(group, scalars) else [],
-                      parts["state_absmaxes"], parts["scalar_states"], [], parts["epilogues"],
-                      parts["epilogue_layout"],
-                      values + [float(scalars["lr"]), float(scalars.get("max_grad_norm") or 0.0)],
-                      [scalars.get(key) for key in ("lr_tensor", "inv_scale", "found_inf", "grad_norm")],
-                      [] if seed is None else [int(seed), int(scalars.get("stochastic_codes", False))],
-                      bool(scalars.get("unscale_grads", True)))
+        call = (self._kernel, parts["params"], lists["grads"], parts["master_params"],
+                parts["states"], lists["steps"] if self._counts_steps(group, scalars) else [],
+                parts["state_absmaxes"], parts["scalar_states"], [], parts["epilogues"],
+                parts["epilogue_layout"],
+                values + [float(scalars["lr"]), float(scalars.get("max_grad_norm") or 0.0)],
+                [scalars.get(key) for key in ("lr_tensor", "inv_scale", "found_inf", "grad_norm")],
+                [] if seed is None else [int(seed), int(scalars.get("stochastic_codes", False))],
+                bool(scalars.get("unscale_grads", True)))
+        ops.call_step(check_only, *call)
+        if not check_only:  # what a Replay makes again, with its grads and lr: it holds no tensor of this step
+            parts["call"] = call[:2] + ([],) + call[3:12] + ([None] * 4,) + call[13:]
 
 
 def _op_parts(lists, keys, scalar_state) -> Dict[str, list]:
