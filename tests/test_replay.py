@@ -66,7 +66,8 @@ def _new_group(opt, params, seed):
 
 # what changes between steps, each followed by steps that may replay again
 EVENTS = {
-    "float lr": lambda opt, params, seed: opt.param_groups[0].__setitem__("lr", opt.param_groups[0]["lr"] * 0.5),
+    "float lr": lambda opt, params, seed: opt.param_groups[0].__setitem__(
+        "lr", opt.param_groups[0]["lr"] * 0.5),
     "tensor lr": _tensor_lr,
     "maximize": lambda opt, params, seed: opt.param_groups[0].__setitem__(
         "maximize", not opt.param_groups[0]["maximize"]),

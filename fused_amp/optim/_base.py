@@ -420,7 +420,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
                 [] if seed is None else [int(seed), int(scalars.get("stochastic_codes", False))],
                 bool(scalars.get("unscale_grads", True)))
         ops.call_step(check_only, *call)
-        if not check_only:  # what a Replay makes again, with its grads and lr: it holds no tensor of this step
+        if not check_only:  # what a Replay makes again with its grads and lr: no tensor of this step
             parts["call"] = call[:2] + ([],) + call[3:12] + ([None] * 4,) + call[13:]
 
 

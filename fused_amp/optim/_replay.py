@@ -6,9 +6,9 @@ step's host cost counts there as much as its loop (docs/offload.md). The general
 (MasterWeightOptimizer._fused_step) asks, at every step, about the scaler, clipping, fp8 scales
 and copies, several groups and devices, and gathers the lists anew: 8.5-9 us on a 4k-element
 param on an AMD EPYC, of which the op takes 2.3. A replay checks what the general step would
-find and, when it finds the same, makes the same call: 5.4-5.6 us. Whatever differs (a GradScaler's step, a clip,
-a new group, changed options or state, a traced step) takes the general step, which builds the
-next replay where one applies."""
+find and, when it finds the same, makes the same call: 5.4-5.6 us. Whatever differs (a
+GradScaler's step, a clip, a new group, changed options or state, a traced step) takes the
+general step, which builds the next replay where one applies."""
 import operator
 from itertools import repeat
 from typing import Optional
@@ -53,7 +53,8 @@ class Replay:
                 or parts.get("hyper") != scalars["hyper"] or group["float8_scales"] is True
                 or any(key in lists for key in ("sharded_params", "float8_wrappers", "float8_columns"))):
             return None
-        return cls(group, kept, parts["hyper"], parts["call"])  # (parts keep hyperparameters without tensors)
+        # (the parts keep hyperparameters without tensors only: _update)
+        return cls(group, kept, parts["hyper"], parts["call"])
 
     def run(self, optimizer) -> bool:
         """Steps ``optimizer`` as its general step would, when that step would make this call with
@@ -79,7 +80,8 @@ class Replay:
         call[_GRADS] = grads
         tensor_lr = isinstance(lr, torch.Tensor)  # (as the general step passes either: _fused_step)
         call[_HYPER] = call[_HYPER][:-2] + [0.0 if tensor_lr else float(lr), call[_HYPER][-1]]
-        call[_SCALARS] = [lr if tensor_lr else None, None, None, None]  # lr_tensor, inv_scale, found_inf, grad_norm
+        # lr_tensor, inv_scale, found_inf, grad_norm
+        call[_SCALARS] = [lr if tensor_lr else None, None, None, None]
         _scaling.stepped(optimizer)  # (without a GradScaler, as the general step records it)
         ops.call_step(False, *call)
         return True
