@@ -114,6 +114,16 @@ def test_the_op_checks_its_hyper_list_with_lr_and_max_grad_norm_last():
                                   rounding=[])
 
 
+def test_a_states_list_of_another_length_names_the_states_the_op_keeps():
+    a = adam_lists(n=1)
+    with pytest.raises(ValueError, match=r"states has 1 tensors, expected 2 lists of 1 \(one tensor per param: "
+                                         r"exp_avgs, exp_avg_sqs\)"):
+        torch.ops.fused_amp.step_("adam", a["params"], a["grads"], [a["masters"][0]], [a["states"][0][0]],
+                                  a["steps"], state_absmaxes=[], scalar_states=[], outputs=[], epilogues=[],
+                                  epilogue_layout=[], hyper=[0.9, 0.999, 1e-8, 0.0, 0.0, 0.0, 0.0, 1e-3, 0.0],
+                                  scalars=[], rounding=[])
+
+
 def test_check_step_refuses_what_step_refuses_and_writes_nothing():
     a = adam_lists()
     before = [t.clone() for t in every_tensor(a)]

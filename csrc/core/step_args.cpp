@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <string>
 
@@ -103,13 +104,15 @@ void check_lr_tensor(const char* op, const at::Tensor& t, const at::Device& devi
 void check_state_lists(const char* op, const StateLists& st, at::TensorList params, StepTensors& s) {
   const size_t n = params.size();
   int kept = 0;
-  std::string names;
-  for (int k = 0; k < st.count; ++k) {
-    if (!(st.mask >> k & 1u)) continue;
-    names += (kept++ ? ", " : "") + std::string(st.info[k].name);
+  for (int k = 0; k < st.count; ++k) kept += st.mask >> k & 1u;
+  if (st.list.size() != kept * n) {  // (the names for the message only)
+    std::string names;
+    for (int k = 0; k < st.count; ++k) {
+      if (st.mask >> k & 1u) names += (names.empty() ? "" : ", ") + std::string(st.info[k].name);
+    }
+    TORCH_CHECK_VALUE(false, op, ": states has ", st.list.size(), " tensors, expected ", kept, " lists of ", n,
+                      " (one tensor per param", kept ? ": " : "", names, ")");
   }
-  TORCH_CHECK_VALUE(st.list.size() == kept * n, op, ": states has ", st.list.size(), " tensors, expected ",
-                    kept, " lists of ", n, " (one tensor per param", kept ? ": " : "", names, ")");
   const std::vector<at::Tensor>* first = nullptr;
   if (kept > 0) s.state_kinds.assign(n, StateKind::Fp32);
   int j = 0;
@@ -150,8 +153,8 @@ void stage_step(const char* op, StepTensors& s, Staging* staging) {
     s.params[i] = staging->dense(s.params[i], s.outputs.empty());  // (read only for their layout otherwise)
     const at::Tensor& param = s.params[i];
     s.grads[i] = staging->like(s.grads[i], param, s.write_grads);
-    std::vector<std::vector<at::Tensor>*> partners{&s.masters, &s.outputs};
-    for (auto& list : s.states) partners.push_back(&list);
+    std::array<std::vector<at::Tensor>*, 2 + ops::kMaxStates> partners{&s.masters, &s.outputs};
+    for (int k = 0; k < ops::kMaxStates; ++k) partners[2 + k] = &s.states[k];
     for (auto* list : partners) {
       if (list->empty() || !(*list)[i].defined()) continue;
       const bool is_state = list != &s.masters && list != &s.outputs;
