@@ -15,7 +15,7 @@ from fused_amp.optim._clipping import Clipping, clip_option, set_clip_option
 from fused_amp.optim._grad_norm import check_clip_options, check_same_clip_options
 from fused_amp.optim._group_lists import ListCache
 from fused_amp.optim._options import check_in_order, check_torch_flags
-from fused_amp.optim._replay import Replay
+from fused_amp.optim._replay import Replay, lr_parts
 
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -243,9 +243,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             hyper = self._hyper(group)  # (once per group and step: the lists and the op take it)
             for device, lists in self._lists.lists(self, index, group, hyper).items():
                 inv_scale_on, found_inf_on = self._on_device(inv_scale, found_inf, device)
-                lr = group["lr"]
-                lr_tensor = lr if isinstance(lr, torch.Tensor) else None
-                scalars = dict(hyper=hyper, lr=float(lr) if lr_tensor is None else 0.0, lr_tensor=lr_tensor,
+                lr, lr_tensor = lr_parts(group["lr"])
+                scalars = dict(hyper=hyper, lr=lr, lr_tensor=lr_tensor,
                                inv_scale=inv_scale_on, found_inf=found_inf_on,
                                unscale_grads=group["unscale_grads"],
                                rounding_seed=_memory.rounding_seed_of(group, self._running_sums),

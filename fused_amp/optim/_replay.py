@@ -21,10 +21,16 @@ from fused_amp.optim._grad_norm import local_grads
 # the group options a replay's call was built from, besides the hyperparameters (``_hyper``):
 # the lists' (GroupLists' options), the rounding's, unscale_grads, and the clip's (none)
 _OPTIONS = ("master_weights", "state_dtype", "min_8bit_size", "float8_scales", "stochastic_rounding",
-            "rounding_seed", "unscale_grads", "max_grad_norm", "grad_norm_type")
+            "rounding_seed", "unscale_grads", "max_grad_norm")
 _options = operator.itemgetter(*_OPTIONS)  # (a group's, as a tuple)
 # where the grads and the lr go in the op's call (ops.call_step's parts after check_only)
 _GRADS, _HYPER, _SCALARS = 2, 11, 12
+
+
+def lr_parts(lr):
+    """(the lr the op's hyper list ends with, its lr_tensor) of a group's lr: a float, or a tensor
+    the op reads on the device (and 0.0 in the list)."""
+    return (0.0, lr) if isinstance(lr, torch.Tensor) else (float(lr), None)
 
 
 class Replay:
@@ -75,13 +81,11 @@ class Replay:
         if not (all(map(operator.is_not, grads, repeat(None)))
                 and self.kept.still_valid(group, params, optimizer.state, self.kept.options)):
             return False
-        lr = group["lr"]
+        lr, lr_tensor = lr_parts(group["lr"])
         call = list(self.call)
         call[_GRADS] = grads
-        tensor_lr = isinstance(lr, torch.Tensor)  # (as the general step passes either: _fused_step)
-        call[_HYPER] = call[_HYPER][:-2] + [0.0 if tensor_lr else float(lr), call[_HYPER][-1]]
-        # lr_tensor, inv_scale, found_inf, grad_norm
-        call[_SCALARS] = [lr if tensor_lr else None, None, None, None]
+        call[_HYPER] = call[_HYPER][:-2] + [lr, call[_HYPER][-1]]
+        call[_SCALARS] = [lr_tensor, None, None, None]  # lr_tensor, inv_scale, found_inf, grad_norm
         _scaling.stepped(optimizer)  # (without a GradScaler, as the general step records it)
         ops.call_step(False, *call)
         return True
