@@ -64,8 +64,30 @@ def _new_group(opt, params, seed):
     opt.add_param_group({"params": [extra]})
 
 
+def _move_a_hyperparameter(opt, params, seed):
+    """As a scheduler would at every step: a value that keeps the same states (Rprop has no
+    weight decay: its step sizes' growth)."""
+    group = opt.param_groups[0]
+    if "weight_decay" in group:
+        group["weight_decay"] += 0.01 * (seed + 1)
+    else:
+        group["etas"] = (0.4, 1.1 + 0.01 * seed)
+
+
+def _change_the_states(opt, params, seed):
+    """A hyperparameter that decides which states the step keeps (where the optimizer has one)."""
+    group = opt.param_groups[0]
+    for key, value in (("amsgrad", not group.get("amsgrad")), ("centered", not group.get("centered")),
+                       ("momentum", 0.0 if group.get("momentum") else 0.9)):
+        if key in group:
+            group[key] = value
+            return
+
+
 # what changes between steps, each followed by steps that may replay again
 EVENTS = {
+    "hyperparameter moved": _move_a_hyperparameter,
+    "states' hyperparameter": _change_the_states,
     "float lr": lambda opt, params, seed: opt.param_groups[0].__setitem__(
         "lr", opt.param_groups[0]["lr"] * 0.5),
     "tensor lr": _tensor_lr,
@@ -117,8 +139,9 @@ def test_steps_with_replays_are_the_steps_without(cls, torch_cls, kw, storage, e
 
 @pytest.mark.parametrize("cls,torch_cls,kw", STATEFUL, ids=STATEFUL_IDS)
 def test_the_steady_state_replays_and_a_change_steps_in_full(cls, torch_cls, kw, monkeypatch):
-    """After a first step, the next ones do not gather the lists (ListCache.lists); a changed
-    hyperparameter or a scaler's step does, once, and the steps after it replay again."""
+    """After a first step, the next ones do not gather the lists (ListCache.lists), nor when the
+    lr or another hyperparameter moves; a changed option or a scaler's step does, once, and the
+    steps after it replay again."""
     gathered = []
     lists = _group_lists.ListCache.lists
     monkeypatch.setattr(_group_lists.ListCache, "lists", lambda *a: (gathered.append(1), lists(*a))[1])
@@ -135,7 +158,10 @@ def test_the_steady_state_replays_and_a_change_steps_in_full(cls, torch_cls, kw,
     assert steps(4) == 1
     opt.param_groups[0]["lr"] *= 0.5  # (the lr alone changes nothing the replay keeps)
     assert steps(3) == 0
-    opt.param_groups[0]["maximize"] = not opt.param_groups[0]["maximize"]
+    for seed in range(3):  # (nor a scheduler's move of another hyperparameter, at every step)
+        _move_a_hyperparameter(opt, params, seed)
+        assert steps(1) == 0
+    opt.param_groups[0]["unscale_grads"] = False  # (an option the call was built with)
     assert steps(3) == 1
     _scaler_step(opt, params, 0)
     assert steps(3) == 1

@@ -240,7 +240,7 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
         self._lists.drop_removed(len(self.param_groups))
         calls = []
         for index, group in enumerate(self.param_groups):
-            hyper = self._hyper(group)  # (once per group and step: the lists and the op take it)
+            hyper = self._lists.hyper(self, index, group)  # (the lists and the op take it)
             for device, lists in self._lists.lists(self, index, group, hyper).items():
                 inv_scale_on, found_inf_on = self._on_device(inv_scale, found_inf, device)
                 lr, lr_tensor = lr_parts(group["lr"])
@@ -270,7 +270,8 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
             else:  # a bucket in backward: every weight's scale is handed over when backward ends, at once
                 self._attached.float8_stepped.extend(lists for lists in all_lists if "float8_wrappers" in lists)
             _float8_copies.after_step(self, all_lists)
-            self._replay = Replay.of(self, calls, clip, inv_scale, found_inf)
+            if type(self)._update is MasterWeightOptimizer._update:  # (Muon steps in passes of its own)
+                self._replay = Replay.of(self, calls, clip, inv_scale, found_inf)
         finally:
             # the grads are this step's: the cached lists keep them no longer, so that zero_grad()
             # frees them as it does with torch's optimizers
@@ -389,32 +390,25 @@ class MasterWeightOptimizer(torch.optim.Optimizer):
 
     def _update(self, group, lists, scalars, check_only):
         """Run (or with ``check_only`` validate) the fused op on one device's lists; ``scalars``
-        holds the group's ``hyper`` (``_hyper``), lr, lr_tensor, inv_scale, found_inf,
+        holds the group's ``hyper`` (``_group_lists.Hyper``), lr, lr_tensor, inv_scale, found_inf,
         unscale_grads and, when clipping, grad_norm and max_grad_norm. The op's list parts, and
-        the hyperparameters as it takes them, are formed once per lists and kept with them while
-        they hold (a step of a small tensor costs what its host side costs: torchao's offload
-        engine steps one param at a time); the op checks every argument before it writes."""
+        the hyperparameters as it takes them, are formed once and kept while they hold (a step
+        of a small tensor costs what its host side costs: torchao's offload engine steps one
+        param at a time); the op checks every argument before it writes."""
         hyper = scalars["hyper"]
         parts = lists.get("op_parts")
         if parts is None:
-            parts = _op_parts(lists, self._kept_keys(hyper), self._scalar_state)
+            parts = _op_parts(lists, hyper.moments, self._scalar_state)
             if not torch.compiler.is_compiling():  # (a traced step keeps nothing: ListCache.lists)
                 lists["op_parts"] = parts
         if check_only and torch.compiler.is_compiling():  # (the fake kernels of the traced calls check them)
             return
-        values = parts.get("hyper_values")
-        if values is None or parts["hyper"] != hyper:
-            values = [float(hyper[name]) for name in self._hyper_names]
-            # kept only as Python numbers, which compare by value with what the next step reads
-            # (a tensor compares equal to itself, whatever it was set to in between)
-            if not any(isinstance(v, torch.Tensor) for v in hyper.values()):
-                parts["hyper"], parts["hyper_values"] = hyper, values
         seed = scalars.get("rounding_seed")
         call = (self._kernel, parts["params"], lists["grads"], parts["master_params"],
                 parts["states"], lists["steps"] if self._counts_steps(group, scalars) else [],
                 parts["state_absmaxes"], parts["scalar_states"], [], parts["epilogues"],
                 parts["epilogue_layout"],
-                values + [float(scalars["lr"]), float(scalars.get("max_grad_norm") or 0.0)],
+                hyper.values + [float(scalars["lr"]), float(scalars.get("max_grad_norm") or 0.0)],
                 [scalars.get(key) for key in ("lr_tensor", "inv_scale", "found_inf", "grad_norm")],
                 [] if seed is None else [int(seed), int(scalars.get("stochastic_codes", False))],
                 bool(scalars.get("unscale_grads", True)))

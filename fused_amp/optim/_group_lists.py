@@ -39,6 +39,25 @@ def _entries(state_dicts, key) -> list:
     return list(map(dict.get, state_dicts, repeat(key)))
 
 
+class Hyper:
+    """A group's hyperparameters (the optimizer's ``_hyper``: name -> value) and what follows from
+    them: the state keys its step op keeps (``moments``, the C++ descriptor's answer) and the
+    floats the op takes, in its order (``values``). Worked out once, and reused while the values
+    compare equal (``same``): a scheduler that moves one at every step pays for it at every step."""
+
+    __slots__ = ("items", "moments", "values", "reusable")
+
+    def __init__(self, optimizer, items):
+        self.items = items
+        self.moments = optimizer._kept_keys(items)
+        self.values = [float(items[name]) for name in optimizer._hyper_names]
+        # a tensor compares equal to itself, whatever it was set to in place: read anew each step
+        self.reusable = not any(isinstance(v, torch.Tensor) for v in items.values())
+
+    def same(self, items) -> bool:
+        return self.reusable and self.items == items
+
+
 class GroupLists:
     """The per-device tensor lists of one param group, kept between eager steps.
 
@@ -49,13 +68,11 @@ class GroupLists:
     pass over the params (``fused_amp._C.lists_unchanged``).
     """
 
-    def __init__(self, group, params, state, state_dicts, options, keys, by_device, sharded, hyper, moments):
+    def __init__(self, group, params, state, state_dicts, options, keys, by_device, sharded, hyper):
         self.group = group
-        # the hyperparameters the lists were built with, and the state keys they keep (the C++
-        # descriptor's answer, kept_states): the same for the same values. None where a value is
-        # a tensor (it compares equal to itself, whatever it was set to in between)
-        self.hyper = None if any(isinstance(v, torch.Tensor) for v in hyper.values()) else hyper
-        self.moments = moments
+        # the group's latest hyperparameters (ListCache.hyper), which follow the group's values;
+        # what the lists hold depends only on the state keys, which ``options`` holds
+        self.hyper = hyper
         self.state = state
         self.options = options
         # what lists_unchanged compares: the params; for DTensors their local tensors (a DTensor
@@ -72,9 +89,19 @@ class GroupLists:
         self.refs = _C.hold_refs([t for lists, _ in by_device.values()
                                   for key in _KEPT_LISTS + keys if key in lists for t in lists[key]])
 
+    def follow(self, optimizer, items) -> Hyper:
+        """The group's hyperparameters with these values (``optimizer._hyper``'s): the kept ones
+        while the values are the same, else worked out anew and kept (a scheduler moves them)."""
+        if not self.hyper.same(items):
+            self.hyper = Hyper(optimizer, items)
+        return self.hyper
+
     def still_valid(self, group, params, state, options) -> bool:
-        return (self.group is group and self.state is state and self.options == options
-                and _C.lists_unchanged(params, state, DTensor, self.held))
+        return self.options == options and self.holds(group, params, state)
+
+    def holds(self, group, params, state) -> bool:
+        """Whether the group, its params and their state are what the lists were built from."""
+        return self.group is group and self.state is state and _C.lists_unchanged(params, state, DTensor, self.held)
 
 
 class ListCache:
@@ -94,9 +121,15 @@ class ListCache:
             for stale in [k for k in self.groups if k >= live]:
                 del self.groups[stale]
 
+    def hyper(self, optimizer, index, group) -> Hyper:
+        """The group's hyperparameters now (``GroupLists.follow`` where its lists are kept)."""
+        items = optimizer._hyper(group)
+        cached = None if torch.compiler.is_compiling() else self.groups.get(index)  # (as in lists)
+        return Hyper(optimizer, items) if cached is None else cached.follow(optimizer, items)
+
     def lists(self, optimizer, index, group, hyper) -> Dict[torch.device, Dict[str, list]]:
         """The params of ``group`` that have grads, with their state, per device; ``hyper``: the
-        group's ``optimizer._hyper``.
+        group's ``hyper``.
 
         Rebuilt whenever the params, the state or the options it depends on changed (see
         GroupLists); otherwise only the grads are gathered anew. A step that torch.compile traces
@@ -105,8 +138,7 @@ class ListCache:
         grads, grad_refs = _group_grads(optimizer, index, params)  # (local shards of DTensor grads)
         compiling = torch.compiler.is_compiling()  # (a traced step reads nothing kept: no guards on it)
         cached = None if compiling else self.groups.get(index)
-        moments = (cached.moments if cached is not None and cached.hyper is not None and cached.hyper == hyper
-                   else optimizer._kept_keys(hyper))  # (the group's _state_keys_for)
+        moments = hyper.moments  # (the group's _state_keys_for)
         keys = moments + ((optimizer._scalar_state[0],) if optimizer._scalar_state else ())
         options = (keys, group["master_weights"], group["state_dtype"], group["min_8bit_size"],
                    group["float8_scales"])
@@ -161,7 +193,7 @@ class ListCache:
         if keep:
             self.groups[index] = GroupLists(
                 group, params, optimizer.state, [optimizer.state[p] for p in params], options,
-                keys + ("step",), dict(by_device), sharded, hyper, moments)
+                keys + ("step",), dict(by_device), sharded, hyper)
         return {device: lists for device, (lists, _) in by_device.items()}
 
 
