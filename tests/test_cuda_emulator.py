@@ -5,7 +5,10 @@ the schedules run the threads in the orders they name, and every mistake that co
 (racecheck, synccheck, initcheck, memcheck) would report is reported, under every schedule, with
 the threads and source lines involved."""
 import ctypes
+import os
 import re
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -147,3 +150,29 @@ def test_after_a_finding_the_next_launch_runs_clean(emu):
         emu.fa_check_mistake(b"race", ctypes.c_void_p(data.data_ptr()))
     order, neighbour = run_order(emu, 2)  # the threads abandoned mid-kernel leave nothing behind
     assert torch.equal(order.flatten(), torch.arange(2 * BLOCK, dtype=torch.int32))
+
+
+def test_the_kept_libraries_follow_the_files_the_compiler_reads(tmp_path, monkeypatch):
+    """The libraries are kept under a key of their sources (build._kept_dir): the project's files
+    that the compiler itself reads (its -MM list) are those keyed, so that a CPU loop's change
+    builds no library and a change to any header the kernels include builds them anew."""
+    from cuda_sim import build
+    for folder in ("csrc", "tests/cuda_sim"):
+        shutil.copytree(f"{build.ROOT}/{folder}", tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(build, "ROOT", str(tmp_path))
+    read = set()
+    for source, defines in build.CONFIGS.values():
+        deps = subprocess.run(["g++", "-std=c++17", f"-I{tmp_path}/csrc", f"-I{tmp_path}/tests/cuda_sim",
+                               f"-I{build.CUDA_HOME}/include", "-DFUSED_AMP_HOST_SIM", *defines, "-MM",
+                               str(tmp_path / "tests/cuda_sim" / source)],
+                              capture_output=True, text=True, check=True).stdout
+        read |= {os.path.normpath(p) for p in deps.replace("\\\n", " ").split()[1:]
+                 if p.startswith(str(tmp_path))}  # (CUDA's headers: the environment's, as the compiler)
+    assert set(build._sources()) >= read  # (an include under a condition not taken: kept too)
+    key = build._kept_dir()
+    (tmp_path / "csrc/cpu/vec_math.h").write_text((tmp_path / "csrc/cpu/vec_math.h").read_text() + "\n// x\n")
+    assert build._kept_dir() == key
+    for header in ("csrc/ops/common.h", "tests/cuda_sim/emulator/block.h"):
+        (tmp_path / header).write_text((tmp_path / header).read_text() + "\n// x\n")
+        assert build._kept_dir() != key
+        key = build._kept_dir()

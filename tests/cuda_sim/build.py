@@ -18,6 +18,7 @@ import ctypes
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -92,18 +93,35 @@ def _command(config, csrc, out):
             "-DFUSED_AMP_HOST_SIM", *defines, os.path.join(ROOT, "tests", "cuda_sim", source), "-o", out]
 
 
+def _sources():
+    """The files the libraries are compiled from: the configs' sources and every header they
+    include in quotes, transitively (each #include followed, whatever condition it is under), by
+    the compiler's search order: the including file's folder, then the -I folders."""
+    folders = [os.path.join(ROOT, "csrc"), os.path.join(ROOT, "tests", "cuda_sim")]
+    pending = [os.path.join(ROOT, "tests", "cuda_sim", source) for source, _ in CONFIGS.values()]
+    found = set()
+    while pending:
+        path = pending.pop()
+        if path in found:
+            continue
+        found.add(path)
+        text = open(path, errors="replace").read()
+        for name in re.findall(r'^\s*#\s*include\s+"([^"]+)"', text, re.M):
+            for folder in [os.path.dirname(path)] + folders:
+                candidate = os.path.normpath(os.path.join(folder, name))
+                if os.path.exists(candidate):
+                    pending.append(candidate)
+                    break
+    return sorted(found)
+
+
 def _kept_dir():
     """build/emulation/<key>: the libraries of this checkout's sources, kept between test runs
-    (the key hashes csrc/, tests/cuda_sim/, the compiler and the flags), so that a second run
-    builds nothing."""
+    (the key hashes the files they are compiled from, the compiler and the flags: a change to
+    the CPU loops or the op's validation builds none), so that a second run builds nothing."""
     digest = hashlib.sha256(" ".join(_command("plan", "csrc", "out")).encode())
-    for top in (os.path.join(ROOT, "csrc"), os.path.join(ROOT, "tests", "cuda_sim")):
-        for folder, dirs, files in sorted(os.walk(top)):
-            dirs.sort()
-            for name in sorted(files):
-                if name.endswith((".h", ".cuh", ".cu", ".cpp")):
-                    path = os.path.join(folder, name)
-                    digest.update(path.encode() + open(path, "rb").read())
+    for path in _sources():
+        digest.update(os.path.relpath(path, ROOT).encode() + open(path, "rb").read())
     return os.path.join(ROOT, "build", "emulation", digest.hexdigest()[:16])
 
 
