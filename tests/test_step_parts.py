@@ -139,3 +139,19 @@ def test_check_step_refuses_what_step_refuses_and_writes_nothing():
             check("adam", a["params"], a["grads"], a["masters"], a["states"], a["steps"],
                   hyper=dict(ADAM, lr=1e-2))
     assert [t._version for t in every_tensor(a)] == versions
+
+
+def test_a_bad_scalar_is_named_with_its_index_and_key():
+    """The per-param scalars' names (steps[i], NAdam's scalar_states[i] (mu_product)) are written
+    only when a check fails (core/validate.h's TensorName): each is named all the same."""
+    params = [torch.zeros(4) for _ in range(3)]
+    hyper = dict(beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0, momentum_decay=4e-3,
+                 decoupled_weight_decay=False, maximize=False, lr=1e-3)
+    for bad, message in (("steps", r"steps\[2\] must have exactly one element, got shape \[2\]"),
+                         ("scalar_states", r"scalar_states\[2\] \(mu_product\) must have exactly one element")):
+        lists = {key: [torch.zeros(()), torch.zeros(()), torch.zeros(2)] if key == bad else [torch.ones(())] * 3
+                 for key in ("steps", "scalar_states")}
+        lists["scalar_states"] = [t.clone() for t in lists["scalar_states"]]
+        with pytest.raises(ValueError, match=message):
+            ops.step_("nadam", params, [torch.ones(4)] * 3, [], [[torch.zeros(4) for _ in params] for _ in range(2)],
+                      lists["steps"], scalar_states=lists["scalar_states"], hyper=hyper)

@@ -255,15 +255,14 @@ StepTensors validate_step(const char* op, const StepInputs& in, Staging* staging
   if (in.steps_required || !in.steps.empty()) {
     check_length(op, "steps", in.steps.size(), in.params.size(), false);
     for (size_t i = 0; i < in.steps.size(); ++i) {
-      check_scalar(op, ("steps[" + std::to_string(i) + "]").c_str(), in.steps[i], device);
+      check_scalar(op, {"steps", i}, in.steps[i], device);
     }
     s.steps = in.steps.vec();
   }
   if (in.scalar_key) {
     check_length(op, "scalar_states", in.scalars.size(), in.params.size(), false);
     for (size_t i = 0; i < in.scalars.size(); ++i) {
-      check_scalar(op, ("scalar_states[" + std::to_string(i) + "] (" + in.scalar_key + ")").c_str(), in.scalars[i],
-                   device);
+      check_scalar(op, {"scalar_states", i, in.scalar_key}, in.scalars[i], device);
     }
     check_distinct(op, "scalar_states", in.scalars);
     s.scalars = in.scalars.vec();

@@ -105,7 +105,14 @@ void check_list(const char* op, const char* name, at::TensorList list, const at:
   if (written) check_distinct(op, name, list);
 }
 
-void check_scalar(const char* op, const char* name, const at::Tensor& t, const at::Device& device,
+std::ostream& operator<<(std::ostream& out, const TensorName& name) {
+  out << name.list;
+  if (name.index >= 0) out << "[" << name.index << "]";
+  if (name.note) out << " (" << name.note << ")";
+  return out;
+}
+
+void check_scalar(const char* op, const TensorName& name, const at::Tensor& t, const at::Device& device,
                   at::ScalarType dtype) {
   TORCH_CHECK_VALUE(t.defined(), op, ": ", name, " is undefined");
   TORCH_CHECK_VALUE(t.numel() == 1, op, ": ", name, " must have exactly one element, got shape ",

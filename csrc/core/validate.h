@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 
+#include <ostream>
 #include <utility>
 #include <vector>
 
@@ -21,8 +22,21 @@ void check_list(const char* op, const char* name, at::TensorList list, const at:
 // repeated): the kernels would update it from several threads or blocks at once.
 void check_distinct(const char* op, const char* name, at::TensorList list);
 
+// What a message calls a tensor: a name, or a list's element (`steps[3]`, with a note:
+// `scalar_states[0] (mu_product)`), written out only when a check fails (a step checks each
+// param's scalars at every call).
+struct TensorName {
+  TensorName(const char* name) : list(name) {}  // NOLINT(runtime/explicit): a plain name
+  TensorName(const char* list, size_t index, const char* note = nullptr)
+      : list(list), index(static_cast<int64_t>(index)), note(note) {}
+  const char* list;
+  int64_t index = -1;  // none: a plain name
+  const char* note = nullptr;
+};
+std::ostream& operator<<(std::ostream& out, const TensorName& name);
+
 // A one-element fp32 tensor on `device` (found_inf, inv_scale, scale, ...).
-void check_scalar(const char* op, const char* name, const at::Tensor& t, const at::Device& device,
+void check_scalar(const char* op, const TensorName& name, const at::Tensor& t, const at::Device& device,
                   at::ScalarType dtype = at::kFloat);
 
 // weight_amax of step_: fp32, one element per param (contiguous), on the params' device, and
