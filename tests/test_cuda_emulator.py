@@ -153,9 +153,10 @@ def test_after_a_finding_the_next_launch_runs_clean(emu):
 
 
 def test_the_kept_libraries_follow_the_files_the_compiler_reads(tmp_path, monkeypatch):
-    """The libraries are kept under a key of their sources (build._kept_dir): the project's files
-    that the compiler itself reads (its -MM list) are those keyed, so that a CPU loop's change
-    builds no library and a change to any header the kernels include builds them anew."""
+    """The libraries are kept under a key of their sources and flags (build._kept_dir): the
+    project's files that the compiler itself reads (its -MM list) are those keyed, so that a CPU
+    loop's change builds no library, and a change to any header the kernels include, or to a
+    config's defines, builds them anew."""
     from cuda_sim import build
     if build.NO_CUDA_HEADERS:  # (the compiler's list needs them, as the libraries do)
         pytest.skip(build.NO_CUDA_HEADERS)
@@ -178,3 +179,5 @@ def test_the_kept_libraries_follow_the_files_the_compiler_reads(tmp_path, monkey
         (tmp_path / header).write_text((tmp_path / header).read_text() + "\n// x\n")
         assert build._kept_dir() != key
         key = build._kept_dir()
+    monkeypatch.setitem(build.CONFIGS, "real", ("harness.cpp", ["-DFUSED_AMP_SIM_MAX_BLOCKS=7"]))
+    assert build._kept_dir() != key  # (a config's defines)

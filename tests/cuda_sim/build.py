@@ -117,9 +117,10 @@ def _sources():
 
 def _kept_dir():
     """build/emulation/<key>: the libraries of this checkout's sources, kept between test runs
-    (the key hashes the files they are compiled from, the compiler and the flags: a change to
-    the CPU loops or the op's validation builds none), so that a second run builds nothing."""
-    digest = hashlib.sha256(" ".join(_command("plan", "csrc", "out")).encode())
+    (the key hashes the files they are compiled from, the compiler and each config's flags and
+    defines: a change to the CPU loops or the op's validation builds none), so that a second
+    run builds nothing."""
+    digest = hashlib.sha256(" ".join(" ".join(_command(c, "csrc", "out")) for c in CONFIGS).encode())
     for path in _sources():
         digest.update(os.path.relpath(path, ROOT).encode() + open(path, "rb").read())
     return os.path.join(ROOT, "build", "emulation", digest.hexdigest()[:16])
