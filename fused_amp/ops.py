@@ -162,21 +162,9 @@ _KEPT: Dict[tuple, tuple] = {}
 def kept_states(optimizer: str, hyper: Mapping[str, float]) -> tuple:
     """The states the step of ``optimizer`` keeps with these hyperparameters, as ``(state key,
     list name)`` in the order :func:`step_` takes their lists (Adam: ``exp_avg`` and
-    ``exp_avg_sq``, and ``max_exp_avg_sq`` with ``amsgrad``). The C++ descriptor decides."""
-    if torch.compiler.is_compiling():  # (the lookup below would guard the graph on a global dict)
-        return _kept_states(optimizer, _hyper_values(optimizer, hyper))
-    key = (optimizer, *hyper.items())  # (each step of an optimizer asks again with the same values)
-    kept = _KEPT_BY_ITEMS.get(key)
-    if kept is None:
-        kept = _kept_states(optimizer, _hyper_values(optimizer, hyper))
-        if not any(isinstance(v, torch.Tensor) for v in hyper.values()):  # (a tensor's value may change)
-            if len(_KEPT_BY_ITEMS) >= 64:  # bounded, as _KEPT
-                _KEPT_BY_ITEMS.clear()
-            _KEPT_BY_ITEMS[key] = kept
-    return kept
-
-
-_KEPT_BY_ITEMS: Dict[tuple, tuple] = {}
+    ``exp_avg_sq``, and ``max_exp_avg_sq`` with ``amsgrad``). The C++ descriptor decides. (The
+    optimizers ask once per change of a group's values: optim/_group_lists.py's Hyper.)"""
+    return _kept_states(optimizer, _hyper_values(optimizer, hyper))
 
 
 def _hyper_values(optimizer: str, hyper: Mapping[str, float]) -> tuple:
